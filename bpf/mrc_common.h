@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * mrc-ebpf: the one place where the wire format, the map layouts and the
+ * counters are defined.  The datapath (bpf/mrc*.c) and its loader
+ * (mrc_ebpf/) both read this file: Python parses the #defines and the
+ * `enum mrc_counter` from it at run time, and tests/test_layout.py checks
+ * the ctypes mirrors in mrc_ebpf/layout.py against the structs below as
+ * bcc compiles them.
+ */
+#ifndef MRC_COMMON_H
+#define MRC_COMMON_H
+
+/* ---- sizes ------------------------------------------------------------ */
+#define MRC_MAX_PEERS		256	/* peer prefixes per attached device */
+#define MRC_MAX_PATHS		256	/* paths per peer (path ids 0..255) */
+#define MRC_MAX_SEGMENTS	6	/* SIDs in one path's segment list */
+#define MRC_MAX_TLVS		16	/* TLVs the receiver walks per SRH */
+
+/* ---- the MRC TLV, carried in the SRH (RFC 8754 section 2.1) ----------- */
+/*
+ * Type 124 is from the "Experimentation and Test" range of IANA's
+ * "Segment Routing Header TLVs" registry (124-126).  Its high bit is
+ * clear: the value does not change en route.
+ */
+#define MRC_TLV_TYPE		124
+#define MRC_VERSION		1
+#define MRC_TLV_SIZE		24	/* whole TLV: keeps the SRH 8-byte aligned */
+#define MRC_TLV_LEN		(MRC_TLV_SIZE - 2)	/* the TLV's length field */
+
+/* mrc_tlv.flags */
+#define MRC_F_PROBE		0x01	/* sent to test a path, not data */
+
+struct mrc_tlv {
+	__u8	type;		/* MRC_TLV_TYPE */
+	__u8	len;		/* MRC_TLV_LEN */
+	__u8	version;	/* MRC_VERSION */
+	__u8	flags;		/* MRC_F_* */
+	__be16	path_id;	/* index of the path in the sender's set */
+	__u8	tclass;		/* traffic class the packet was sent in */
+	__u8	reserved;
+	__be32	path_seq;	/* per (peer, path): a gap is a loss on that path */
+	__be32	peer_seq;	/* per peer, across paths: gives reordering */
+	__be64	tx_ns;		/* sender's CLOCK_MONOTONIC at encap */
+} __attribute__((packed));
+
+/* SRH fixed part (8) + segment list + MRC TLV */
+#define MRC_SRH_LEN(nseg)	(8 + 16 * (nseg) + MRC_TLV_SIZE)
+/* what encapsulation adds to each packet: outer IPv6 + SRH */
+#define MRC_ENCAP_LEN(nseg)	(40 + MRC_SRH_LEN(nseg))
+
+#define MRC_HOP_LIMIT		64
+
+/* ---- maps ------------------------------------------------------------- */
+/*
+ * peers: LPM trie, destination prefix -> peer.  IPv4 destinations are
+ * looked up as IPv4-mapped IPv6 (::ffff:a.b.c.d), so one trie serves both.
+ */
+struct mrc_peer_key {
+	__u32	prefixlen;
+	__u8	addr[16];
+};
+
+/* mrc_peer.policy */
+#define MRC_POLICY_RR		0
+
+struct mrc_peer {
+	__u32	peer_id;	/* row in the paths/peer_tx maps */
+	__u16	n_paths;	/* paths 0..n_paths-1 are configured */
+	__u8	policy;		/* MRC_POLICY_* */
+	__u8	flags;
+};
+
+/* mrc_path.state */
+#define MRC_PATH_UNUSED		0
+#define MRC_PATH_UP		1
+
+/*
+ * paths: array indexed by peer_id * MRC_MAX_PATHS + path_id.  The segment
+ * list is stored as it goes on the wire (segments[0] is the last segment
+ * to visit, RFC 8754 section 2), so the datapath copies it verbatim.
+ */
+struct mrc_path {
+	__u8	segments[MRC_MAX_SEGMENTS][16];
+	__u8	n_segments;
+	__u8	state;		/* MRC_PATH_* */
+	__u16	weight;
+	__u32	flowlabel;	/* outer flow label: the path's entropy */
+};
+
+/* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */
+struct mrc_peer_tx {
+	__u64	seq;		/* next per-peer sequence number */
+};
+
+/* path_tx: array by path index; atomic, so the sequence has no gaps */
+struct mrc_path_tx {
+	__u64	seq;		/* next per-path sequence number */
+};
+
+/* path_stats: per-CPU array by path index (hot counters, no atomics) */
+struct mrc_path_stats {
+	__u64	tx_packets;
+	__u64	tx_bytes;
+};
+
+/* config: array of one, written by the loader at attach */
+struct mrc_config {
+	__u8	sid[16];	/* this host's SID: outer source, decap match */
+	__u32	mtu;		/* device MTU: encapsulated packets must fit */
+	__u32	flags;
+};
+
+/* ---- counters: per-CPU array indexed by enum mrc_counter -------------- */
+/*
+ * Every packet a program sees is counted once in *_SEEN and exactly once
+ * in one outcome below it (conservation is tested).  The loader reads the
+ * names from this enum: add new ones before MRC_COUNTER_MAX.
+ */
+enum mrc_counter {
+	/* TX, TC egress */
+	MRC_TX_SEEN,
+	MRC_TX_ENCAP,			/* outcome: encapsulated and sent */
+	MRC_TX_PASS,			/* outcome: not for a peer, untouched */
+	MRC_TX_DROP_TOO_BIG,		/* outcome: would not fit the MTU */
+	MRC_TX_DROP_NO_PATH,		/* outcome: peer without usable path */
+	MRC_TX_DROP_ENCAP_FAIL,		/* outcome: the kernel refused the room */
+	MRC_TX_ENCAP_BYTES,		/* bytes of encapsulated packets (outer) */
+	MRC_TX_FIB_REDIRECT,		/* encapsulated, sent via another device */
+	MRC_TX_NEIGH_REDIRECT,		/* encapsulated, neighbour resolved by kernel */
+	MRC_TX_FIB_MISS,		/* encapsulated, no route to first segment */
+	/* RX, XDP */
+	MRC_RX_SEEN,
+	MRC_RX_DECAP,			/* outcome: valid, decapsulated, passed up */
+	MRC_RX_PASS,			/* outcome: not for our SID, untouched */
+	MRC_RX_DROP_TRUNCATED,		/* outcome: frame shorter than its headers */
+	MRC_RX_DROP_PAYLOAD_LEN,	/* outcome: outer payload length != frame */
+	MRC_RX_DROP_ROUTING_TYPE,	/* outcome: routing header is not an SRH */
+	MRC_RX_DROP_SRH_LEN,		/* outcome: hdr_ext_len vs last_entry/packet */
+	MRC_RX_DROP_SEGMENTS_LEFT,	/* outcome: segments left > last entry or > 0 */
+	MRC_RX_DROP_ACTIVE_SEGMENT,	/* outcome: DA is not segment list[SL] */
+	MRC_RX_DROP_TLV,		/* outcome: a TLV overruns the SRH */
+	MRC_RX_DROP_MRC_TLV,		/* outcome: MRC TLV of wrong length/version */
+	MRC_RX_DROP_INNER_PROTO,	/* outcome: next header not IPv6/IPv4 */
+	MRC_RX_DROP_INNER_HEADER,	/* outcome: inner header cut or inconsistent */
+	MRC_RX_DROP_DECAP_FAIL,		/* outcome: the kernel refused adjust_head */
+	MRC_RX_DECAP_BYTES,		/* bytes of inner packets passed up */
+	MRC_RX_MRC_TLV,			/* decapsulated packets that carried MRC TLV */
+	MRC_COUNTER_MAX,
+};
+
+#endif /* MRC_COMMON_H */

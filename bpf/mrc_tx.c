@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * TX, at TC egress: a packet for a configured peer prefix leaves wrapped
+ * in outer IPv6 + SRH (RFC 8754) that carries the chosen path's segment
+ * list and the MRC TLV.  Everything else leaves untouched.
+ *
+ * The journey: classify -> find the peer -> choose a path -> check it
+ * fits -> make room -> write outer IPv6, SRH, segments, TLV -> send it
+ * towards the first segment.
+ */
+#include "lib/counters.h"
+#include "lib/addr.h"
+#include "lib/srh.h"
+#include "lib/path_select.h"
+#include "lib/fib.h"
+
+static __always_inline int tx_pass(void)
+{
+	count(MRC_TX_PASS);
+	return TC_ACT_OK;
+}
+
+static __always_inline int tx_drop(__u32 reason)
+{
+	count(reason);
+	return TC_ACT_SHOT;
+}
+
+/* What the classifier learnt of the inner packet. */
+struct tx_inner {
+	__u8	proto;		/* IPPROTO_IPV6 or IPPROTO_IPIP: the SRH's next header */
+	__u8	tos;		/* copied to the outer header's traffic class */
+};
+
+/*
+ * Fills the peer lookup key from the destination; returns 0 when the
+ * packet may be a peer's, -1 when it must pass untouched.
+ */
+static __always_inline int tx_classify(struct __sk_buff *skb, const struct mrc_config *cfg,
+				       struct mrc_peer_key *key, struct tx_inner *inner)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > data_end)
+		return -1;
+
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		if ((void *)(ip6 + 1) > data_end)
+			return -1;
+		/* ND, link-local and multicast stay on the link; a packet
+		 * sourced from our SID is one we already encapsulated and
+		 * redirected back through this hook. */
+		if (addr_is_link_scoped(ip6->daddr.s6_addr) ||
+		    addr_equal(ip6->saddr.s6_addr, cfg->sid))
+			return -1;
+		__builtin_memcpy(key->addr, ip6->daddr.s6_addr, 16);
+		inner->proto = IPPROTO_IPV6;
+		inner->tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
+		return 0;
+	}
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip4 = (void *)(eth + 1);
+
+		if ((void *)(ip4 + 1) > data_end)
+			return -1;
+		/* IPv4-mapped: ::ffff:a.b.c.d */
+		key->addr[10] = 0xff;
+		key->addr[11] = 0xff;
+		__builtin_memcpy(&key->addr[12], &ip4->daddr, 4);
+		inner->proto = IPPROTO_IPIP;
+		inner->tos = ip4->tos;
+		return 0;
+	}
+	return -1;
+}
+
+int mrc_tx(struct __sk_buff *skb)
+{
+	struct mrc_peer_key key = { .prefixlen = 128 };
+	struct tx_inner inner = {};
+	struct mrc_config *cfg;
+	struct mrc_peer *peer;
+	struct mrc_path *path;
+	struct mrc_path_tx *path_seq;
+	struct mrc_path_stats *pstats;
+	struct path_choice choice;
+	__u32 zero = 0, nseg, encap_len;
+
+	count(MRC_TX_SEEN);
+
+	cfg = config.lookup(&zero);
+	if (!cfg || tx_classify(skb, cfg, &key, &inner))
+		return tx_pass();
+
+	peer = peers.lookup(&key);
+	if (!peer)
+		return tx_pass();
+
+	if (choose_path(peer, &choice))
+		return tx_drop(MRC_TX_DROP_NO_PATH);
+	path = paths.lookup(&choice.path_index);
+	if (!path || path->state != MRC_PATH_UP)
+		return tx_drop(MRC_TX_DROP_NO_PATH);
+	nseg = path->n_segments;
+	if (nseg == 0 || nseg > MRC_MAX_SEGMENTS)
+		return tx_drop(MRC_TX_DROP_NO_PATH);
+
+	/* A GSO packet is cut to size after us (the kernel shrinks its MSS
+	 * by what we add); a single packet must fit as it is.  The route
+	 * MTU that `path add` installs keeps this from happening. */
+	encap_len = MRC_ENCAP_LEN(nseg);
+	if (skb->gso_size == 0 && skb->len - ETH_HLEN + encap_len > cfg->mtu)
+		return tx_drop(MRC_TX_DROP_TOO_BIG);
+
+	if (bpf_skb_adjust_room(skb, encap_len, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6))
+		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
+
+	/* Taken only now, so a packet that was never sent leaves no gap
+	 * in the path's sequence (a gap is how the receiver sees loss). */
+	path_seq = path_tx.lookup(&choice.path_index);
+	if (!path_seq)
+		return tx_drop(MRC_TX_DROP_NO_PATH);
+	choice.path_seq = __sync_fetch_and_add(&path_seq->seq, 1);
+
+	if (srh_write_encap(skb, cfg, path, nseg, inner.proto, inner.tos, &choice))
+		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
+
+	pstats = path_stats.lookup(&choice.path_index);
+	if (pstats) {
+		pstats->tx_packets++;
+		pstats->tx_bytes += skb->len;
+	}
+	count(MRC_TX_ENCAP);
+	count_add(MRC_TX_ENCAP_BYTES, skb->len);
+
+	return fib_forward(skb);
+}
