@@ -74,17 +74,29 @@ struct mrc_peer {
 #define MRC_PATH_UNUSED		0
 #define MRC_PATH_UP		1
 
+/* mrc_path.flags */
+#define MRC_PATH_F_REDIRECT	0x01	/* next hop differs from the peer route's */
+
 /*
  * paths: array indexed by peer_id * MRC_MAX_PATHS + path_id.  The segment
  * list is stored as it goes on the wire (segments[0] is the last segment
  * to visit, RFC 8754 section 2), so the datapath copies it verbatim.
+ *
+ * The loader resolves each path's first hop (device and next hop towards
+ * its first segment) when the path is added.  The kernel routed the inner
+ * packet via the next hop of the peer prefix's route; a path whose first
+ * hop differs is sent with bpf_redirect_neigh() to its own.
  */
 struct mrc_path {
 	__u8	segments[MRC_MAX_SEGMENTS][16];
+	__u8	nexthop[16];	/* IPv6 next hop towards segments[last] */
+	__u32	oif;		/* device of that next hop */
+	__u32	flowlabel;	/* outer flow label: the path's entropy */
+	__u16	weight;
 	__u8	n_segments;
 	__u8	state;		/* MRC_PATH_* */
-	__u16	weight;
-	__u32	flowlabel;	/* outer flow label: the path's entropy */
+	__u8	flags;		/* MRC_PATH_F_* */
+	__u8	pad[3];
 };
 
 /* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */
@@ -125,9 +137,7 @@ enum mrc_counter {
 	MRC_TX_DROP_NO_PATH,		/* outcome: peer without usable path */
 	MRC_TX_DROP_ENCAP_FAIL,		/* outcome: the kernel refused the room */
 	MRC_TX_ENCAP_BYTES,		/* bytes of encapsulated packets (outer) */
-	MRC_TX_FIB_REDIRECT,		/* encapsulated, sent via another device */
-	MRC_TX_NEIGH_REDIRECT,		/* encapsulated, neighbour resolved by kernel */
-	MRC_TX_FIB_MISS,		/* encapsulated, no route to first segment */
+	MRC_TX_REDIRECT,		/* encapsulated, sent to the path's own next hop */
 	/* RX, XDP */
 	MRC_RX_SEEN,
 	MRC_RX_DECAP,			/* outcome: valid, decapsulated, passed up */

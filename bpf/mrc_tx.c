@@ -12,7 +12,7 @@
 #include "lib/addr.h"
 #include "lib/srh.h"
 #include "lib/path_select.h"
-#include "lib/fib.h"
+#include "lib/nexthop.h"
 
 static __always_inline int tx_pass(void)
 {
@@ -138,5 +138,5 @@ int mrc_tx(struct __sk_buff *skb)
 	count(MRC_TX_ENCAP);
 	count_add(MRC_TX_ENCAP_BYTES, skb->len);
 
-	return fib_forward(skb);
+	return nexthop_send(path);
 }

@@ -59,7 +59,7 @@ def constants() -> dict[str, int]:
     """Integer #defines of mrc_common.h, function-like macros excluded."""
     values: dict[str, int] = {}
     text = _strip_comments(COMMON_HEADER.read_text())
-    for name, expr in re.findall(r"^\s*#define\s+(MRC_\w+)\s+(.+?)\s*$", text, flags=re.M):
+    for name, expr in re.findall(r"^[ \t]*#define[ \t]+(MRC_\w+)[ \t]+(.+?)[ \t]*$", text, flags=re.M):
         expr = re.sub(r"\b(MRC_\w+)\b", lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), expr)
         if re.fullmatch(r"[0-9xXa-fA-F()+\-*/ <>|&]+", expr):
             values[name] = int(eval(expr, {"__builtins__": {}}))  # noqa: S307 - digits and operators only

@@ -1,0 +1,215 @@
+"""mrcctl: load, configure and inspect the mrc-ebpf datapath.
+
+One verb per job, as bpftool and xdp-loader do; every verb takes
+-j/--json; errors are one line on stderr and a non-zero exit.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+
+import click
+from tabulate import tabulate
+
+from mrc_ebpf.errors import MrcError
+
+EXIT_ERROR = 1
+
+
+def _enter_netns(name: str) -> None:
+    from pyroute2 import netns
+    try:
+        netns.setns(name)
+    except (OSError, ValueError) as e:
+        raise MrcError(f"cannot enter network namespace {name!r}: {e}")
+
+
+def _emit(ctx: click.Context, data, human) -> None:
+    if ctx.obj["json"]:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        human(data)
+
+
+def json_option(f):
+    """-j/--json on the verb itself, as well as on mrcctl."""
+    @click.option("-j", "--json", "json_", is_flag=True, help="Print JSON.")
+    @functools.wraps(f)
+    def wrapper(*args, json_=False, **kwargs):
+        ctx = click.get_current_context()
+        ctx.obj["json"] = ctx.obj["json"] or json_
+        return f(*args, **kwargs)
+    return wrapper
+
+
+class Group(click.Group):
+    """Turns MrcError (and stray OS errors) into one line and exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MrcError as e:
+            click.echo(f"mrcctl: error: {e}", err=True)
+            sys.exit(EXIT_ERROR)
+        except PermissionError as e:
+            click.echo(f"mrcctl: error: {e.strerror or e} (run as root)", err=True)
+            sys.exit(EXIT_ERROR)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+            raise
+        except Exception as e:  # a bug: say so in one line; MRC_DEBUG=1 shows where
+            if os.environ.get("MRC_DEBUG"):
+                raise
+            click.echo(f"mrcctl: internal error: {type(e).__name__}: {e} (MRC_DEBUG=1 for a traceback)",
+                       err=True)
+            sys.exit(EXIT_ERROR)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-j", "--json", "json_", is_flag=True, help="Print JSON.")
+@click.option("--netns", "netns_name", metavar="NS", help="Run inside network namespace NS.")
+@click.version_option(package_name="mrc-ebpf")
+@click.pass_context
+def cli(ctx, json_, netns_name):
+    """Multipath SRv6 datapath in eBPF: attach it, give it paths, watch it."""
+    ctx.ensure_object(dict)
+    ctx.obj["json"] = json_
+    if netns_name:
+        _enter_netns(netns_name)
+
+
+@cli.command()
+@click.argument("device")
+@click.option("--sid", required=True, help="This host's SRv6 SID (outer source; decapsulated here).")
+@click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
+              show_default=True, help="XDP mode: native (driver) or skb (generic).")
+@json_option
+@click.pass_context
+def attach(ctx, device, sid, mode):
+    """Load the datapath on DEVICE and pin it; it stays after mrcctl exits."""
+    from mrc_ebpf import datapath
+    result = datapath.attach(device, sid, mode)
+    _emit(ctx, result, lambda r: click.echo(
+        f"attached {r['device']}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress; pinned at {r['pins']}"))
+
+
+@cli.command()
+@click.argument("device", required=False)
+@click.option("--all", "all_", is_flag=True, help="Detach every device attached in this namespace.")
+@json_option
+@click.pass_context
+def detach(ctx, device, all_):
+    """Remove the datapath from DEVICE: programs, filter, routes, pins."""
+    from mrc_ebpf import datapath, pins
+    if bool(device) == all_:
+        raise click.UsageError("give a DEVICE or --all")
+    devices = pins.attached_devices() if all_ else [device]
+    results = [datapath.detach(d) for d in devices]
+    _emit(ctx, results if all_ else results[0], lambda r: click.echo(
+        "\n".join(f"detached {x['device']}" for x in (r if all_ else [r])) or "nothing attached"))
+
+
+@cli.command()
+@json_option
+@click.pass_context
+def status(ctx):
+    """What is attached in this network namespace, as the kernel sees it."""
+    from mrc_ebpf import status as status_mod
+    rows = status_mod.collect()
+
+    def human(rows):
+        if not rows:
+            click.echo("nothing attached in this network namespace")
+            return
+        for r in rows:
+            click.echo(f"{r['device']}: {'OK' if r['healthy'] else 'DEGRADED'}")
+            items = [("SID", r["sid"]), ("XDP", f"{r['xdp_mode'] or 'none'} (prog {r['xdp_prog_id'] or '-'}"
+                                                  f"{'' if r['xdp_ours'] else ', not ours'})"),
+                     ("TC egress", f"prog {r['tc_prog_id'] or '-'}{'' if r['tc_ours'] else ' (missing)'}"),
+                     ("MTU", r["mtu"]), ("overhead", ", ".join(f"{n} seg: {b} B" for n, b in r["overhead"].items())),
+                     ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
+                     ("pins", r["pins"])]
+            for problem in r["problems"]:
+                items.append(("problem", problem))
+            click.echo(tabulate(items, tablefmt="plain"))
+    _emit(ctx, rows, human)
+
+
+@cli.command()
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@json_option
+@click.pass_context
+def stats(ctx, device):
+    """Datapath counters (summed over CPUs)."""
+    from mrc_ebpf import datapath
+    device = datapath.resolve_device(device)
+    with datapath.Attachment.open(device) as att:
+        counters = att.counters()
+    _emit(ctx, {"device": device, "counters": counters}, lambda d: click.echo(
+        tabulate(sorted(d["counters"].items(), key=lambda kv: kv[0]), headers=["counter", device])))
+
+
+@cli.group()
+def path():
+    """Path sets: peer prefixes and the segment lists that reach them."""
+
+
+@path.command("add")
+@click.argument("prefix")
+@click.option("--via", required=True, metavar="SEG1,SEG2,...",
+              help="Segments in travel order, as `ip route ... encap seg6 segs` takes them.")
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@json_option
+@click.pass_context
+def path_add(ctx, prefix, via, device):
+    """Add a path towards PREFIX (a prefix may have many)."""
+    from mrc_ebpf import datapath, paths
+    device = datapath.resolve_device(device)
+    with datapath.Attachment.open(device) as att:
+        result = paths.add(att, prefix, via)
+    _emit(ctx, result, lambda r: click.echo(
+        f"{r['prefix']} path {r['path_id']} via {','.join(r['segments'])} "
+        f"(+{r['overhead']} B, route MTU {r['route_mtu']})"))
+
+
+@path.command("del")
+@click.argument("prefix")
+@click.option("--id", "path_id", type=int, help="Delete only this path (default: all paths of PREFIX).")
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@json_option
+@click.pass_context
+def path_del(ctx, prefix, path_id, device):
+    """Delete PREFIX's paths, or one of them."""
+    from mrc_ebpf import datapath, paths
+    device = datapath.resolve_device(device)
+    with datapath.Attachment.open(device) as att:
+        result = paths.delete(att, prefix, path_id)
+    _emit(ctx, result, lambda r: click.echo(f"deleted {r['removed']} {r['prefix']}"))
+
+
+@path.command("list")
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@json_option
+@click.pass_context
+def path_list(ctx, device):
+    """Configured paths with what each has sent."""
+    from mrc_ebpf import datapath, paths
+    device = datapath.resolve_device(device)
+    with datapath.Attachment.open(device) as att:
+        rows = paths.list_paths(att)
+
+    def human(rows):
+        table = [(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["state"], r["weight"],
+                  r["tx_packets"], r["tx_bytes"]) for r in rows]
+        click.echo(tabulate(table, headers=["prefix", "id", "segments", "state", "weight",
+                                            "tx pkts", "tx bytes"]))
+    _emit(ctx, rows, human)
+
+
+def main():
+    cli(obj={})
+
+
+if __name__ == "__main__":
+    main()

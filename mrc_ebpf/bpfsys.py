@@ -1,0 +1,186 @@
+"""The bpf(2) calls the loader needs on pinned objects, through ctypes.
+
+bcc compiles and loads; every later command works on pinned maps and
+programs from a new process, without compiling, so it needs only these:
+open a pin, pin, look up / update / delete / iterate a map, and ask the
+kernel an object's id.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_NR_BPF = 321  # x86_64
+
+BPF_MAP_LOOKUP_ELEM = 1
+BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
+BPF_MAP_GET_NEXT_KEY = 4
+BPF_OBJ_PIN = 6
+BPF_OBJ_GET = 7
+BPF_OBJ_GET_INFO_BY_FD = 15
+
+BPF_ANY = 0
+
+
+class BpfError(OSError):
+    pass
+
+
+class _MapElemAttr(ctypes.Structure):
+    _fields_ = [("map_fd", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("key", ctypes.c_uint64), ("value", ctypes.c_uint64),
+                ("flags", ctypes.c_uint64)]
+
+
+class _ObjAttr(ctypes.Structure):
+    _fields_ = [("pathname", ctypes.c_uint64), ("bpf_fd", ctypes.c_uint32),
+                ("file_flags", ctypes.c_uint32)]
+
+
+class _InfoAttr(ctypes.Structure):
+    _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32),
+                ("info", ctypes.c_uint64)]
+
+
+class ProgInfo(ctypes.Structure):
+    """Head of struct bpf_prog_info (uapi/linux/bpf.h): enough for id/name."""
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32),
+                ("tag", ctypes.c_uint8 * 8), ("jited_prog_len", ctypes.c_uint32),
+                ("xlated_prog_len", ctypes.c_uint32), ("jited_prog_insns", ctypes.c_uint64),
+                ("xlated_prog_insns", ctypes.c_uint64), ("load_time", ctypes.c_uint64),
+                ("created_by_uid", ctypes.c_uint32), ("nr_map_ids", ctypes.c_uint32),
+                ("map_ids", ctypes.c_uint64), ("name", ctypes.c_char * 16)]
+
+
+class MapInfo(ctypes.Structure):
+    """Head of struct bpf_map_info."""
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32),
+                ("key_size", ctypes.c_uint32), ("value_size", ctypes.c_uint32),
+                ("max_entries", ctypes.c_uint32), ("map_flags", ctypes.c_uint32),
+                ("name", ctypes.c_char * 16)]
+
+
+def _bpf(cmd: int, attr: ctypes.Structure) -> int:
+    ret = _libc.syscall(_NR_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise BpfError(err, os.strerror(err))
+    return ret
+
+
+def obj_get(path: str) -> int:
+    raw = path.encode()
+    attr = _ObjAttr(pathname=ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value)
+    return _bpf(BPF_OBJ_GET, attr)
+
+
+def obj_pin(fd: int, path: str) -> None:
+    raw = path.encode()
+    attr = _ObjAttr(pathname=ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value, bpf_fd=fd)
+    _bpf(BPF_OBJ_PIN, attr)
+
+
+def _info(fd: int, info_type):
+    info = info_type()
+    attr = _InfoAttr(bpf_fd=fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
+    return info
+
+
+def prog_info(fd: int) -> ProgInfo:
+    return _info(fd, ProgInfo)
+
+
+def map_info(fd: int) -> MapInfo:
+    return _info(fd, MapInfo)
+
+
+def possible_cpus() -> int:
+    """Per-CPU maps hold one value per possible CPU (not online)."""
+    text = open("/sys/devices/system/cpu/possible").read().strip()
+    count = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        count += int(hi or lo) - int(lo) + 1
+    return count
+
+
+class PinnedMap:
+    """A map opened from its pin, with ctypes key and value types."""
+
+    fd = -1
+
+    def __init__(self, path: str, key_type, value_type, percpu: bool = False):
+        self.path = path
+        fd = obj_get(path)
+        self.key_type = key_type
+        self.percpu = percpu
+        self.value_type = value_type * possible_cpus() if percpu else value_type
+        info = map_info(fd)
+        if info.key_size != ctypes.sizeof(key_type) or \
+                info.value_size != ctypes.sizeof(value_type):
+            os.close(fd)
+            raise BpfError(errno.EPROTO, f"{path}: map layout differs from this mrcctl "
+                           f"(key {info.key_size}/{ctypes.sizeof(key_type)}, value "
+                           f"{info.value_size}/{ctypes.sizeof(value_type)} bytes)")
+        self.max_entries = info.max_entries
+        self.fd = fd
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self):
+        self.close()
+
+    def _elem(self, cmd, key, value=None, flags=0):
+        attr = _MapElemAttr(map_fd=self.fd, key=ctypes.addressof(key),
+                            value=ctypes.addressof(value) if value is not None else 0,
+                            flags=flags)
+        return _bpf(cmd, attr)
+
+    def lookup(self, key):
+        value = self.value_type()
+        try:
+            self._elem(BPF_MAP_LOOKUP_ELEM, key, value)
+        except BpfError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            raise
+        return value
+
+    def update(self, key, value, flags=BPF_ANY):
+        self._elem(BPF_MAP_UPDATE_ELEM, key, value, flags)
+
+    def delete(self, key) -> bool:
+        try:
+            self._elem(BPF_MAP_DELETE_ELEM, key)
+        except BpfError as e:
+            if e.errno == errno.ENOENT:
+                return False
+            raise
+        return True
+
+    def keys(self):
+        key, nxt = None, self.key_type()
+        while True:
+            attr = _MapElemAttr(map_fd=self.fd, key=ctypes.addressof(key) if key is not None else 0,
+                                value=ctypes.addressof(nxt))
+            try:
+                _bpf(BPF_MAP_GET_NEXT_KEY, attr)
+            except BpfError as e:
+                if e.errno == errno.ENOENT:
+                    return
+                raise
+            key = self.key_type.from_buffer_copy(nxt)
+            yield key
+
+    def items(self):
+        for key in list(self.keys()):
+            value = self.lookup(key)
+            if value is not None:
+                yield key, value

@@ -1,0 +1,81 @@
+"""Small networks of namespaces for tests, the demo and (later) fabrics.
+
+Every namespace and link made through a Topology is removed by
+`destroy()`, also after a failure half-way; use it as a context manager.
+Only test addresses go here: fd00::/8, fc00::/16, 198.18.0.0/15.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+class CommandError(RuntimeError):
+    pass
+
+
+def run(cmd: list[str], check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and result.returncode != 0:
+        raise CommandError(f"{' '.join(cmd)}: exit {result.returncode}: {result.stderr.strip()}")
+    return result
+
+
+class Topology:
+    def __init__(self, prefix: str | None = None):
+        self.prefix = prefix or f"mrc{os.getpid() % 100000}"
+        self.namespaces: list[str] = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+    def ns(self, short: str, forwarding: bool = False, seg6: bool = True) -> str:
+        name = f"{self.prefix}-{short}"
+        run(["ip", "netns", "add", name])
+        self.namespaces.append(name)
+        self.sysctl(name, "net.ipv6.conf.all.accept_dad", 0)
+        self.sysctl(name, "net.ipv6.conf.default.accept_dad", 0)
+        if forwarding:
+            self.sysctl(name, "net.ipv6.conf.all.forwarding", 1)
+            self.sysctl(name, "net.ipv4.ip_forward", 1)
+        if seg6:
+            self.sysctl(name, "net.ipv6.conf.all.seg6_enabled", 1)
+            self.sysctl(name, "net.ipv6.conf.default.seg6_enabled", 1)
+        self.exec(name, ["ip", "link", "set", "lo", "up"])
+        return name
+
+    def sysctl(self, ns: str, key: str, value) -> None:
+        self.exec(ns, ["sysctl", "-qw", f"{key}={value}"])
+
+    def link(self, ns1: str, if1: str, ns2: str, if2: str, mtu: int | None = None) -> None:
+        run(["ip", "link", "add", if1, "netns", ns1, "type", "veth", "peer", "name", if2, "netns", ns2])
+        for ns, dev in ((ns1, if1), (ns2, if2)):
+            if mtu:
+                self.exec(ns, ["ip", "link", "set", dev, "mtu", str(mtu)])
+            self.sysctl(ns, f"net.ipv6.conf.{dev}.seg6_enabled", 1)
+            self.exec(ns, ["ip", "link", "set", dev, "up"])
+
+    def addr(self, ns: str, dev: str, address: str) -> None:
+        family = ["-6"] if ":" in address else []
+        self.exec(ns, ["ip", *family, "addr", "add", address, "dev", dev, *(["nodad"] if family else [])])
+
+    def route(self, ns: str, *args: str) -> None:
+        family = ["-6"] if ":" in args[0] else []
+        self.exec(ns, ["ip", *family, "route", "add", *args])
+
+    def exec(self, ns: str, cmd: list[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        return run(["ip", "netns", "exec", ns, *cmd], check=check, timeout=timeout)
+
+    def popen(self, ns: str, cmd: list[str], **kw) -> subprocess.Popen:
+        return subprocess.Popen(["ip", "netns", "exec", ns, *cmd], **kw)
+
+    def destroy(self) -> None:
+        for name in reversed(self.namespaces):
+            # pins outlive a namespace: take the datapath's state down first
+            run([sys.executable, "-m", "cli.mrcctl", "--netns", name, "detach", "--all"], check=False)
+            run(["ip", "netns", "del", name], check=False)
+        self.namespaces.clear()
