@@ -1,0 +1,41 @@
+"""scapy layer for the MRC TLV, so captures decode.
+
+This is the second definition of the wire format (the first is struct
+mrc_tlv in bpf/mrc_common.h); tests/test_layout.py checks the two agree
+field by field.
+"""
+from __future__ import annotations
+
+from scapy.fields import ByteField, ShortField, IntField, LongField, XByteField
+from scapy.layers.inet6 import IPv6ExtHdrSegmentRoutingTLV
+
+from .source import C
+
+
+class MrcTLV(IPv6ExtHdrSegmentRoutingTLV):
+    name = "MRC metadata TLV"
+    fields_desc = [ByteField("type", C["MRC_TLV_TYPE"]),
+                   ByteField("len", C["MRC_TLV_LEN"]),
+                   ByteField("version", C["MRC_VERSION"]),
+                   XByteField("flags", 0),
+                   ShortField("path_id", 0),
+                   ByteField("tclass", 0),
+                   ByteField("reserved", 0),
+                   IntField("path_seq", 0),
+                   IntField("peer_seq", 0),
+                   LongField("tx_ns", 0)]
+
+
+MrcTLV.register_variant()
+
+
+def mrc_tlv(packet) -> MrcTLV | None:
+    """The MRC TLV of a captured SRv6 packet, or None."""
+    from scapy.layers.inet6 import IPv6ExtHdrSegmentRouting
+    srh = packet.getlayer(IPv6ExtHdrSegmentRouting)
+    if srh is None:
+        return None
+    for tlv in srh.tlv_objects:
+        if isinstance(tlv, MrcTLV):
+            return tlv
+    return None

@@ -1,0 +1,50 @@
+"""A TCP transfer whose data is checked: both ends print length and sha256.
+
+    xfer.py serve ADDR PORT          # prints "<bytes> <sha256>" when the peer closes
+    xfer.py send ADDR PORT BYTES     # sends BYTES of seeded pseudo-random data
+"""
+import hashlib
+import random
+import socket
+import sys
+
+
+def serve(addr, port):
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((addr, port))
+        s.listen(1)
+        print("ready", flush=True)
+        conn, _ = s.accept()
+        digest, total = hashlib.sha256(), 0
+        with conn:
+            while True:
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    break
+                digest.update(chunk)
+                total += len(chunk)
+        print(total, digest.hexdigest(), flush=True)
+
+
+def send(addr, port, nbytes):
+    rng = random.Random(8754)
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    digest = hashlib.sha256()
+    with socket.create_connection((addr, port), timeout=20) as s:
+        left = nbytes
+        while left:
+            chunk = rng.randbytes(min(left, 1 << 16))
+            s.sendall(chunk)
+            digest.update(chunk)
+            left -= len(chunk)
+        s.shutdown(socket.SHUT_WR)
+    print(nbytes, digest.hexdigest(), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(sys.argv[2], int(sys.argv[3]))
+    else:
+        send(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
