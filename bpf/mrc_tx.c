@@ -109,15 +109,16 @@ int mrc_tx(struct __sk_buff *skb)
 	if (nseg == 0 || nseg > MRC_MAX_SEGMENTS)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
 
-	/* A GSO packet is cut to size after us (the kernel shrinks its MSS
-	 * by what we add); a single packet must fit as it is.  The route
-	 * MTU that `path add` installs keeps this from happening. */
+	/* The route MTU that `path add` installs already leaves room for
+	 * what we add, so a single packet fits and a GSO packet's segment
+	 * size stays as TCP chose it (FIXED_GSO: without it the kernel would
+	 * shrink the segments by our overhead a second time). */
 	encap_len = MRC_ENCAP_LEN(nseg);
 	if (skb->gso_size == 0 && skb->len - ETH_HLEN + encap_len > cfg->mtu)
 		return tx_drop(MRC_TX_DROP_TOO_BIG);
 
 	if (bpf_skb_adjust_room(skb, encap_len, BPF_ADJ_ROOM_MAC,
-				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6))
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO))
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
 	/* Taken only now, so a packet that was never sent leaves no gap

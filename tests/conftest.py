@@ -2,6 +2,7 @@
 them (and the datapath's pins) in finalizers, also when a test fails."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from mrc_ebpf.topology import Topology
 ROOT = Path(__file__).resolve().parent.parent
 MRCCTL = [sys.executable, "-m", "cli.mrcctl"]
 XFER = [sys.executable, str(ROOT / "tests" / "tools" / "xfer.py")]
+INJECT = [sys.executable, str(ROOT / "tests" / "tools" / "inject.py")]
 
 
 def _why_no_kernel() -> str | None:
@@ -107,8 +109,15 @@ class Interop:
                 server.wait()
         return sent.stdout.strip(), received.strip()
 
+    def inject(self, ns, dev, frames):
+        """Send raw frames (scapy packets) out of `dev` in `ns`."""
+        self.t.exec(ns, [*INJECT, dev, *(bytes(f).hex() for f in frames)])
+
+    def mac(self, ns, dev):
+        link = json.loads(self.t.exec(ns, ["ip", "-j", "link", "show", dev]).stdout)
+        return link[0]["address"]
+
     def counters(self):
-        import json
         return json.loads(mrcctl("stats", "-j", netns=self.A).stdout)["counters"]
 
 
