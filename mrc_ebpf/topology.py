@@ -79,3 +79,43 @@ class Topology:
             run([sys.executable, "-m", "cli.mrcctl", "--netns", name, "detach", "--all"], check=False)
             run(["ip", "netns", "del", name], check=False)
         self.namespaces.clear()
+
+
+class KernelPeerLine:
+    """A --- R --- B: the smallest network with a kernel SRv6 peer.
+
+    A runs mrc-ebpf on a0 (SID fc00:a::6).  R is a kernel SRv6 router
+    (End at fc00:1::).  B is the kernel's own SRv6 host: End.DT6 at
+    fc00:b::6, End.DX4 at fc00:b::4, and it answers A with the kernel's
+    own `encap seg6` to A's SID, so only A's XDP can read its replies.
+    """
+
+    A_SID, R_SID, B_DT6, B_DX4 = "fc00:a::6", "fc00:1::", "fc00:b::6", "fc00:b::4"
+    A6, B6, A4, B4 = "fd00:1::a", "fd00:2::b", "198.18.1.1", "198.18.2.2"
+
+    def __init__(self, topo: Topology):
+        t = self.t = topo
+        self.A, self.R, self.B = t.ns("A"), t.ns("R", forwarding=True), t.ns("B")
+        t.link(self.A, "a0", self.R, "r0")
+        t.link(self.R, "r1", self.B, "b0")
+        t.addr(self.A, "a0", "fd00:1::a/64")
+        t.addr(self.R, "r0", "fd00:1::1/64")
+        t.addr(self.R, "r1", "fd00:2::1/64")
+        t.addr(self.B, "b0", "fd00:2::b/64")
+        t.addr(self.A, "a0", f"{self.A4}/24")
+        t.addr(self.B, "b0", f"{self.B4}/24")
+        t.route(self.A, "fc00::/16", "via", "fd00:1::1")
+        t.route(self.A, "fd00:2::/64", "via", "fd00:1::1")   # plain, until a path overrides it
+        t.route(self.B, "fc00::/16", "via", "fd00:2::1")
+        t.route(self.R, "fc00:a::/48", "via", "fd00:1::a")
+        t.route(self.R, "fc00:b::/48", "via", "fd00:2::b")
+        t.exec(self.R, ["ip", "-6", "route", "add", f"{self.R_SID}/128", "encap", "seg6local",
+                        "action", "End", "dev", "r0"])
+        t.exec(self.B, ["ip", "-6", "route", "add", f"{self.B_DT6}/128", "encap", "seg6local",
+                        "action", "End.DT6", "table", "local", "dev", "b0"])
+        t.exec(self.B, ["ip", "-6", "route", "add", f"{self.B_DX4}/128", "encap", "seg6local",
+                        "action", "End.DX4", "nh4", self.B4, "dev", "b0"])
+        t.exec(self.B, ["ip", "-6", "route", "add", "fd00:1::/64", "encap", "seg6", "mode", "encap",
+                        "segs", self.A_SID, "via", "fd00:2::1", "dev", "b0"])
+        t.exec(self.B, ["ip", "route", "add", "198.18.1.0/24", "encap", "seg6", "mode", "encap",
+                        "segs", self.A_SID, "via", "inet6", "fd00:2::1", "dev", "b0"])
