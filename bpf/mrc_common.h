@@ -87,8 +87,13 @@ struct mrc_peer {
  * packet via the next hop of the peer prefix's route; a path whose first
  * hop differs is sent with bpf_redirect_neigh() to its own.
  */
+/* A SID; a struct, not __u8[N][16], so bcc's ctypes for maps get it right. */
+struct mrc_sid {
+	__u8	addr[16];
+};
+
 struct mrc_path {
-	__u8	segments[MRC_MAX_SEGMENTS][16];
+	struct mrc_sid	segments[MRC_MAX_SEGMENTS];
 	__u8	nexthop[16];	/* IPv6 next hop towards segments[last] */
 	__u32	oif;		/* device of that next hop */
 	__u32	flowlabel;	/* outer flow label: the path's entropy */

@@ -49,7 +49,7 @@ def compile_datapath():
         raise MrcError(f"kernel headers missing at {build}: apt-get install linux-headers-amd64 "
                        f"and link them there (`make setup` does this)")
     try:
-        module = BPF(text=source.expand(), cflags=["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"])
+        module = BPF(text=source.expand().encode(), cflags=["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"])
         tx = module.load_func("mrc_tx", BPF.SCHED_CLS)
         rx = module.load_func("mrc_rx", BPF.XDP)
     except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr

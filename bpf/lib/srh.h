@@ -62,7 +62,7 @@ static __always_inline int srh_write_encap(struct __sk_buff *skb, const struct m
 	hdr.ip6.nexthdr = IPPROTO_ROUTING;
 	hdr.ip6.hop_limit = MRC_HOP_LIMIT;
 	__builtin_memcpy(&hdr.ip6.saddr, cfg->sid, 16);
-	__builtin_memcpy(&hdr.ip6.daddr, path->segments[first], 16);
+	__builtin_memcpy(&hdr.ip6.daddr, path->segments[first].addr, 16);
 
 	hdr.srh.nexthdr = inner_proto;
 	hdr.srh.hdrlen = MRC_SRH_LEN(nseg) / 8 - 1;
