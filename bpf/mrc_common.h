@@ -15,6 +15,10 @@
 #define MRC_MAX_PATHS		256	/* paths per peer (path ids 0..255) */
 #define MRC_MAX_SEGMENTS	6	/* SIDs in one path's segment list */
 #define MRC_MAX_TLVS		16	/* TLVs the receiver walks per SRH */
+#define MRC_MAX_CLASSES		8	/* traffic classes; 0 is the default class */
+#define MRC_SPRAY_SLOTS		1024	/* entries of one spray list */
+#define MRC_RX_MAX_PATHS	65536	/* (sender, path) pairs the receiver tracks */
+#define MRC_HIST_BUCKETS	16	/* log2 buckets of the receiver's histograms */
 
 /* ---- the MRC TLV, carried in the SRH (RFC 8754 section 2.1) ----------- */
 /*
@@ -24,11 +28,12 @@
  */
 #define MRC_TLV_TYPE		124
 #define MRC_VERSION		1
-#define MRC_TLV_SIZE		24	/* whole TLV: keeps the SRH 8-byte aligned */
+#define MRC_TLV_SIZE		32	/* whole TLV: keeps the SRH 8-byte aligned */
 #define MRC_TLV_LEN		(MRC_TLV_SIZE - 2)	/* the TLV's length field */
 
 /* mrc_tlv.flags */
 #define MRC_F_PROBE		0x01	/* sent to test a path, not data */
+#define MRC_F_FEEDBACK		0x02	/* the fb_* fields report on one of the peer's paths */
 
 struct mrc_tlv {
 	__u8	type;		/* MRC_TLV_TYPE */
@@ -41,6 +46,11 @@ struct mrc_tlv {
 	__be32	path_seq;	/* per (peer, path): a gap is a loss on that path */
 	__be32	peer_seq;	/* per peer, across paths: gives reordering */
 	__be64	tx_ns;		/* sender's CLOCK_MONOTONIC at encap */
+	/* Feedback, piggybacked: how the path fb_path_id of the packets the
+	 * receiver of this one sends us is doing, as we measured it. */
+	__be16	fb_path_id;
+	__be16	fb_qdelay_us;	/* queueing delay (one-way delay above its minimum) */
+	__be32	fb_lost;	/* packets lost on that path so far */
 } __attribute__((packed));
 
 /* SRH fixed part (8) + segment list + MRC TLV */
@@ -60,14 +70,36 @@ struct mrc_peer_key {
 	__u8	addr[16];
 };
 
-/* mrc_peer.policy */
-#define MRC_POLICY_RR		0
+/* mrc_peer.policy: how a packet's path is chosen from its spray list */
+#define MRC_POLICY_RR		0	/* round robin */
+#define MRC_POLICY_WEIGHTED	1	/* round robin over a list expanded by weight */
+#define MRC_POLICY_RANDOM	2	/* uniform random */
+#define MRC_POLICY_HASH		3	/* per flow (ECMP-like): the baseline MRC replaces */
+#define MRC_POLICY_ADAPTIVE	4	/* best of two random paths by measured health */
 
 struct mrc_peer {
-	__u32	peer_id;	/* row in the paths/peer_tx maps */
+	__u32	peer_id;	/* row in the paths/peer_tx/spray maps */
 	__u16	n_paths;	/* paths 0..n_paths-1 are configured */
 	__u8	policy;		/* MRC_POLICY_* */
 	__u8	flags;
+};
+
+/*
+ * spray: array indexed by peer_id * MRC_MAX_CLASSES + class: the path ids
+ * a packet of that class may take, built by the loader from the paths'
+ * states, classes and (for weighted) weights.  Choosing is one index into
+ * it, whatever the number of paths.
+ */
+struct mrc_spray {
+	__u32	n;		/* entries in use */
+	__u16	ids[MRC_SPRAY_SLOTS];
+};
+
+/* dscp_class: array of 64, DSCP -> traffic class */
+
+/* class_names: array of MRC_MAX_CLASSES, the loader's names for classes */
+struct mrc_class_name {
+	char	name[16];
 };
 
 /* mrc_path.state */
@@ -101,7 +133,57 @@ struct mrc_path {
 	__u8	n_segments;
 	__u8	state;		/* MRC_PATH_* */
 	__u8	flags;		/* MRC_PATH_F_* */
-	__u8	pad[3];
+	__u8	tclass;		/* 0: shared; k: reserved for traffic class k */
+	__u8	pad[2];
+};
+
+/*
+ * path_health: array by path index, the sender's view of its paths as the
+ * peer reported them in feedback.  Read by the adaptive policy.
+ */
+struct mrc_path_health {
+	__u64	updated_ns;	/* when feedback last arrived */
+	__u64	loss_ns;	/* when the reported loss count last grew */
+	__u32	qdelay_us;
+	__u32	lost;		/* last reported cumulative loss */
+};
+
+/* peer_by_sid: hash, a peer's SID -> peer_id, to file incoming feedback */
+
+/*
+ * rx_paths: LRU hash, (sender SID, path id) -> what the receiver saw on
+ * that path.  Packets on one path arrive in order, so a gap in path_seq
+ * is a loss on that path.
+ */
+struct mrc_rx_key {
+	__u8	sid[16];	/* the sender's SID (outer source) */
+	__u16	path_id;
+	__u16	pad;
+};
+
+struct mrc_rx_path {
+	__u64	packets;
+	__u64	bytes;
+	__u64	lost;		/* sequence numbers skipped */
+	__u64	late;		/* arrived behind the path's next expected number */
+	__u64	min_owd_ns;	/* smallest one-way delay seen (clock offset included) */
+	__u64	last_ns;	/* arrival time of the latest packet */
+	__u32	next_seq;	/* next path_seq expected */
+	__u32	qdelay_us;	/* moving average of one-way delay above the minimum */
+	__u32	qdelay_hist[MRC_HIST_BUCKETS];	/* log2 microseconds */
+};
+
+/*
+ * rx_peers: LRU hash, sender SID -> reordering across that sender's paths,
+ * and which path to report on in our next feedback to it.
+ */
+struct mrc_rx_peer {
+	__u64	packets;
+	__u64	reordered;	/* arrived with peer_seq below the highest seen */
+	__u32	max_peer_seq;
+	__u16	last_path_id;	/* reported in feedback */
+	__u16	pad;
+	__u32	reorder_hist[MRC_HIST_BUCKETS];	/* log2 of (highest - peer_seq) */
 };
 
 /* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */
@@ -124,7 +206,9 @@ struct mrc_path_stats {
 struct mrc_config {
 	__u8	sid[16];	/* this host's SID: outer source, decap match */
 	__u32	mtu;		/* device MTU: encapsulated packets must fit */
-	__u32	flags;
+	__u32	flags;		/* loader's own bookkeeping (datapath ignores) */
+	__u32	loss_hold_us;	/* adaptive: a path that lost is avoided this long */
+	__u32	saved_gso_max_segs;	/* restored at detach */
 };
 
 /* ---- counters: per-CPU array indexed by enum mrc_counter -------------- */
@@ -160,6 +244,7 @@ enum mrc_counter {
 	MRC_RX_DROP_DECAP_FAIL,		/* outcome: the kernel refused adjust_head */
 	MRC_RX_DECAP_BYTES,		/* bytes of inner packets passed up */
 	MRC_RX_MRC_TLV,			/* decapsulated packets that carried MRC TLV */
+	MRC_RX_FEEDBACK,		/* feedback filed in path_health */
 	MRC_COUNTER_MAX,
 };
 

@@ -12,6 +12,8 @@
 #include "lib/counters.h"
 #include "lib/addr.h"
 #include "lib/srh.h"
+#include "lib/rx_track.h"
+#include "lib/feedback.h"
 
 static __always_inline int rx_pass(void)
 {
@@ -117,8 +119,14 @@ int mrc_rx(struct xdp_md *ctx)
 				     data_end, inner_len, &reason);
 	if (!inner_proto)
 		return rx_drop(reason);
-	if (mrc)
+	if (mrc) {
+		__u64 now = bpf_ktime_get_ns();
+
 		count(MRC_RX_MRC_TLV);
+		rx_track_path(ip6->saddr.s6_addr, mrc, inner_len, now);
+		rx_track_peer(ip6->saddr.s6_addr, mrc);
+		feedback_file(ip6->saddr.s6_addr, mrc, now);
+	}
 
 	/* Strip outer IPv6 + SRH; the Ethernet header moves up to the inner. */
 	__builtin_memcpy(&eth_copy, eth, sizeof(eth_copy));

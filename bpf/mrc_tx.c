@@ -4,8 +4,9 @@
  * in outer IPv6 + SRH (RFC 8754) that carries the chosen path's segment
  * list and the MRC TLV.  Everything else leaves untouched.
  *
- * The journey: classify -> find the peer -> choose a path -> check it
- * fits -> make room -> write outer IPv6, SRH, segments, TLV -> send it
+ * The journey: classify -> find the peer -> choose a path for the
+ * packet's traffic class -> check it fits -> make room -> write outer
+ * IPv6, SRH, segments, TLV (with feedback for the peer) -> send it
  * towards the first segment.
  */
 #include "lib/counters.h"
@@ -78,6 +79,15 @@ static __always_inline int tx_classify(struct __sk_buff *skb, const struct mrc_c
 	return -1;
 }
 
+/* The traffic class of a packet, from its DSCP. */
+static __always_inline __u8 tx_class(__u8 tos)
+{
+	__u32 dscp = tos >> 2;
+	__u32 *tclass = dscp_class.lookup(&dscp);
+
+	return tclass && *tclass < MRC_MAX_CLASSES ? *tclass : 0;
+}
+
 int mrc_tx(struct __sk_buff *skb)
 {
 	struct mrc_peer_key key = { .prefixlen = 128 };
@@ -100,7 +110,7 @@ int mrc_tx(struct __sk_buff *skb)
 	if (!peer)
 		return tx_pass();
 
-	if (choose_path(peer, &choice))
+	if (choose_path(skb, peer, tx_class(inner.tos), cfg, &choice))
 		return tx_drop(MRC_TX_DROP_NO_PATH);
 	path = paths.lookup(&choice.path_index);
 	if (!path || path->state != MRC_PATH_UP)

@@ -84,14 +84,20 @@ def cli(ctx, json_, netns_name):
 @click.option("--sid", required=True, help="This host's SRv6 SID (outer source; decapsulated here).")
 @click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
               show_default=True, help="XDP mode: native (driver) or skb (generic).")
+@click.option("--granularity", type=click.Choice(["packet", "burst"]), default="packet",
+              show_default=True,
+              help="Spray each packet (sets gso_max_segs 1), or each GSO burst (faster, coarser).")
+@click.option("--loss-hold-us", type=click.IntRange(0, 10_000_000), default=20000, show_default=True,
+              help="adaptive: how long a path that reported a loss is avoided.")
 @json_option
 @click.pass_context
-def attach(ctx, device, sid, mode):
+def attach(ctx, device, sid, mode, granularity, loss_hold_us):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits."""
     from mrc_ebpf import datapath
-    result = datapath.attach(device, sid, mode)
+    result = datapath.attach(device, sid, mode, granularity, loss_hold_us)
     _emit(ctx, result, lambda r: click.echo(
-        f"attached {r['device']}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress; pinned at {r['pins']}"))
+        f"attached {r['device']}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
+        f"{r['granularity']}; pinned at {r['pins']}"))
 
 
 @cli.command()
@@ -138,16 +144,48 @@ def status(ctx):
 
 @cli.command()
 @click.option("--dev", "device", help="Device (default: the only one attached).")
+@click.option("--paths", "by_path", is_flag=True, help="Per path: sent, received, loss, delay.")
+@click.option("--watch", type=click.FloatRange(min=0.1), metavar="N", help="Refresh every N seconds.")
 @json_option
 @click.pass_context
-def stats(ctx, device):
-    """Datapath counters (summed over CPUs)."""
-    from mrc_ebpf import datapath
+def stats(ctx, device, by_path, watch):
+    """Datapath counters (summed over CPUs), or per-path measurements."""
+    import time
+    from mrc_ebpf import datapath, paths, stats as rx_stats
     device = datapath.resolve_device(device)
-    with datapath.Attachment.open(device) as att:
-        counters = att.counters()
-    _emit(ctx, {"device": device, "counters": counters}, lambda d: click.echo(
-        tabulate(sorted(d["counters"].items(), key=lambda kv: kv[0]), headers=["counter", device])))
+
+    def collect():
+        with datapath.Attachment.open(device) as att:
+            if by_path:
+                return {"device": device, "sent": paths.list_paths(att),
+                        "received": rx_stats.received(att), "reorder": rx_stats.reorder(att)}
+            return {"device": device, "counters": att.counters()}
+
+    def human(d):
+        if not by_path:
+            click.echo(tabulate(sorted(d["counters"].items()), headers=["counter", device]))
+            return
+        click.echo("sent (this host's paths; fb = what the peer reported)")
+        click.echo(tabulate([(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["class"],
+                              r["state"], r["weight"], r["tx_packets"], r["tx_bytes"],
+                              (r["feedback"] or {}).get("qdelay_us", "-"),
+                              (r["feedback"] or {}).get("lost", "-")) for r in d["sent"]],
+                             headers=["prefix", "id", "segments", "class", "state", "weight",
+                                      "tx pkts", "tx bytes", "fb qdelay us", "fb lost"]))
+        click.echo("\nreceived (per sender and its path)")
+        click.echo(tabulate([(r["from"], r["path_id"], r["rx_packets"], r["rx_bytes"], r["lost"],
+                              r["late"], r["qdelay_p50_us"], r["qdelay_p99_us"]) for r in d["received"]],
+                             headers=["from", "path", "rx pkts", "rx bytes", "lost", "late",
+                                      "qdelay p50 us", "p99 us"]))
+        for r in d["reorder"]:
+            click.echo(f"reordered from {r['from']}: {r['reordered']} of {r['packets']}")
+
+    while True:
+        _emit(ctx, collect(), human)
+        if not watch:
+            return
+        time.sleep(watch)
+        click.echo("")
 
 
 @cli.group()
@@ -159,15 +197,17 @@ def path():
 @click.argument("prefix")
 @click.option("--via", required=True, metavar="SEG1,SEG2,...",
               help="Segments in travel order, as `ip route ... encap seg6 segs` takes them.")
+@click.option("--weight", type=int, default=1, show_default=True, help="Weight (policy weighted).")
+@click.option("--class", "tclass", metavar="NAME", help="Reserve the path for this traffic class.")
 @click.option("--dev", "device", help="Device (default: the only one attached).")
 @json_option
 @click.pass_context
-def path_add(ctx, prefix, via, device):
+def path_add(ctx, prefix, via, weight, tclass, device):
     """Add a path towards PREFIX (a prefix may have many)."""
     from mrc_ebpf import datapath, paths
     device = datapath.resolve_device(device)
     with datapath.Attachment.open(device) as att:
-        result = paths.add(att, prefix, via)
+        result = paths.add(att, prefix, via, weight, tclass)
     _emit(ctx, result, lambda r: click.echo(
         f"{r['prefix']} path {r['path_id']} via {','.join(r['segments'])} "
         f"(+{r['overhead']} B, route MTU {r['route_mtu']})"))
@@ -188,6 +228,57 @@ def path_del(ctx, prefix, path_id, device):
     _emit(ctx, result, lambda r: click.echo(f"deleted {r['removed']} {r['prefix']}"))
 
 
+@path.command("policy")
+@click.argument("prefix")
+@click.argument("policy", type=click.Choice(["rr", "weighted", "random", "hash", "adaptive"]))
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@json_option
+@click.pass_context
+def path_policy(ctx, prefix, policy, device):
+    """How PREFIX's packets are sprayed over its paths."""
+    from mrc_ebpf import datapath, paths
+    device = datapath.resolve_device(device)
+    with datapath.Attachment.open(device) as att:
+        result = paths.set_policy(att, prefix, policy)
+    _emit(ctx, result, lambda r: click.echo(f"{r['prefix']}: policy {r['policy']}"))
+
+
+@cli.group("class")
+def class_():
+    """Traffic classes: DSCP values -> class; paths may be reserved per class."""
+
+
+@class_.command("set")
+@click.argument("name")
+@click.option("--dscp", required=True, metavar="N,N,...", help="DSCP values (0..63) of the class.")
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@json_option
+@click.pass_context
+def class_set(ctx, name, dscp, device):
+    """Define (or redefine) class NAME by its DSCP values."""
+    from mrc_ebpf import classes, datapath
+    device = datapath.resolve_device(device)
+    with datapath.Attachment.open(device) as att:
+        result = classes.set_class(att, name, dscp)
+    _emit(ctx, result, lambda r: click.echo(
+        f"class {r['class']} (id {r['id']}): DSCP {','.join(map(str, r['dscp']))}"))
+
+
+@class_.command("list")
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@json_option
+@click.pass_context
+def class_list(ctx, device):
+    """Classes and their DSCP values."""
+    from mrc_ebpf import classes, datapath
+    device = datapath.resolve_device(device)
+    with datapath.Attachment.open(device) as att:
+        rows = classes.list_classes(att)
+    _emit(ctx, rows, lambda rows: click.echo(tabulate(
+        [(r["class"], r["id"], ",".join(map(str, r["dscp"]))) for r in rows],
+        headers=["class", "id", "dscp"])))
+
+
 @path.command("list")
 @click.option("--dev", "device", help="Device (default: the only one attached).")
 @json_option
@@ -200,10 +291,10 @@ def path_list(ctx, device):
         rows = paths.list_paths(att)
 
     def human(rows):
-        table = [(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["state"], r["weight"],
-                  r["tx_packets"], r["tx_bytes"]) for r in rows]
-        click.echo(tabulate(table, headers=["prefix", "id", "segments", "state", "weight",
-                                            "tx pkts", "tx bytes"]))
+        table = [(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["policy"], r["class"],
+                  r["state"], r["weight"], r["tx_packets"], r["tx_bytes"]) for r in rows]
+        click.echo(tabulate(table, headers=["prefix", "id", "segments", "policy", "class", "state",
+                                            "weight", "tx pkts", "tx bytes"]))
     _emit(ctx, rows, human)
 
 

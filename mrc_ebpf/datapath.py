@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from . import bpfsys, hooks, layout, pins, routes, source
+from . import bpfsys, hooks, layout, offload, pins, routes, source
 from .errors import MrcError
 
 PROG_TX, PROG_RX = "prog_tx", "prog_rx"
@@ -122,7 +122,11 @@ def resolve_device(device: str | None) -> str:
     raise MrcError(f"several devices are attached ({', '.join(attached)}): say which with --dev")
 
 
-def attach(device: str, sid_text: str, mode: str = "auto") -> dict:
+DEFAULT_LOSS_HOLD_US = 20000
+
+
+def attach(device: str, sid_text: str, mode: str = "auto", granularity: str = "packet",
+           loss_hold_us: int = DEFAULT_LOSS_HOLD_US) -> dict:
     require_root()
     sid = parse_sid(sid_text)
     pins.ensure_bpffs()
@@ -157,7 +161,13 @@ def attach(device: str, sid_text: str, mode: str = "auto") -> dict:
             hooks.tc_attach(ipr, index, tx.fd, "mrc_tx")
             undo.append(lambda: hooks.tc_detach(ipr, index))
 
-            cfg = layout.Config(mtu=info["mtu"], flags=flags)
+            saved_segs = offload.gso_max_segs(device)
+            if granularity == "packet" and saved_segs != 1:
+                offload.set_gso_max_segs(device, 1)
+                undo.append(lambda: offload.set_gso_max_segs(device, saved_segs))
+
+            cfg = layout.Config(mtu=info["mtu"], flags=flags, loss_hold_us=loss_hold_us,
+                                saved_gso_max_segs=saved_segs)
             ctypes.memmove(cfg.sid, sid.packed, 16)
             config = bpfsys.PinnedMap(str(directory / "config"), *layout.MAPS["config"])
             config.update(layout.Index(0), cfg)
@@ -169,7 +179,7 @@ def attach(device: str, sid_text: str, mode: str = "auto") -> dict:
                 raise
             raise MrcError(f"attach {device} failed: {e}")
     return {"device": device, "ifindex": index, "sid": str(sid), "xdp_mode": used_mode,
-            "pins": str(directory)}
+            "granularity": offload.granularity(device), "pins": str(directory)}
 
 
 def detach(device: str) -> dict:
@@ -182,7 +192,7 @@ def detach(device: str) -> dict:
         raise MrcError(f"{device} is not attached")
     probe = Attachment(device, directory)
     rx_id, tx_id = probe.prog_id(PROG_RX), probe.prog_id(PROG_TX)
-    flags = _config_flags(directory)
+    flags, saved_segs = _config_words(directory)
     removed = {"device": device, "xdp": False, "tc": False, "clsact": False, "routes": 0}
     with IPRoute() as ipr:
         found = ipr.link_lookup(ifname=device)
@@ -199,6 +209,8 @@ def detach(device: str) -> dict:
                 hooks.del_clsact(ipr, index)
                 removed["clsact"] = True
             removed["routes"] = routes.remove_all(ipr, index)
+            if saved_segs and offload.gso_max_segs(device) != saved_segs:
+                offload.set_gso_max_segs(device, saved_segs)
     pins.remove_tree(directory)
     try:
         pins.netns_dir().rmdir()
@@ -207,21 +219,24 @@ def detach(device: str) -> dict:
     return removed
 
 
-def _config_flags(directory: Path) -> int:
-    """config.flags, read as raw bytes so a layout change cannot stop detach."""
+def _config_words(directory: Path) -> tuple[int, int]:
+    """(config.flags, config.saved_gso_max_segs), read as raw bytes so a
+    layout change cannot stop detach."""
     try:
         fd = bpfsys.obj_get(str(directory / "config"))
     except bpfsys.BpfError:
-        return 0
+        return 0, 0
     try:
         size = bpfsys.map_info(fd).value_size
         raw = (ctypes.c_uint8 * size)()
         attr = bpfsys._MapElemAttr(map_fd=fd, key=ctypes.addressof(layout.Index(0)),
                                    value=ctypes.addressof(raw))
         bpfsys._bpf(bpfsys.BPF_MAP_LOOKUP_ELEM, attr)
-        offset = layout.Config.flags.offset
-        return int.from_bytes(bytes(raw)[offset:offset + 4], "little") if size >= offset + 4 else 0
+        def word(field):
+            offset = field.offset
+            return int.from_bytes(bytes(raw)[offset:offset + 4], "little") if size >= offset + 4 else 0
+        return word(layout.Config.flags), word(layout.Config.saved_gso_max_segs)
     except bpfsys.BpfError:
-        return 0
+        return 0, 0
     finally:
         os.close(fd)

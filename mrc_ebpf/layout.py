@@ -19,7 +19,12 @@ class MrcTlv(ctypes.BigEndianStructure):
     _pack_ = 1
     _fields_ = [("type", u8), ("len", u8), ("version", u8), ("flags", u8),
                 ("path_id", u16), ("tclass", u8), ("reserved", u8),
-                ("path_seq", u32), ("peer_seq", u32), ("tx_ns", u64)]
+                ("path_seq", u32), ("peer_seq", u32), ("tx_ns", u64),
+                ("fb_path_id", u16), ("fb_qdelay_us", u16), ("fb_lost", u32)]
+
+
+class Sid(ctypes.Structure):
+    _fields_ = [("addr", Addr)]
 
 
 class PeerKey(ctypes.Structure):
@@ -31,9 +36,9 @@ class Peer(ctypes.Structure):
 
 
 class Path(ctypes.Structure):
-    _fields_ = [("segments", Addr * C["MRC_MAX_SEGMENTS"]), ("nexthop", Addr), ("oif", u32),
+    _fields_ = [("segments", Sid * C["MRC_MAX_SEGMENTS"]), ("nexthop", Addr), ("oif", u32),
                 ("flowlabel", u32), ("weight", u16), ("n_segments", u8), ("state", u8),
-                ("flags", u8), ("pad", u8 * 3)]
+                ("flags", u8), ("tclass", u8), ("pad", u8 * 2)]
 
 
 class PeerTx(ctypes.Structure):
@@ -49,7 +54,38 @@ class PathStats(ctypes.Structure):
 
 
 class Config(ctypes.Structure):
-    _fields_ = [("sid", Addr), ("mtu", u32), ("flags", u32)]
+    _fields_ = [("sid", Addr), ("mtu", u32), ("flags", u32), ("loss_hold_us", u32),
+                ("saved_gso_max_segs", u32)]
+
+
+class Spray(ctypes.Structure):
+    _fields_ = [("n", u32), ("ids", u16 * C["MRC_SPRAY_SLOTS"])]
+
+
+class ClassName(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 16)]
+
+
+class PathHealth(ctypes.Structure):
+    _fields_ = [("updated_ns", u64), ("loss_ns", u64), ("qdelay_us", u32), ("lost", u32)]
+
+
+class RxKey(ctypes.Structure):
+    _fields_ = [("sid", Addr), ("path_id", u16), ("pad", u16)]
+
+
+Hist = u32 * C["MRC_HIST_BUCKETS"]
+
+
+class RxPath(ctypes.Structure):
+    _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
+                ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
+                ("qdelay_hist", Hist)]
+
+
+class RxPeer(ctypes.Structure):
+    _fields_ = [("packets", u64), ("reordered", u64), ("max_peer_seq", u32),
+                ("last_path_id", u16), ("pad", u16), ("reorder_hist", Hist)]
 
 
 Index = u32
@@ -63,6 +99,13 @@ MAPS = {
     "path_tx": (Index, PathTx, False),
     "path_stats": (Index, PathStats, True),
     "counters": (Index, u64, True),
+    "spray": (Index, Spray, False),
+    "dscp_class": (Index, u32, False),
+    "class_names": (Index, ClassName, False),
+    "path_health": (Index, PathHealth, False),
+    "peer_by_sid": (Sid, u32, False),
+    "rx_paths": (RxKey, RxPath, False),
+    "rx_peers": (Sid, RxPeer, False),
 }
 
 

@@ -12,13 +12,19 @@ import zlib
 
 from pyroute2 import IPRoute
 
-from . import hooks, layout, pins, routes
+from . import classes, hooks, layout, pins, routes
 from .datapath import Attachment
 from .errors import MrcError
 from .source import C
 
 MAX_PATHS, MAX_PEERS, MAX_SEGMENTS = C["MRC_MAX_PATHS"], C["MRC_MAX_PEERS"], C["MRC_MAX_SEGMENTS"]
 REDIRECT = C["MRC_PATH_F_REDIRECT"]
+UP, UNUSED = C["MRC_PATH_UP"], C["MRC_PATH_UNUSED"]
+MAX_CLASSES, SLOTS = C["MRC_MAX_CLASSES"], C["MRC_SPRAY_SLOTS"]
+POLICIES = {name[len("MRC_POLICY_"):].lower(): value
+            for name, value in C.items() if name.startswith("MRC_POLICY_")}
+POLICY_NAMES = {v: k for k, v in POLICIES.items()}
+MAX_WEIGHT = 1000
 
 
 def _is_attached(ipr: IPRoute, index: int) -> bool:
@@ -83,7 +89,7 @@ def flowlabel(prefix, path_id: int, segments) -> int:
 
 def _segments_of(path: layout.Path) -> list[str]:
     """Travel order (the wire holds them last-first)."""
-    wire = [ipaddress.IPv6Address(bytes(path.segments[i])) for i in range(path.n_segments)]
+    wire = [ipaddress.IPv6Address(bytes(path.segments[i].addr)) for i in range(path.n_segments)]
     return [str(s) for s in reversed(wire)]
 
 
@@ -100,22 +106,78 @@ def _reset_path_state(att: Attachment, index: layout.Index) -> None:
     att.maps["path_stats"].update(index, att.maps["path_stats"].value_type())
 
 
+def _used(att: Attachment, peer: layout.Peer) -> list[tuple[int, layout.Path]]:
+    """(path id, path) of the peer's paths in use."""
+    paths = att.maps["paths"]
+    out = []
+    for i in range(peer.n_paths):
+        path = paths.lookup(path_index(peer.peer_id, i))
+        if path.state != UNUSED:
+            out.append((i, path))
+    return out
+
+
 def _route_mtu(att: Attachment, peer: layout.Peer) -> int:
-    worst = max(att.maps["paths"].lookup(path_index(peer.peer_id, i)).n_segments
-                for i in range(peer.n_paths))
+    worst = max(p.n_segments for _, p in _used(att, peer))
     return att.config.mtu - layout.encap_len(worst)
 
 
+def smooth_weighted(weights: dict[int, int], slots: int = SLOTS) -> list[int]:
+    """Path ids repeated by weight and interleaved (smooth weighted round
+    robin), at most `slots` long; weights are scaled down to fit."""
+    total = sum(weights.values())
+    if total > slots:
+        weights = {k: max(1, w * slots // total) for k, w in weights.items()}
+        while sum(weights.values()) > slots:
+            biggest = max(weights, key=weights.get)
+            weights[biggest] -= 1
+        total = sum(weights.values())
+    current = {k: 0 for k in weights}
+    order = []
+    for _ in range(total):
+        for k, w in weights.items():
+            current[k] += w
+        pick = max(current, key=lambda k: (current[k], -k))
+        current[pick] -= total
+        order.append(pick)
+    return order
+
+
+def _rebuild(att: Attachment, peer: layout.Peer) -> None:
+    """Spray lists of every class, and the SID -> peer index for feedback.
+
+    Class k sprays over the paths reserved for it, or the shared paths
+    (class 0) when it has none; class 0 only over the shared ones."""
+    used = [(i, p) for i, p in _used(att, peer) if p.state == UP]
+    shared = [(i, p) for i, p in used if p.tclass == 0]
+    for tclass in range(MAX_CLASSES):
+        members = [(i, p) for i, p in used if p.tclass == tclass] if tclass else []
+        members = members or shared
+        if peer.policy == POLICIES["weighted"]:
+            ids = smooth_weighted({i: p.weight for i, p in members})
+        else:
+            ids = [i for i, _ in members]
+        spray = layout.Spray(n=len(ids))
+        spray.ids[:len(ids)] = ids
+        att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
+    by_sid = att.maps["peer_by_sid"]
+    for key, value in list(by_sid.items()):
+        if value.value == peer.peer_id:
+            by_sid.delete(key)
+    for _, path in _used(att, peer):
+        by_sid.update(layout.Sid.from_buffer_copy(bytes(path.segments[0])), layout.u32(peer.peer_id))
+
+
 def _sync_route(att: Attachment, prefix, peer: layout.Peer) -> None:
-    """The peer route goes via path 0's first hop; paths with another
-    first hop are redirected to theirs by the datapath."""
+    """The peer route goes via the first used path's first hop; paths with
+    another first hop are redirected to theirs by the datapath."""
     paths = att.maps["paths"]
-    first = paths.lookup(path_index(peer.peer_id, 0))
+    used = _used(att, peer)
+    first = used[0][1]
     with IPRoute() as ipr:
         index = hooks.ifindex(ipr, att.device)
         routes.install(ipr, prefix, _addr(first.nexthop), index, _route_mtu(att, peer))
-    for i in range(peer.n_paths):
-        path = paths.lookup(path_index(peer.peer_id, i))
+    for i, path in used:
         redirect = path.oif != index or bytes(path.nexthop) != bytes(first.nexthop)
         flags = (path.flags | REDIRECT) if redirect else (path.flags & ~REDIRECT)
         if flags != path.flags:
@@ -127,18 +189,23 @@ def _addr(raw) -> str:
     return str(ipaddress.IPv6Address(bytes(raw)))
 
 
-def add(att: Attachment, prefix_text: str, via: str) -> dict:
+def add(att: Attachment, prefix_text: str, via: str, weight: int = 1,
+        tclass_name: str | None = None) -> dict:
     prefix = parse_prefix(prefix_text)
     segments = parse_segments(via)
+    if not 1 <= weight <= MAX_WEIGHT:
+        raise MrcError(f"bad weight {weight}: 1..{MAX_WEIGHT}")
+    tclass = classes.class_id(att, tclass_name) if tclass_name else 0
     peers = att.maps["peers"]
     key = peer_key(prefix)
     peer = peers.lookup(key)
     new_peer = peer is None
     if new_peer:
-        peer = layout.Peer(peer_id=_free_peer_id(att), n_paths=0)
-    if peer.n_paths >= MAX_PATHS:
+        peer = layout.Peer(peer_id=_free_peer_id(att), n_paths=0, policy=POLICIES["rr"])
+    used_ids = {i for i, _ in _used(att, peer)} if not new_peer else set()
+    path_id = next((i for i in range(MAX_PATHS) if i not in used_ids), None)
+    if path_id is None:
         raise MrcError(f"{prefix} already has {MAX_PATHS} paths")
-    path_id = peer.n_paths
     if att.config.mtu - layout.encap_len(len(segments)) < (1280 if prefix.version == 6 else 576):
         raise MrcError(f"{len(segments)} segments leave less than the minimum MTU on {att.device} "
                        f"(MTU {att.config.mtu}, overhead {layout.encap_len(len(segments))})")
@@ -151,70 +218,101 @@ def add(att: Attachment, prefix_text: str, via: str) -> dict:
             raise MrcError(f"first segment {segments[0]} is routed out of {name}, "
                            f"where mrc-ebpf is not attached")
 
-    path = layout.Path(n_segments=len(segments), state=C["MRC_PATH_UP"], weight=1,
+    path = layout.Path(n_segments=len(segments), state=UP, weight=weight, tclass=tclass,
                        flowlabel=flowlabel(prefix, path_id, segments), oif=oif)
     ctypes.memmove(path.nexthop, ipaddress.IPv6Address(gateway).packed, 16)
     for i, seg in enumerate(reversed(segments)):
-        ctypes.memmove(path.segments[i], seg.packed, 16)
+        ctypes.memmove(path.segments[i].addr, seg.packed, 16)
     index = path_index(peer.peer_id, path_id)
     att.maps["paths"].update(index, path)
     _reset_path_state(att, index)
     if new_peer:
         att.maps["peer_tx"].update(layout.Index(peer.peer_id), layout.PeerTx())
-    peer.n_paths = path_id + 1
+    peer.n_paths = max(peer.n_paths, path_id + 1)
+    _rebuild(att, peer)       # spray lists first: the peer entry makes them live
     peers.update(key, peer)
     _sync_route(att, prefix, peer)
     return {"prefix": str(prefix), "path_id": path_id, "segments": [str(s) for s in segments],
+            "weight": weight, "class": tclass_name or "default",
             "overhead": layout.encap_len(len(segments)), "route_mtu": _route_mtu(att, peer)}
 
 
-def delete(att: Attachment, prefix_text: str, path_id: int | None = None) -> dict:
-    prefix = parse_prefix(prefix_text)
+def _lookup_peer(att: Attachment, prefix) -> tuple[layout.PeerKey, layout.Peer]:
     key = peer_key(prefix)
-    peers = att.maps["peers"]
-    peer = peers.lookup(key)
+    peer = att.maps["peers"].lookup(key)
     if peer is None:
         raise MrcError(f"no paths to {prefix} on {att.device}")
-    if path_id is not None and not 0 <= path_id < peer.n_paths:
-        raise MrcError(f"{prefix} has no path {path_id} (it has 0..{peer.n_paths - 1})")
-    if path_id is None or peer.n_paths == 1:
-        peers.delete(key)
+    return key, peer
+
+
+def delete(att: Attachment, prefix_text: str, path_id: int | None = None) -> dict:
+    """Delete all of a prefix's paths, or one; the others keep their ids
+    (and so their sequence numbers: the receiver sees no false loss)."""
+    prefix = parse_prefix(prefix_text)
+    key, peer = _lookup_peer(att, prefix)
+    used = dict(_used(att, peer))
+    if path_id is not None and path_id not in used:
+        raise MrcError(f"{prefix} has no path {path_id} (it has {', '.join(map(str, sorted(used)))})")
+    if path_id is None or len(used) == 1:
+        att.maps["peers"].delete(key)
         with IPRoute() as ipr:
             routes.remove(ipr, prefix, hooks.ifindex(ipr, att.device))
-        for i in range(peer.n_paths):
+        for i in used:
             att.maps["paths"].update(path_index(peer.peer_id, i), layout.Path())
+        _rebuild(att, peer)
         return {"prefix": str(prefix), "removed": "peer"}
-    # Keep ids dense (the datapath sprays over 0..n-1): the last path
-    # takes the deleted one's id, with fresh sequence numbers.
-    last = peer.n_paths - 1
-    paths = att.maps["paths"]
-    moved = paths.lookup(path_index(peer.peer_id, last))
-    peer.n_paths = last
-    peers.update(key, peer)
-    if path_id != last:
-        paths.update(path_index(peer.peer_id, path_id), moved)
-        _reset_path_state(att, path_index(peer.peer_id, path_id))
-    paths.update(path_index(peer.peer_id, last), layout.Path())
+    att.maps["paths"].update(path_index(peer.peer_id, path_id), layout.Path())
+    _rebuild(att, peer)
     _sync_route(att, prefix, peer)
     return {"prefix": str(prefix), "removed": "path", "path_id": path_id}
 
 
+def set_policy(att: Attachment, prefix_text: str, policy: str) -> dict:
+    if policy not in POLICIES:
+        raise MrcError(f"bad policy {policy!r}: one of {', '.join(POLICIES)}")
+    prefix = parse_prefix(prefix_text)
+    key, peer = _lookup_peer(att, prefix)
+    peer.policy = POLICIES[policy]
+    _rebuild(att, peer)
+    att.maps["peers"].update(key, peer)
+    return {"prefix": str(prefix), "policy": policy}
+
+
+def peers(att: Attachment) -> list[dict]:
+    return [{"prefix": str(key_prefix(k)), "peer_id": p.peer_id,
+             "policy": POLICY_NAMES.get(p.policy, str(p.policy)),
+             "paths": len(_used(att, p))}
+            for k, p in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id)]
+
+
 def list_paths(att: Attachment) -> list[dict]:
     rows = []
-    states = {C["MRC_PATH_UP"]: "up", C["MRC_PATH_UNUSED"]: "unused"}
+    states = {UP: "up", UNUSED: "unused"}
+    names = classes.names(att)
+    now = _monotonic_ns()
     for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
         prefix = key_prefix(key)
-        for path_id in range(peer.n_paths):
+        for path_id, path in _used(att, peer):
             index = path_index(peer.peer_id, path_id)
-            path = att.maps["paths"].lookup(index)
             stats = att.maps["path_stats"].lookup(index)
+            health = att.maps["path_health"].lookup(index)
             rows.append({
                 "prefix": str(prefix), "path_id": path_id, "segments": _segments_of(path),
                 "state": states.get(path.state, str(path.state)), "weight": path.weight,
+                "class": names.get(path.tclass, str(path.tclass)),
+                "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                 "flowlabel": path.flowlabel, "overhead": layout.encap_len(path.n_segments),
                 "tx_packets": sum(s.tx_packets for s in stats),
                 "tx_bytes": sum(s.tx_bytes for s in stats),
                 "next_seq": att.maps["path_tx"].lookup(index).seq,
                 "nexthop": _addr(path.nexthop), "redirect": bool(path.flags & REDIRECT),
+                "feedback": None if not health.updated_ns else {
+                    "qdelay_us": health.qdelay_us, "lost": health.lost,
+                    "age_ms": round((now - health.updated_ns) / 1e6, 1)},
             })
     return rows
+
+
+def _monotonic_ns() -> int:
+    import time
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)

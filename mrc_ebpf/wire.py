@@ -23,7 +23,10 @@ class MrcTLV(IPv6ExtHdrSegmentRoutingTLV):
                    ByteField("reserved", 0),
                    IntField("path_seq", 0),
                    IntField("peer_seq", 0),
-                   LongField("tx_ns", 0)]
+                   LongField("tx_ns", 0),
+                   ShortField("fb_path_id", 0),
+                   ShortField("fb_qdelay_us", 0),
+                   IntField("fb_lost", 0)]
 
 
 MrcTLV.register_variant()

@@ -16,5 +16,12 @@ BPF_ARRAY(peer_tx, struct mrc_peer_tx, MRC_MAX_PEERS);
 BPF_ARRAY(path_tx, struct mrc_path_tx, MRC_MAX_PEERS * MRC_MAX_PATHS);
 BPF_PERCPU_ARRAY(path_stats, struct mrc_path_stats, MRC_MAX_PEERS * MRC_MAX_PATHS);
 BPF_PERCPU_ARRAY(counters, __u64, MRC_COUNTER_MAX);
+BPF_ARRAY(spray, struct mrc_spray, MRC_MAX_PEERS * MRC_MAX_CLASSES);
+BPF_ARRAY(dscp_class, __u32, 64);
+BPF_ARRAY(class_names, struct mrc_class_name, MRC_MAX_CLASSES);
+BPF_ARRAY(path_health, struct mrc_path_health, MRC_MAX_PEERS * MRC_MAX_PATHS);
+BPF_HASH(peer_by_sid, struct mrc_sid, __u32, MRC_MAX_PEERS);
+BPF_TABLE("lru_hash", struct mrc_rx_key, struct mrc_rx_path, rx_paths, MRC_RX_MAX_PATHS);
+BPF_TABLE("lru_hash", struct mrc_sid, struct mrc_rx_peer, rx_peers, MRC_MAX_PEERS);
 
 #endif

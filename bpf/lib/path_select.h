@@ -1,37 +1,102 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * Choosing the path of one packet.  The cost is the same for 1 or 256
- * paths: one atomic add and one modulo, no walk over the set.
+ * paths: the loader keeps, per peer and traffic class, a list of the path
+ * ids that may be used (repeated by weight for the weighted policy), and a
+ * packet takes one or two entries of it.  No walk over the set.
  */
 #ifndef MRC_LIB_PATH_SELECT_H
 #define MRC_LIB_PATH_SELECT_H
 
 #include "lib/maps.h"
+#include "lib/compiler.h"
 
 struct path_choice {
 	__u32	path_index;	/* key into paths/path_tx/path_stats */
 	__u16	path_id;	/* index within the peer's set, sent in the TLV */
+	__u8	tclass;
 	__u64	peer_seq;
 	__u64	path_seq;
 };
 
-static __always_inline int choose_path(const struct mrc_peer *peer, struct path_choice *choice)
+/* Lower is better: queueing delay, plus a penalty while a loss is recent. */
+static __always_inline __u64 health_score(__u32 peer_id, __u16 path_id, __u64 now,
+					  __u32 loss_hold_ns)
+{
+	__u32 index = peer_id * MRC_MAX_PATHS + path_id;
+	struct mrc_path_health *h = path_health.lookup(&index);
+
+	if (!h)
+		return 0;
+	if (h->loss_ns && now - h->loss_ns < loss_hold_ns)
+		return (__u64)h->qdelay_us + 1000000;
+	return h->qdelay_us;
+}
+
+static __always_inline __u16 spray_pick(const struct mrc_spray *list, __u32 at)
+{
+	barrier_var(at);
+	at &= MRC_SPRAY_SLOTS - 1;	/* at < n <= MRC_SPRAY_SLOTS, a power of two */
+	return list->ids[at];
+}
+
+/*
+ * Picks the packet's path from the spray list of its peer and class.
+ * O(1) for every policy: one list lookup, then one or two entries of it.
+ */
+static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_peer *peer,
+				       __u8 tclass, const struct mrc_config *cfg,
+				       struct path_choice *choice)
 {
 	__u32 peer_id = peer->peer_id;
-	__u32 n_paths = peer->n_paths;
+	__u32 list_index, n, a, b;
 	struct mrc_peer_tx *ptx;
+	struct mrc_spray *list;
+	__u16 id;
 
-	if (n_paths == 0 || n_paths > MRC_MAX_PATHS || peer_id >= MRC_MAX_PEERS)
+	if (peer_id >= MRC_MAX_PEERS || tclass >= MRC_MAX_CLASSES)
 		return -1;
+	list_index = peer_id * MRC_MAX_CLASSES + tclass;
+	list = spray.lookup(&list_index);
 	ptx = peer_tx.lookup(&peer_id);
-	if (!ptx)
+	if (!list || !ptx)
+		return -1;
+	n = list->n;
+	if (n == 0 || n > MRC_SPRAY_SLOTS)
 		return -1;
 	/* A per-peer number across all paths: the receiver reads
 	 * reordering from it.  It is not used for loss, so a number taken
 	 * by a packet that is dropped later does no harm. */
 	choice->peer_seq = __sync_fetch_and_add(&ptx->seq, 1);
-	choice->path_id = choice->peer_seq % n_paths;	/* MRC_POLICY_RR */
-	choice->path_index = peer_id * MRC_MAX_PATHS + choice->path_id;
+
+	switch (peer->policy) {
+	case MRC_POLICY_RANDOM:
+		id = spray_pick(list, bpf_get_prandom_u32() % n);
+		break;
+	case MRC_POLICY_HASH:
+		id = spray_pick(list, bpf_get_hash_recalc(skb) % n);
+		break;
+	case MRC_POLICY_ADAPTIVE: {
+		/* the power of two choices: two random paths, the healthier wins */
+		__u64 now = bpf_ktime_get_ns();
+		__u32 hold = cfg->loss_hold_us * 1000;
+		__u16 x, y;
+
+		a = bpf_get_prandom_u32() % n;
+		b = (a + 1 + bpf_get_prandom_u32() % (n > 1 ? n - 1 : 1)) % n;
+		x = spray_pick(list, a);
+		y = spray_pick(list, b);
+		id = health_score(peer_id, y, now, hold) < health_score(peer_id, x, now, hold) ? y : x;
+		break;
+	}
+	default:	/* MRC_POLICY_RR, MRC_POLICY_WEIGHTED (its list repeats by weight) */
+		id = spray_pick(list, choice->peer_seq % n);
+	}
+	if (id >= MRC_MAX_PATHS)
+		return -1;
+	choice->path_id = id;
+	choice->tclass = tclass;
+	choice->path_index = peer_id * MRC_MAX_PATHS + id;
 	return 0;
 }
 

@@ -4,7 +4,9 @@
 #define MRC_LIB_SRH_H
 
 #include "mrc_common.h"
+#include "lib/compiler.h"
 #include "lib/path_select.h"
+#include "lib/feedback.h"
 
 #define SRH_ROUTING_TYPE	4
 #define SRH_TLV_PAD1		0
@@ -25,13 +27,6 @@ struct srh_outer {
 	struct ipv6hdr		ip6;
 	struct srh_fixed	srh;
 } __attribute__((packed));
-
-/* Stops clang from folding a bound check into an earlier one, so the
- * verifier sees the check on the register that indexes. */
-#define barrier_var(var)	asm volatile("" : "+r"(var))
-
-/* BPF runs little-endian here, as the host does. */
-#define mrc_htonll(x)	__builtin_bswap64(x)
 
 /*
  * Writes outer IPv6 + SRH + segments + MRC TLV into the room that
@@ -89,7 +84,9 @@ static __always_inline int srh_write_encap(struct __sk_buff *skb, const struct m
 	tlv.path_id = bpf_htons(choice->path_id);
 	tlv.path_seq = bpf_htonl((__u32)choice->path_seq);
 	tlv.peer_seq = bpf_htonl((__u32)choice->peer_seq);
+	tlv.tclass = choice->tclass;
 	tlv.tx_ns = mrc_htonll(bpf_ktime_get_ns());
+	feedback_fill(&tlv, &path->segments[0]);
 	if (bpf_skb_store_bytes(skb, off, &tlv, sizeof(tlv), 0))
 		return -1;
 

@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The receiver's measurements, from the MRC TLV of each valid packet:
+ *   per (sender, path): packets, bytes, losses (a gap in path_seq: packets
+ *   on one path arrive in order, so a gap is a loss, seen at once), late
+ *   arrivals, and queueing delay (one-way delay above the path's minimum:
+ *   the clock offset between two hosts cancels out);
+ *   per sender: reordering across paths (peer_seq below the highest seen)
+ *   with a histogram of its distance in packets.
+ * XDP runs a receive queue on one CPU at a time, so these are plain
+ * updates; a sender spread over several queues may race and lose a count.
+ */
+#ifndef MRC_LIB_RX_TRACK_H
+#define MRC_LIB_RX_TRACK_H
+
+#include "lib/maps.h"
+#include "lib/compiler.h"
+
+/* bucket 0: 0; bucket i: [2^(i-1), 2^i); the last bucket takes the rest */
+static __always_inline __u32 log2_bucket(__u64 v)
+{
+	__u32 bucket = 0, i;
+
+#pragma unroll
+	for (i = 0; i < MRC_HIST_BUCKETS - 1; i++)
+		if (v >> i)
+			bucket = i + 1;
+	return bucket;
+}
+
+static __always_inline void rx_track_path(const __u8 *src_sid, const struct mrc_tlv *tlv,
+					  __u32 bytes, __u64 now)
+{
+	struct mrc_rx_key key = {};
+	struct mrc_rx_path *p;
+	__u32 seq = bpf_ntohl(tlv->path_seq);
+	__s64 owd = (__s64)(now - mrc_ntohll(tlv->tx_ns));
+	__u64 qdelay_us;
+
+	__builtin_memcpy(key.sid, src_sid, 16);
+	key.path_id = bpf_ntohs(tlv->path_id);
+	p = rx_paths.lookup(&key);
+	if (!p) {
+		struct mrc_rx_path fresh = { .next_seq = seq, .min_owd_ns = owd };
+
+		rx_paths.update(&key, &fresh);
+		p = rx_paths.lookup(&key);
+		if (!p)
+			return;
+	}
+	p->packets++;
+	p->bytes += bytes;
+	p->last_ns = now;
+	if ((__s32)(seq - p->next_seq) >= 0) {
+		p->lost += seq - p->next_seq;	/* 0 when in order */
+		p->next_seq = seq + 1;
+	} else {
+		p->late++;
+	}
+	if (owd < (__s64)p->min_owd_ns)
+		p->min_owd_ns = owd;
+	qdelay_us = (__u64)(owd - (__s64)p->min_owd_ns) / 1000;	/* >= 0 */
+	p->qdelay_us = (p->qdelay_us * 7 + qdelay_us) / 8;
+	p->qdelay_hist[log2_bucket(qdelay_us) & (MRC_HIST_BUCKETS - 1)]++;
+}
+
+static __always_inline void rx_track_peer(const __u8 *src_sid, const struct mrc_tlv *tlv)
+{
+	struct mrc_sid sid;
+	struct mrc_rx_peer *peer;
+	__u32 peer_seq = bpf_ntohl(tlv->peer_seq);
+
+	__builtin_memcpy(sid.addr, src_sid, 16);
+	peer = rx_peers.lookup(&sid);
+	if (!peer) {
+		struct mrc_rx_peer fresh = { .max_peer_seq = peer_seq };
+
+		rx_peers.update(&sid, &fresh);
+		peer = rx_peers.lookup(&sid);
+		if (!peer)
+			return;
+	}
+	peer->packets++;
+	peer->last_path_id = bpf_ntohs(tlv->path_id);
+	if ((__s32)(peer_seq - peer->max_peer_seq) > 0) {
+		peer->max_peer_seq = peer_seq;
+	} else if (peer_seq != peer->max_peer_seq) {
+		peer->reordered++;
+		peer->reorder_hist[log2_bucket(peer->max_peer_seq - peer_seq) &
+				   (MRC_HIST_BUCKETS - 1)]++;
+	}
+}
+
+#endif
