@@ -195,8 +195,9 @@ def path():
 
 @path.command("add")
 @click.argument("prefix")
-@click.option("--via", required=True, metavar="SEG1,SEG2,...",
-              help="Segments in travel order, as `ip route ... encap seg6 segs` takes them.")
+@click.option("--via", required=True, multiple=True, metavar="SEG1,SEG2,...",
+              help="Segments in travel order, as `ip route ... encap seg6 segs` takes them; "
+                   "repeat to add several paths at once.")
 @click.option("--weight", type=int, default=1, show_default=True, help="Weight (policy weighted).")
 @click.option("--class", "tclass", metavar="NAME", help="Reserve the path for this traffic class.")
 @click.option("--dev", "device", help="Device (default: the only one attached).")
@@ -207,10 +208,10 @@ def path_add(ctx, prefix, via, weight, tclass, device):
     from mrc_ebpf import datapath, paths
     device = datapath.resolve_device(device)
     with datapath.Attachment.open(device) as att:
-        result = paths.add(att, prefix, via, weight, tclass)
-    _emit(ctx, result, lambda r: click.echo(
+        results = paths.add(att, prefix, list(via), weight, tclass)
+    _emit(ctx, results if len(results) > 1 else results[0], lambda _: click.echo("\n".join(
         f"{r['prefix']} path {r['path_id']} via {','.join(r['segments'])} "
-        f"(+{r['overhead']} B, route MTU {r['route_mtu']})"))
+        f"(+{r['overhead']} B, route MTU {r['route_mtu']})" for r in results)))
 
 
 @path.command("del")

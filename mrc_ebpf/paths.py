@@ -189,10 +189,18 @@ def _addr(raw) -> str:
     return str(ipaddress.IPv6Address(bytes(raw)))
 
 
-def add(att: Attachment, prefix_text: str, via: str, weight: int = 1,
-        tclass_name: str | None = None) -> dict:
+def add(att: Attachment, prefix_text: str, via: str | list[str], weight: int = 1,
+        tclass_name: str | None = None) -> dict | list[dict]:
+    """Add one path (via "S1,S2") or several (a list of them) in one go."""
+    if isinstance(via, list):
+        return _add_many(att, prefix_text, via, weight, tclass_name)
+    return _add_many(att, prefix_text, [via], weight, tclass_name)[0]
+
+
+def _add_many(att: Attachment, prefix_text: str, vias: list[str], weight: int,
+              tclass_name: str | None) -> list[dict]:
     prefix = parse_prefix(prefix_text)
-    segments = parse_segments(via)
+    all_segments = [parse_segments(v) for v in vias]
     if not 1 <= weight <= MAX_WEIGHT:
         raise MrcError(f"bad weight {weight}: 1..{MAX_WEIGHT}")
     tclass = classes.class_id(att, tclass_name) if tclass_name else 0
@@ -203,38 +211,50 @@ def add(att: Attachment, prefix_text: str, via: str, weight: int = 1,
     if new_peer:
         peer = layout.Peer(peer_id=_free_peer_id(att), n_paths=0, policy=POLICIES["rr"])
     used_ids = {i for i, _ in _used(att, peer)} if not new_peer else set()
-    path_id = next((i for i in range(MAX_PATHS) if i not in used_ids), None)
-    if path_id is None:
-        raise MrcError(f"{prefix} already has {MAX_PATHS} paths")
-    if att.config.mtu - layout.encap_len(len(segments)) < (1280 if prefix.version == 6 else 576):
-        raise MrcError(f"{len(segments)} segments leave less than the minimum MTU on {att.device} "
-                       f"(MTU {att.config.mtu}, overhead {layout.encap_len(len(segments))})")
-    # resolve the first hop before touching any map: nothing half-changed on error
+    free_ids = [i for i in range(MAX_PATHS) if i not in used_ids]
+    if len(free_ids) < len(all_segments):
+        raise MrcError(f"{prefix} has room for {len(free_ids)} more paths, not {len(all_segments)} "
+                       f"(at most {MAX_PATHS})")
+    # check everything before touching any map: nothing half-changed on error
+    resolved = []
     with IPRoute() as ipr:
-        oif, gateway = routes.next_hop(ipr, str(segments[0]))
         attached = hooks.ifindex(ipr, att.device)
-        if oif != attached and not _is_attached(ipr, oif):
-            name = ipr.get_links(oif)[0].get_attr("IFLA_IFNAME") if oif else "?"
-            raise MrcError(f"first segment {segments[0]} is routed out of {name}, "
-                           f"where mrc-ebpf is not attached")
+        for segments in all_segments:
+            overhead = layout.encap_len(len(segments))
+            if att.config.mtu - overhead < (1280 if prefix.version == 6 else 576):
+                raise MrcError(f"{len(segments)} segments leave less than the minimum MTU on "
+                               f"{att.device} (MTU {att.config.mtu}, overhead {overhead})")
+            oif, gateway = routes.next_hop(ipr, str(segments[0]))
+            if oif != attached and not _is_attached(ipr, oif):
+                name = ipr.get_links(oif)[0].get_attr("IFLA_IFNAME") if oif else "?"
+                raise MrcError(f"first segment {segments[0]} is routed out of {name}, "
+                               f"where mrc-ebpf is not attached")
+            resolved.append((oif, gateway))
 
-    path = layout.Path(n_segments=len(segments), state=UP, weight=weight, tclass=tclass,
-                       flowlabel=flowlabel(prefix, path_id, segments), oif=oif)
-    ctypes.memmove(path.nexthop, ipaddress.IPv6Address(gateway).packed, 16)
-    for i, seg in enumerate(reversed(segments)):
-        ctypes.memmove(path.segments[i].addr, seg.packed, 16)
-    index = path_index(peer.peer_id, path_id)
-    att.maps["paths"].update(index, path)
-    _reset_path_state(att, index)
+    results = []
+    for path_id, segments, (oif, gateway) in zip(free_ids, all_segments, resolved):
+        path = layout.Path(n_segments=len(segments), state=UP, weight=weight, tclass=tclass,
+                           flowlabel=flowlabel(prefix, path_id, segments), oif=oif)
+        ctypes.memmove(path.nexthop, ipaddress.IPv6Address(gateway).packed, 16)
+        for i, seg in enumerate(reversed(segments)):
+            ctypes.memmove(path.segments[i].addr, seg.packed, 16)
+        index = path_index(peer.peer_id, path_id)
+        att.maps["paths"].update(index, path)
+        _reset_path_state(att, index)
+        peer.n_paths = max(peer.n_paths, path_id + 1)
+        results.append({"prefix": str(prefix), "path_id": path_id,
+                        "segments": [str(s) for s in segments], "weight": weight,
+                        "class": tclass_name or classes.DEFAULT,
+                        "overhead": layout.encap_len(len(segments))})
     if new_peer:
         att.maps["peer_tx"].update(layout.Index(peer.peer_id), layout.PeerTx())
-    peer.n_paths = max(peer.n_paths, path_id + 1)
     _rebuild(att, peer)       # spray lists first: the peer entry makes them live
     peers.update(key, peer)
     _sync_route(att, prefix, peer)
-    return {"prefix": str(prefix), "path_id": path_id, "segments": [str(s) for s in segments],
-            "weight": weight, "class": tclass_name or "default",
-            "overhead": layout.encap_len(len(segments)), "route_mtu": _route_mtu(att, peer)}
+    mtu = _route_mtu(att, peer)
+    for r in results:
+        r["route_mtu"] = mtu
+    return results
 
 
 def _lookup_peer(att: Attachment, prefix) -> tuple[layout.PeerKey, layout.Peer]:

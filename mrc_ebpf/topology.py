@@ -119,3 +119,58 @@ class KernelPeerLine:
                         "segs", self.A_SID, "via", "fd00:2::1", "dev", "b0"])
         t.exec(self.B, ["ip", "route", "add", "198.18.1.0/24", "encap", "seg6", "mode", "encap",
                         "segs", self.A_SID, "via", "inet6", "fd00:2::1", "dev", "b0"])
+
+
+class Diamond:
+    """A --- L1 ===(R1..Rn)=== L2 --- B: n paths between two hosts.
+
+    Each Rk is a kernel SRv6 End router (SID fc00:1:k::) on its own pair of
+    links (rup towards A, rdown towards B); L1 and L2 are plain IPv6 routers.  A (SID fc00:a::1, address
+    fd00:a::a) and B (SID fc00:b::1, fd00:b::b) are the hosts that run
+    mrc-ebpf.  `path_via(k, dst_sid)` is the segment list through Rk.
+    """
+
+    A_SID, B_SID = "fc00:a::1", "fc00:b::1"
+    A6, B6 = "fd00:a::a", "fd00:b::b"
+
+    def __init__(self, topo: Topology, n_paths: int = 4):
+        t = self.t = topo
+        self.n = n_paths
+        self.A, self.B = t.ns("A"), t.ns("B")
+        self.L1, self.L2 = t.ns("L1", forwarding=True), t.ns("L2", forwarding=True)
+        self.R = [t.ns(f"R{k}", forwarding=True) for k in range(1, n_paths + 1)]
+        t.link(self.A, "a0", self.L1, "l1a")
+        t.link(self.L2, "l2b", self.B, "b0")
+        t.addr(self.A, "a0", f"{self.A6}/64")
+        t.addr(self.L1, "l1a", "fd00:a::1/64")
+        t.addr(self.B, "b0", f"{self.B6}/64")
+        t.addr(self.L2, "l2b", "fd00:b::1/64")
+        t.route(self.A, "fc00::/16", "via", "fd00:a::1")
+        t.route(self.A, "fd00:b::/64", "via", "fd00:a::1")
+        t.route(self.B, "fc00::/16", "via", "fd00:b::1")
+        t.route(self.B, "fd00:a::/64", "via", "fd00:b::1")
+        t.route(self.L1, "fc00:a::/48", "via", self.A6)
+        t.route(self.L2, "fc00:b::/48", "via", self.B6)
+        for k, r in enumerate(self.R, start=1):
+            up, down = f"fd00:10:{k:x}::", f"fd00:20:{k:x}::"
+            t.link(self.L1, f"l1r{k}", r, "rup")
+            t.link(r, "rdown", self.L2, f"l2r{k}")
+            t.addr(self.L1, f"l1r{k}", f"{up}1/64")
+            t.addr(r, "rup", f"{up}2/64")
+            t.addr(r, "rdown", f"{down}2/64")
+            t.addr(self.L2, f"l2r{k}", f"{down}1/64")
+            t.route(self.L1, f"fc00:1:{k:x}::/48", "via", f"{up}2")
+            t.route(self.L2, f"fc00:1:{k:x}::/48", "via", f"{down}2")
+            t.route(r, "fc00:b::/48", "via", f"{down}1")
+            t.route(r, "fc00:a::/48", "via", f"{up}1")
+            t.route(r, "fd00:b::/64", "via", f"{down}1")
+            t.route(r, "fd00:a::/64", "via", f"{up}1")
+            t.exec(r, ["ip", "-6", "route", "add", f"fc00:1:{k:x}::/128", "encap", "seg6local",
+                       "action", "End", "dev", "rup"])
+        # plain (unencapsulated) traffic between the hosts goes via R1
+        t.route(self.L1, "fd00:b::/64", "via", "fd00:10:1::2")
+        t.route(self.L2, "fd00:a::/64", "via", "fd00:20:1::2")
+
+    @staticmethod
+    def path_via(k: int, dst_sid: str) -> str:
+        return f"fc00:1:{k:x}::,{dst_sid}"

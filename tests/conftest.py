@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mrc_ebpf.topology import KernelPeerLine, Topology
+from mrc_ebpf.topology import Diamond, KernelPeerLine, Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 MRCCTL = [sys.executable, "-m", "cli.mrcctl"]
@@ -100,3 +100,46 @@ def topo():
 @pytest.fixture
 def interop(topo):
     return Interop(topo)
+
+
+UDP_SEND = [sys.executable, str(ROOT / "tests" / "tools" / "udp_send.py")]
+DROP_PATH = [sys.executable, str(ROOT / "tests" / "tools" / "drop_path.py")]
+
+
+class Spray(Diamond):
+    """Diamond with mrc-ebpf on both hosts and one path per router each way."""
+
+    def attach(self, policy="rr"):
+        mrcctl("attach", "a0", "--sid", self.A_SID, netns=self.A)
+        mrcctl("attach", "b0", "--sid", self.B_SID, netns=self.B)
+        for k in range(1, self.n + 1):
+            mrcctl("path", "add", "fd00:b::/64", "--via", self.path_via(k, self.B_SID), netns=self.A)
+            mrcctl("path", "add", "fd00:a::/64", "--via", self.path_via(k, self.A_SID), netns=self.B)
+        self.policy(policy)
+
+    def policy(self, name, ns=None):
+        mrcctl("path", "policy", "fd00:b::/64", name, netns=ns or self.A)
+
+    def sent(self, ns=None) -> dict[int, int]:
+        rows = json.loads(mrcctl("path", "list", "-j", netns=ns or self.A).stdout)
+        return {r["path_id"]: r["tx_packets"] for r in rows}
+
+    def stats(self, ns):
+        return json.loads(mrcctl("stats", "--paths", "-j", netns=ns).stdout)
+
+    def router_tx(self) -> list[int]:
+        """Packets each router sent towards B: the routers' own counters."""
+        out = []
+        for r in self.R:
+            link = json.loads(self.t.exec(r, ["ip", "-j", "-s", "link", "show", "rdown"]).stdout)
+            out.append(link[0]["stats64"]["tx"]["packets"])
+        return out
+
+    def udp(self, count, **opts):
+        args = [f"--{k}={v}" for k, v in opts.items()]
+        self.t.exec(self.A, [*UDP_SEND, self.B6, "9", str(count), *args], timeout=300)
+
+
+@pytest.fixture
+def spray(topo):
+    return Spray(topo, n_paths=4)

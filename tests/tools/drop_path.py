@@ -1,0 +1,48 @@
+"""The tests' own loss on a fabric link: an XDP program that drops the
+packets of one MRC path whose path_seq % MOD == REM, and counts them.
+
+    ip netns exec R python drop_path.py IFACE PATH_ID MOD REM
+
+Prints "ready" once attached; when stdin closes it prints the number it
+dropped, detaches and exits.  (No netem on this kernel: loss is ours.)
+"""
+import sys
+
+from bcc import BPF
+
+from mrc_ebpf.source import COMMON_HEADER
+
+iface, path_id, mod, rem = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+text = f'''
+#include <uapi/linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ipv6.h>
+#include "{COMMON_HEADER}"
+BPF_ARRAY(dropped, u64, 1);
+int drop(struct xdp_md *ctx) {{
+    void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+    struct ethhdr *eth = data;
+    struct ipv6hdr *ip6 = (void *)(eth + 1);
+    __u8 *srh = (void *)(ip6 + 1);
+    if ((void *)(srh + 8) > end || eth->h_proto != htons(ETH_P_IPV6) || ip6->nexthdr != 43)
+        return XDP_PASS;
+    __u32 off = 8 + 16 * ((__u32)srh[4] + 1);
+    if (off > 8 + 16 * MRC_MAX_SEGMENTS) return XDP_PASS;
+    struct mrc_tlv *tlv = (void *)(srh + off);
+    if ((void *)(tlv + 1) > end || tlv->type != MRC_TLV_TYPE) return XDP_PASS;
+    if (ntohs(tlv->path_id) != {path_id} || ntohl(tlv->path_seq) % {mod} != {rem}) return XDP_PASS;
+    u32 zero = 0;
+    u64 *n = dropped.lookup(&zero);
+    if (n) *n += 1;
+    return XDP_DROP;
+}}
+'''
+b = BPF(text=text.encode())
+fn = b.load_func("drop", BPF.XDP)
+b.attach_xdp(iface, fn, BPF.XDP_FLAGS_SKB_MODE)
+print("ready", flush=True)
+try:
+    sys.stdin.read()
+finally:
+    print(sum(v.value for v in b["dropped"].values()), flush=True)
+    b.remove_xdp(iface, BPF.XDP_FLAGS_SKB_MODE)
