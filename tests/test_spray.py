@@ -110,3 +110,91 @@ def test_256_paths(spray):
     assert all(64 * 20 <= n <= 64 * 20 + 3 for n in routers), routers
     rx = spray.stats(spray.B)["received"]
     assert len(rx) == 256 and {r["rx_packets"] for r in rx} == {20}
+
+
+def _log2_bucket(v: int) -> int:
+    """The datapath's bucket (lib/rx_track.h): 0 for 0, else bit length, capped."""
+    from mrc_ebpf.source import C
+    return min(v.bit_length(), C["MRC_HIST_BUCKETS"] - 1)
+
+
+def test_reordering_matches_capture(spray, tmp_path):
+    """Path 0 is slowed by a tbf queue on its router, so its packets
+    arrive late; what B counted equals what scapy computes from a capture
+    of what B received, packet for packet."""
+    from scapy.utils import rdpcap
+    from mrc_ebpf import wire
+    spray.attach("rr")
+    spray.udp(8, pps=1000)
+    spray.t.exec(spray.R[0], ["tc", "qdisc", "add", "dev", "rdown", "root", "tbf", "rate", "400kbit",
+                              "burst", "2kb", "limit", "200kb"])
+    pcap = tmp_path / "b.pcap"
+    cap = spray.t.popen(spray.L2, ["tcpdump", "-i", "l2b", "-U", "--immediate-mode", "-n", "-w",
+                                   str(pcap), f"ip6 and src host {spray.A_SID}"],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert b"listening on" in cap.stderr.readline()
+        before = spray.stats(spray.B)
+        spray.udp(800, size=200, pps=2000)
+        time.sleep(2.5)                       # let path 0's queue drain
+        after = spray.stats(spray.B)
+    finally:
+        cap.terminate()
+        cap.wait(timeout=10)
+    seqs = [wire.mrc_tlv(p).peer_seq for p in rdpcap(str(pcap))]
+    assert len(seqs) == 800
+    highest, reordered, hist = seqs[0] - 1, 0, {}
+    for s in seqs:
+        if s > highest:
+            highest = s
+        elif s != highest:
+            reordered += 1
+            b = _log2_bucket(highest - s)
+            hist[b] = hist.get(b, 0) + 1
+    peer_a = lambda d: next(r for r in d["reorder"] if r["from"] == spray.A_SID)  # noqa: E731
+    got = peer_a(after)["reordered"] - peer_a(before)["reordered"]
+    got_hist = [x - y for x, y in zip(peer_a(after)["reorder_hist"], peer_a(before)["reorder_hist"])]
+    assert reordered > 100 and got == reordered
+    assert {i: n for i, n in enumerate(got_hist) if n} == hist
+    # the slowed path shows queueing delay; per path nothing was late or lost
+    rx = {r["path_id"]: r for r in after["received"] if r["from"] == spray.A_SID}
+    assert rx[0]["qdelay_p50_us"] > 10 * max(rx[k]["qdelay_p99_us"] or 1 for k in (1, 2, 3))
+    assert all(r["lost"] == 0 and r["late"] == 0 for r in rx.values())
+
+
+def _iperf(spray, seconds=3):
+    server = spray.t.popen(spray.B, ["iperf3", "-s", "-1", "-B", spray.B6],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        spray.t.exec(spray.A, ["iperf3", "-c", spray.B6, "-t", str(seconds)], timeout=60)
+    finally:
+        server.wait(timeout=30)
+
+
+def _shares(spray, seconds=3):
+    before = spray.sent()
+    _iperf(spray, seconds)
+    delta = {k: v - before[k] for k, v in spray.sent().items()}
+    total = sum(delta.values())
+    return {k: v / total for k, v in delta.items()}
+
+
+def test_adaptive_moves_traffic_off_a_slow_path_and_back(spray):
+    """All paths shaped to 40 Mbit/s, then path 0 to a quarter of that:
+    its share of a TCP transfer falls; unshaped again, it rises."""
+    spray.attach("adaptive")
+    for k, r in enumerate(spray.R):
+        spray.t.exec(r, ["tc", "qdisc", "add", "dev", "rdown", "root", "tbf", "rate", "40mbit",
+                         "burst", "16kb", "latency", "20ms"])
+    even = _shares(spray)
+    spray.t.exec(spray.R[0], ["tc", "qdisc", "change", "dev", "rdown", "root", "tbf", "rate", "10mbit",
+                              "burst", "16kb", "latency", "20ms"])
+    slowed = _shares(spray)
+    spray.t.exec(spray.R[0], ["tc", "qdisc", "change", "dev", "rdown", "root", "tbf", "rate", "40mbit",
+                              "burst", "16kb", "latency", "20ms"])
+    again = _shares(spray)
+    print("shares of path 0:", even[0], slowed[0], again[0])
+    assert even[0] > 0.18
+    assert slowed[0] < 0.6 * even[0] and slowed[0] < 0.13
+    assert again[0] > 1.5 * slowed[0]

@@ -19,16 +19,21 @@ struct path_choice {
 	__u64	path_seq;
 };
 
-/* Lower is better: queueing delay, plus a penalty while a loss is recent. */
+/*
+ * Lower is better: the queueing delay the peer last reported, plus a
+ * penalty while a loss is recent.  A report older than the hold time is
+ * forgotten (score 0): a path we stopped using gets no fresh reports, so
+ * without this it could never win again; this way it is tried again.
+ */
 static __always_inline __u64 health_score(__u32 peer_id, __u16 path_id, __u64 now,
-					  __u32 loss_hold_ns)
+					  __u64 hold_ns)
 {
 	__u32 index = peer_id * MRC_MAX_PATHS + path_id;
 	struct mrc_path_health *h = path_health.lookup(&index);
 
-	if (!h)
+	if (!h || now - h->updated_ns > hold_ns)
 		return 0;
-	if (h->loss_ns && now - h->loss_ns < loss_hold_ns)
+	if (h->loss_ns && now - h->loss_ns < hold_ns)
 		return (__u64)h->qdelay_us + 1000000;
 	return h->qdelay_us;
 }
@@ -79,7 +84,7 @@ static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_p
 	case MRC_POLICY_ADAPTIVE: {
 		/* the power of two choices: two random paths, the healthier wins */
 		__u64 now = bpf_ktime_get_ns();
-		__u32 hold = cfg->loss_hold_us * 1000;
+		__u64 hold = (__u64)cfg->loss_hold_us * 1000;
 		__u16 x, y;
 
 		a = bpf_get_prandom_u32() % n;
