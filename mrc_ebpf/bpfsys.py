@@ -21,6 +21,7 @@ BPF_MAP_GET_NEXT_KEY = 4
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_PROG_TEST_RUN = 10
 
 BPF_ANY = 0
 
@@ -61,6 +62,28 @@ class MapInfo(ctypes.Structure):
                 ("key_size", ctypes.c_uint32), ("value_size", ctypes.c_uint32),
                 ("max_entries", ctypes.c_uint32), ("map_flags", ctypes.c_uint32),
                 ("name", ctypes.c_char * 16)]
+
+
+class _TestRunAttr(ctypes.Structure):
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
+                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
+                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
+                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+                ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
+                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32),
+                ("batch_size", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+
+
+def prog_test_run(prog_fd: int, packet: bytes, repeat: int) -> tuple[int, int, bytes]:
+    """BPF_PROG_TEST_RUN: (return value, mean ns per run, packet out)."""
+    data_in = ctypes.create_string_buffer(packet, len(packet))
+    data_out = ctypes.create_string_buffer(len(packet) + 512)
+    attr = _TestRunAttr(prog_fd=prog_fd, data_size_in=len(packet), data_size_out=len(data_out),
+                        data_in=ctypes.addressof(data_in), data_out=ctypes.addressof(data_out),
+                        repeat=repeat)
+    _bpf(BPF_PROG_TEST_RUN, attr)
+    return attr.retval, attr.duration, data_out.raw[:attr.data_size_out]
 
 
 def _bpf(cmd: int, attr: ctypes.Structure) -> int:
