@@ -3,7 +3,8 @@
  * The mrc-ebpf datapath object.  Its two programs share one set of maps
  * (lib/maps.h), so they are compiled together:
  *   mrc_tx  TC egress: SRv6 encapsulation, path choice  (mrc_tx.c)
- *   mrc_rx  XDP:       validation, decapsulation        (mrc_rx.c)
+ *   mrc_rx  XDP:       validation, decapsulation, measurement (mrc_rx.c)
+ *   mrc_fb  TC ingress: feedback for one-way traffic     (mrc_fb.c)
  *
  * bcc rewrites map calls and finds programs only in the file it is
  * given, so the loader (mrc_ebpf/source.py) inlines the quoted includes
@@ -19,4 +20,5 @@
 
 #include "mrc_tx.c"
 #include "mrc_rx.c"
+#include "mrc_fb.c"
 

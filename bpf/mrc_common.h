@@ -19,6 +19,8 @@
 #define MRC_SPRAY_SLOTS		1024	/* entries of one spray list */
 #define MRC_RX_MAX_PATHS	65536	/* (sender, path) pairs the receiver tracks */
 #define MRC_HIST_BUCKETS	16	/* log2 buckets of the receiver's histograms */
+#define MRC_REROUTE_TRIES	4	/* other list entries tried when a path is down */
+#define MRC_FB_MARK		0x4d524346	/* skb->mark of a clone that becomes feedback */
 
 /* ---- the MRC TLV, carried in the SRH (RFC 8754 section 2.1) ----------- */
 /*
@@ -28,12 +30,13 @@
  */
 #define MRC_TLV_TYPE		124
 #define MRC_VERSION		1
-#define MRC_TLV_SIZE		32	/* whole TLV: keeps the SRH 8-byte aligned */
+#define MRC_TLV_SIZE		40	/* whole TLV: keeps the SRH 8-byte aligned */
 #define MRC_TLV_LEN		(MRC_TLV_SIZE - 2)	/* the TLV's length field */
 
 /* mrc_tlv.flags */
 #define MRC_F_PROBE		0x01	/* sent to test a path, not data */
 #define MRC_F_FEEDBACK		0x02	/* the fb_* fields report on one of the peer's paths */
+#define MRC_F_CONTROL		0x04	/* feedback only: the receiver consumes it */
 
 struct mrc_tlv {
 	__u8	type;		/* MRC_TLV_TYPE */
@@ -42,7 +45,7 @@ struct mrc_tlv {
 	__u8	flags;		/* MRC_F_* */
 	__be16	path_id;	/* index of the path in the sender's set */
 	__u8	tclass;		/* traffic class the packet was sent in */
-	__u8	reserved;
+	__u8	fb_block;	/* fb_heard covers path ids 64*fb_block .. +63 */
 	__be32	path_seq;	/* per (peer, path): a gap is a loss on that path */
 	__be32	peer_seq;	/* per peer, across paths: gives reordering */
 	__be64	tx_ns;		/* sender's CLOCK_MONOTONIC at encap */
@@ -51,6 +54,7 @@ struct mrc_tlv {
 	__be16	fb_path_id;
 	__be16	fb_qdelay_us;	/* queueing delay (one-way delay above its minimum) */
 	__be32	fb_lost;	/* packets lost on that path so far */
+	__be64	fb_heard;	/* bit i: we heard from path 64*fb_block+i since we last said */
 } __attribute__((packed));
 
 /* SRH fixed part (8) + segment list + MRC TLV */
@@ -151,6 +155,53 @@ struct mrc_path_health {
 /* peer_by_sid: hash, a peer's SID -> peer_id, to file incoming feedback */
 
 /*
+ * path_live: array by path index, the datapath's own state of each path,
+ * apart from the loader's `paths` so neither overwrites the other.
+ * A path goes down when packets sent on it are not acknowledged (fb_heard)
+ * within ack_timeout: a black hole or a dead link, detected by the next
+ * packet that would use it, with no timer and no user space.  A down path
+ * gets one packet per probe interval; an acknowledgement brings it back.
+ */
+struct mrc_path_live {
+	__u64	unacked_since_ns;	/* oldest send not yet acknowledged; 0: none */
+	__u64	down_ns;		/* 0: up */
+	__u64	next_probe_ns;		/* down: when a packet may try it again */
+	__u32	downs;			/* times it went down */
+	__u32	probes;			/* packets sent on it while down */
+};
+
+/*
+ * peer_acks: array by peer_id, when feedback last said the peer heard from
+ * each of our paths.  Each feedback reports one block of 64 path ids (the
+ * receiver rotates over the blocks with news); filing is one store per
+ * bit, and the TX side reads one entry when it checks a path.  A peer
+ * that never sent feedback (no mrc-ebpf there, e.g. the kernel's own
+ * End.DT6) has no acknowledgement clock: its paths never time out.
+ */
+struct mrc_peer_acks {
+	__u64	ns[MRC_MAX_PATHS];
+	__u64	last_ns;	/* any feedback from this peer (0: never: no failover) */
+};
+
+/* events: a circular log of path state changes, MRC_EVENTS entries */
+#define MRC_EVENTS		1024
+#define MRC_EV_DOWN		1	/* not acknowledged within ack_timeout */
+#define MRC_EV_UP		2	/* a probe (or late packet) was acknowledged */
+#define MRC_EV_FAIL_OPEN	3	/* every path of the peer is down: sending anyway */
+
+struct mrc_event {
+	__u64	seq;		/* 1, 2, ...: position in the log (0: empty slot) */
+	__u64	ns;		/* CLOCK_MONOTONIC */
+	__u64	since_ns;	/* DOWN: the unacknowledged send that timed out */
+	__u32	peer_id;
+	__u16	path_id;
+	__u16	type;		/* MRC_EV_* */
+};
+
+/* fb_due: array by peer_id, set by RX when the peer is owed feedback and
+ * no packet of ours has carried it lately (one-way traffic). */
+
+/*
  * rx_paths: LRU hash, (sender SID, path id) -> what the receiver saw on
  * that path.  Packets on one path arrive in order, so a gap in path_seq
  * is a loss on that path.
@@ -180,15 +231,19 @@ struct mrc_rx_path {
 struct mrc_rx_peer {
 	__u64	packets;
 	__u64	reordered;	/* arrived with peer_seq below the highest seen */
+	__u64	heard[MRC_MAX_PATHS / 64];	/* paths heard from, not yet reported */
+	__u64	fb_sent_ns;	/* when our last feedback to this sender left */
 	__u32	max_peer_seq;
 	__u16	last_path_id;	/* reported in feedback */
-	__u16	pad;
+	__u8	fb_block;	/* next block of `heard` to report */
+	__u8	pad;
 	__u32	reorder_hist[MRC_HIST_BUCKETS];	/* log2 of (highest - peer_seq) */
 };
 
 /* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */
 struct mrc_peer_tx {
 	__u64	seq;		/* next per-peer sequence number */
+	__u64	fail_open_ns;	/* since when every path is down (0: not) */
 };
 
 /* path_tx: array by path index; atomic, so the sequence has no gaps */
@@ -209,6 +264,10 @@ struct mrc_config {
 	__u32	flags;		/* loader's own bookkeeping (datapath ignores) */
 	__u32	loss_hold_us;	/* adaptive: a path that lost is avoided this long */
 	__u32	saved_gso_max_segs;	/* restored at detach */
+	__u32	ack_timeout_us;	/* a path unacknowledged this long goes down */
+	__u32	probe_us;	/* a down path is tried once per this */
+	__u32	fb_interval_us;	/* one-way traffic: feedback at least this often */
+	__u32	pad;
 };
 
 /* ---- counters: per-CPU array indexed by enum mrc_counter -------------- */
@@ -245,6 +304,12 @@ enum mrc_counter {
 	MRC_RX_DECAP_BYTES,		/* bytes of inner packets passed up */
 	MRC_RX_MRC_TLV,			/* decapsulated packets that carried MRC TLV */
 	MRC_RX_FEEDBACK,		/* feedback filed in path_health */
+	MRC_RX_CONTROL,			/* outcome: feedback-only packet, consumed */
+	MRC_TX_PROBE,			/* sent on a down path to test it */
+	MRC_TX_REROUTE,			/* chosen path was down: another one taken */
+	MRC_TX_FAIL_OPEN,		/* every path down: sent on a probed one anyway */
+	MRC_TX_CONTROL,			/* outcome: feedback-only packet made and sent */
+	MRC_FB_CLONE,			/* RX: a packet cloned to carry feedback back */
 	MRC_COUNTER_MAX,
 };
 

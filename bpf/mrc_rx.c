@@ -126,6 +126,11 @@ int mrc_rx(struct xdp_md *ctx)
 		rx_track_path(ip6->saddr.s6_addr, mrc, inner_len, now);
 		rx_track_peer(ip6->saddr.s6_addr, mrc);
 		feedback_file(ip6->saddr.s6_addr, mrc, now);
+		if (mrc->flags & MRC_F_CONTROL) {
+			count(MRC_RX_CONTROL);	/* it carried feedback only */
+			return XDP_DROP;
+		}
+		feedback_due(ip6->saddr.s6_addr, cfg, now);
 	}
 
 	/* Strip outer IPv6 + SRH; the Ethernet header moves up to the inner. */

@@ -14,6 +14,7 @@
 #include "lib/srh.h"
 #include "lib/path_select.h"
 #include "lib/nexthop.h"
+#include "lib/control.h"
 
 static __always_inline int tx_pass(void)
 {
@@ -99,11 +100,20 @@ int mrc_tx(struct __sk_buff *skb)
 	struct mrc_path_stats *pstats;
 	struct path_choice choice;
 	__u32 zero = 0, nseg, encap_len;
+	__u8 control = 0;
 
 	count(MRC_TX_SEEN);
 
 	cfg = config.lookup(&zero);
-	if (!cfg || tx_classify(skb, cfg, &key, &inner))
+	if (!cfg)
+		return tx_pass();
+	if (skb->mark == MRC_FB_MARK) {
+		/* a clone mrc_fb made of a received packet: becomes feedback */
+		if (control_from_clone(skb))
+			return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
+		control = 1;
+	}
+	if (tx_classify(skb, cfg, &key, &inner))
 		return tx_pass();
 
 	peer = peers.lookup(&key);
@@ -112,6 +122,7 @@ int mrc_tx(struct __sk_buff *skb)
 
 	if (choose_path(skb, peer, tx_class(inner.tos), cfg, &choice))
 		return tx_drop(MRC_TX_DROP_NO_PATH);
+	choice.control = control;
 	path = paths.lookup(&choice.path_index);
 	if (!path || path->state != MRC_PATH_UP)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
@@ -127,8 +138,11 @@ int mrc_tx(struct __sk_buff *skb)
 	if (skb->gso_size == 0 && skb->len - ETH_HLEN + encap_len > cfg->mtu)
 		return tx_drop(MRC_TX_DROP_TOO_BIG);
 
+	/* A control packet is a clone of a received one, whose
+	 * skb->encapsulation may still be set: the ENCAP flags (needed only
+	 * for GSO) would be refused for it, and it is never GSO. */
 	if (bpf_skb_adjust_room(skb, encap_len, BPF_ADJ_ROOM_MAC,
-				BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO))
+				control ? 0 : BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO))
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
 	/* Taken only now, so a packet that was never sent leaves no gap
@@ -141,6 +155,9 @@ int mrc_tx(struct __sk_buff *skb)
 	if (srh_write_encap(skb, cfg, path, nseg, inner.proto, inner.tos, &choice))
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
+	path_sent(choice.live, bpf_ktime_get_ns());
+	if (control)
+		count(MRC_TX_CONTROL);
 	pstats = path_stats.lookup(&choice.path_index);
 	if (pstats) {
 		pstats->tx_packets++;
@@ -149,5 +166,5 @@ int mrc_tx(struct __sk_buff *skb)
 	count(MRC_TX_ENCAP);
 	count_add(MRC_TX_ENCAP_BYTES, skb->len);
 
-	return nexthop_send(path);
+	return nexthop_send(path, control);
 }

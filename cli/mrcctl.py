@@ -89,12 +89,21 @@ def cli(ctx, json_, netns_name):
               help="Spray each packet (sets gso_max_segs 1), or each GSO burst (faster, coarser).")
 @click.option("--loss-hold-us", type=click.IntRange(0, 10_000_000), default=20000, show_default=True,
               help="adaptive: how long a path that reported a loss is avoided.")
+@click.option("--ack-timeout-us", type=click.IntRange(50, 10_000_000), default=1000, show_default=True,
+              help="A path whose packets go unacknowledged this long is taken down.")
+@click.option("--probe-us", type=click.IntRange(10, 10_000_000), default=5000, show_default=True,
+              help="A down path is tried with one packet this often.")
+@click.option("--fb-interval-us", type=click.IntRange(10, 10_000_000), default=100, show_default=True,
+              help="One-way traffic: the receiver sends feedback at least this often.")
 @json_option
 @click.pass_context
-def attach(ctx, device, sid, mode, granularity, loss_hold_us):
+def attach(ctx, device, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
+           fb_interval_us):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits."""
     from mrc_ebpf import datapath
-    result = datapath.attach(device, sid, mode, granularity, loss_hold_us)
+    result = datapath.attach(device, sid, mode, granularity, loss_hold_us=loss_hold_us,
+                             ack_timeout_us=ack_timeout_us, probe_us=probe_us,
+                             fb_interval_us=fb_interval_us)
     _emit(ctx, result, lambda r: click.echo(
         f"attached {r['device']}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
         f"{r['granularity']}; pinned at {r['pins']}"))
@@ -145,32 +154,43 @@ def status(ctx):
 @cli.command()
 @click.option("--dev", "device", help="Device (default: the only one attached).")
 @click.option("--paths", "by_path", is_flag=True, help="Per path: sent, received, loss, delay.")
+@click.option("--events", "show_events", is_flag=True, help="Path state changes, with kernel times.")
 @click.option("--watch", type=click.FloatRange(min=0.1), metavar="N", help="Refresh every N seconds.")
 @json_option
 @click.pass_context
-def stats(ctx, device, by_path, watch):
-    """Datapath counters (summed over CPUs), or per-path measurements."""
+def stats(ctx, device, by_path, show_events, watch):
+    """Datapath counters (summed over CPUs), per-path measurements, or events."""
     import time
-    from mrc_ebpf import datapath, paths, stats as rx_stats
+    from mrc_ebpf import datapath, events, paths, stats as rx_stats
     device = datapath.resolve_device(device)
 
     def collect():
         with datapath.Attachment.open(device) as att:
+            if show_events:
+                prefixes = {p["peer_id"]: p["prefix"] for p in paths.peers(att)}
+                return {"device": device, "events": events.read(att, prefixes)}
             if by_path:
                 return {"device": device, "sent": paths.list_paths(att),
                         "received": rx_stats.received(att), "reorder": rx_stats.reorder(att)}
             return {"device": device, "counters": att.counters()}
 
     def human(d):
+        if show_events:
+            click.echo(tabulate([(e["seq"], e["ns"], e["ago_ms"], e["type"], e["prefix"], e["path_id"],
+                                  e["after_us"] if e["after_us"] is not None else "")
+                                 for e in d["events"]],
+                                headers=["seq", "kernel ns", "ms ago", "event", "peer", "path",
+                                         "us after unacked send"]) if d["events"] else "no events")
+            return
         if not by_path:
             click.echo(tabulate(sorted(d["counters"].items()), headers=["counter", device]))
             return
         click.echo("sent (this host's paths; fb = what the peer reported)")
         click.echo(tabulate([(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["class"],
-                              r["state"], r["weight"], r["tx_packets"], r["tx_bytes"],
+                              r["state"], r["downs"], r["weight"], r["tx_packets"], r["tx_bytes"],
                               (r["feedback"] or {}).get("qdelay_us", "-"),
                               (r["feedback"] or {}).get("lost", "-")) for r in d["sent"]],
-                             headers=["prefix", "id", "segments", "class", "state", "weight",
+                             headers=["prefix", "id", "segments", "class", "state", "downs", "weight",
                                       "tx pkts", "tx bytes", "fb qdelay us", "fb lost"]))
         click.echo("\nreceived (per sender and its path)")
         click.echo(tabulate([(r["from"], r["path_id"], r["rx_packets"], r["rx_bytes"], r["lost"],

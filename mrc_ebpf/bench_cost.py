@@ -56,7 +56,7 @@ def _percentiles(samples: list[int]) -> dict:
 
 
 def measure(runs: int = 20000, policies=("rr", "adaptive")) -> list[dict]:
-    module, tx, rx = compile_datapath()
+    module, tx, rx, _ = compile_datapath()
     packet = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IPv6(src="fd00:a::a", dst="fd00:b::b") / UDP(dport=9) / bytes(64))
     rows = []
     for policy in policies:

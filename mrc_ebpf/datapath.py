@@ -17,7 +17,7 @@ from pyroute2 import IPRoute
 from . import bpfsys, hooks, layout, offload, pins, routes, source
 from .errors import MrcError
 
-PROG_TX, PROG_RX = "prog_tx", "prog_rx"
+PROG_TX, PROG_RX, PROG_FB = "prog_tx", "prog_rx", "prog_fb"
 CFG_CLSACT_OURS = 0x1       # config.flags: detach removes clsact too
 CFG_XDP_SKB = 0x2           # config.flags: XDP attached in skb mode
 
@@ -38,7 +38,7 @@ def parse_sid(text: str) -> ipaddress.IPv6Address:
 
 
 def compile_datapath():
-    """Compile and load both programs; returns (bcc module, tx fn, rx fn)."""
+    """Compile and load the programs; returns (bcc module, tx, rx, fb)."""
     try:
         from bcc import BPF
     except ImportError:
@@ -52,9 +52,10 @@ def compile_datapath():
         module = BPF(text=source.expand().encode(), cflags=["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"])
         tx = module.load_func("mrc_tx", BPF.SCHED_CLS)
         rx = module.load_func("mrc_rx", BPF.XDP)
+        fb = module.load_func("mrc_fb", BPF.SCHED_CLS)
     except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
         raise MrcError(f"cannot load the datapath: {e}")
-    return module, tx, rx
+    return module, tx, rx, fb
 
 
 class Attachment:
@@ -122,11 +123,12 @@ def resolve_device(device: str | None) -> str:
     raise MrcError(f"several devices are attached ({', '.join(attached)}): say which with --dev")
 
 
-DEFAULT_LOSS_HOLD_US = 20000
+# Defaults for a datacenter: round trips of tens of microseconds.
+TIMERS = {"loss_hold_us": 20000, "ack_timeout_us": 1000, "probe_us": 5000, "fb_interval_us": 100}
 
 
 def attach(device: str, sid_text: str, mode: str = "auto", granularity: str = "packet",
-           loss_hold_us: int = DEFAULT_LOSS_HOLD_US) -> dict:
+           **timers: int) -> dict:
     require_root()
     sid = parse_sid(sid_text)
     pins.ensure_bpffs()
@@ -140,7 +142,11 @@ def attach(device: str, sid_text: str, mode: str = "auto", granularity: str = "p
         if info["xdp_prog_id"]:
             raise MrcError(f"{device} already has an XDP program (id {info['xdp_prog_id']}); "
                            f"remove it first")
-        module, tx, rx = compile_datapath()
+        unknown = set(timers) - set(TIMERS)
+        if unknown:
+            raise MrcError(f"unknown timer(s): {', '.join(sorted(unknown))}")
+        timers = {**TIMERS, **{k: v for k, v in timers.items() if v is not None}}
+        module, tx, rx, fb = compile_datapath()
         try:
             directory.mkdir(parents=True)
             undo.append(lambda: pins.remove_tree(directory))
@@ -148,6 +154,7 @@ def attach(device: str, sid_text: str, mode: str = "auto", granularity: str = "p
                 bpfsys.obj_pin(module[name].map_fd, str(directory / name))
             bpfsys.obj_pin(tx.fd, str(directory / PROG_TX))
             bpfsys.obj_pin(rx.fd, str(directory / PROG_RX))
+            bpfsys.obj_pin(fb.fd, str(directory / PROG_FB))
 
             flags = 0
             used_mode = hooks.xdp_attach(device, rx.fd, mode)
@@ -160,14 +167,16 @@ def attach(device: str, sid_text: str, mode: str = "auto", granularity: str = "p
                 flags |= CFG_CLSACT_OURS
             hooks.tc_attach(ipr, index, tx.fd, "mrc_tx")
             undo.append(lambda: hooks.tc_detach(ipr, index))
+            hooks.tc_attach(ipr, index, fb.fd, "mrc_fb", hooks.TC_INGRESS_PARENT)
+            undo.append(lambda: hooks.tc_detach(ipr, index, hooks.TC_INGRESS_PARENT))
 
             saved_segs = offload.gso_max_segs(device)
             if granularity == "packet" and saved_segs != 1:
                 offload.set_gso_max_segs(device, 1)
                 undo.append(lambda: offload.set_gso_max_segs(device, saved_segs))
 
-            cfg = layout.Config(mtu=info["mtu"], flags=flags, loss_hold_us=loss_hold_us,
-                                saved_gso_max_segs=saved_segs)
+            cfg = layout.Config(mtu=info["mtu"], flags=flags, saved_gso_max_segs=saved_segs,
+                                **timers)
             ctypes.memmove(cfg.sid, sid.packed, 16)
             config = bpfsys.PinnedMap(str(directory / "config"), *layout.MAPS["config"])
             config.update(layout.Index(0), cfg)
@@ -179,7 +188,7 @@ def attach(device: str, sid_text: str, mode: str = "auto", granularity: str = "p
                 raise
             raise MrcError(f"attach {device} failed: {e}")
     return {"device": device, "ifindex": index, "sid": str(sid), "xdp_mode": used_mode,
-            "granularity": offload.granularity(device), "pins": str(directory)}
+            "granularity": offload.granularity(device), "timers": timers, "pins": str(directory)}
 
 
 def detach(device: str) -> dict:
@@ -191,7 +200,7 @@ def detach(device: str) -> dict:
     if not directory.is_dir():
         raise MrcError(f"{device} is not attached")
     probe = Attachment(device, directory)
-    rx_id, tx_id = probe.prog_id(PROG_RX), probe.prog_id(PROG_TX)
+    rx_id, tx_id, fb_id = probe.prog_id(PROG_RX), probe.prog_id(PROG_TX), probe.prog_id(PROG_FB)
     flags, saved_segs = _config_words(directory)
     removed = {"device": device, "xdp": False, "tc": False, "clsact": False, "routes": 0}
     with IPRoute() as ipr:
@@ -205,7 +214,10 @@ def detach(device: str) -> dict:
             if hooks.tc_egress_prog_ids(index).get(hooks.TC_PRIO) == tx_id:
                 hooks.tc_detach(ipr, index)
                 removed["tc"] = True
-            if flags & CFG_CLSACT_OURS and not hooks.tc_egress_prog_ids(index):
+            if fb_id and hooks.tc_egress_prog_ids(index, "ingress").get(hooks.TC_PRIO) == fb_id:
+                hooks.tc_detach(ipr, index, hooks.TC_INGRESS_PARENT)
+            if flags & CFG_CLSACT_OURS and not hooks.tc_egress_prog_ids(index) \
+                    and not hooks.tc_egress_prog_ids(index, "ingress"):
                 hooks.del_clsact(ipr, index)
                 removed["clsact"] = True
             removed["routes"] = routes.remove_all(ipr, index)

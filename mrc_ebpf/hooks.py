@@ -18,6 +18,7 @@ XDP_ATTACHED_MODES = {"xdp": "native", "xdpgeneric": "skb", "xdpoffload": "hw", 
                       1: "native", 2: "skb", 3: "hw", 4: "multi"}
 
 TC_EGRESS_PARENT = 0xFFFFFFF3   # clsact egress: ffff:fff3
+TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress: ffff:fff2
 TC_PRIO = 0xC0DE >> 4           # a priority of our own, to find our filter again
 TC_HANDLE = 1
 
@@ -78,20 +79,21 @@ def del_clsact(ipr: IPRoute, index: int) -> None:
         pass
 
 
-def tc_attach(ipr: IPRoute, index: int, prog_fd: int, name: str) -> None:
+def tc_attach(ipr: IPRoute, index: int, prog_fd: int, name: str,
+              parent: int = TC_EGRESS_PARENT) -> None:
     try:
         ipr.tc("add-filter", "bpf", index, TC_HANDLE, fd=prog_fd, name=name,
-               parent=TC_EGRESS_PARENT, classid=1, direct_action=True, prio=TC_PRIO)
+               parent=parent, classid=1, direct_action=True, prio=TC_PRIO)
     except NetlinkError as e:
         raise MrcError(f"cannot add the TC egress filter: {e.args[1] if len(e.args) > 1 else e}")
 
 
-def tc_egress_prog_ids(index: int) -> dict[int, int]:
-    """prio -> program id of the bpf filters on clsact egress.
+def tc_egress_prog_ids(index: int, direction: str = "egress") -> dict[int, int]:
+    """prio -> program id of the bpf filters on clsact egress (or ingress).
 
     Read with `tc -j`: pyroute2 does not decode TCA_BPF_ID."""
     name = socket.if_indextoname(index)
-    result = subprocess.run(["tc", "-j", "filter", "show", "dev", name, "egress"],
+    result = subprocess.run(["tc", "-j", "filter", "show", "dev", name, direction],
                             capture_output=True, text=True)
     if result.returncode != 0 or not result.stdout.strip():
         return {}
@@ -103,9 +105,9 @@ def tc_egress_prog_ids(index: int) -> dict[int, int]:
     return found
 
 
-def tc_detach(ipr: IPRoute, index: int) -> None:
+def tc_detach(ipr: IPRoute, index: int, parent: int = TC_EGRESS_PARENT) -> None:
     try:
-        ipr.tc("del-filter", "bpf", index, TC_HANDLE, parent=TC_EGRESS_PARENT, prio=TC_PRIO)
+        ipr.tc("del-filter", "bpf", index, TC_HANDLE, parent=parent, prio=TC_PRIO)
     except NetlinkError:
         pass
 

@@ -18,9 +18,9 @@ class MrcTlv(ctypes.BigEndianStructure):
     """The MRC TLV as it is on the wire (network byte order)."""
     _pack_ = 1
     _fields_ = [("type", u8), ("len", u8), ("version", u8), ("flags", u8),
-                ("path_id", u16), ("tclass", u8), ("reserved", u8),
+                ("path_id", u16), ("tclass", u8), ("fb_block", u8),
                 ("path_seq", u32), ("peer_seq", u32), ("tx_ns", u64),
-                ("fb_path_id", u16), ("fb_qdelay_us", u16), ("fb_lost", u32)]
+                ("fb_path_id", u16), ("fb_qdelay_us", u16), ("fb_lost", u32), ("fb_heard", u64)]
 
 
 class Sid(ctypes.Structure):
@@ -42,7 +42,7 @@ class Path(ctypes.Structure):
 
 
 class PeerTx(ctypes.Structure):
-    _fields_ = [("seq", u64)]
+    _fields_ = [("seq", u64), ("fail_open_ns", u64)]
 
 
 class PathTx(ctypes.Structure):
@@ -55,7 +55,8 @@ class PathStats(ctypes.Structure):
 
 class Config(ctypes.Structure):
     _fields_ = [("sid", Addr), ("mtu", u32), ("flags", u32), ("loss_hold_us", u32),
-                ("saved_gso_max_segs", u32)]
+                ("saved_gso_max_segs", u32), ("ack_timeout_us", u32), ("probe_us", u32),
+                ("fb_interval_us", u32), ("pad", u32)]
 
 
 class Spray(ctypes.Structure):
@@ -84,8 +85,23 @@ class RxPath(ctypes.Structure):
 
 
 class RxPeer(ctypes.Structure):
-    _fields_ = [("packets", u64), ("reordered", u64), ("max_peer_seq", u32),
-                ("last_path_id", u16), ("pad", u16), ("reorder_hist", Hist)]
+    _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
+                ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
+                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist)]
+
+
+class PathLive(ctypes.Structure):
+    _fields_ = [("unacked_since_ns", u64), ("down_ns", u64), ("next_probe_ns", u64),
+                ("downs", u32), ("probes", u32)]
+
+
+class PeerAcks(ctypes.Structure):
+    _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("last_ns", u64)]
+
+
+class Event(ctypes.Structure):
+    _fields_ = [("seq", u64), ("ns", u64), ("since_ns", u64), ("peer_id", u32),
+                ("path_id", u16), ("type", u16)]
 
 
 Index = u32
@@ -106,6 +122,11 @@ MAPS = {
     "peer_by_sid": (Sid, u32, False),
     "rx_paths": (RxKey, RxPath, False),
     "rx_peers": (Sid, RxPeer, False),
+    "path_live": (Index, PathLive, False),
+    "events": (Index, Event, False),
+    "event_seq": (Index, u64, False),
+    "fb_due": (Index, u64, False),
+    "peer_acks": (Index, PeerAcks, False),
 }
 
 

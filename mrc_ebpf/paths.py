@@ -104,6 +104,8 @@ def _free_peer_id(att: Attachment) -> int:
 def _reset_path_state(att: Attachment, index: layout.Index) -> None:
     att.maps["path_tx"].update(index, layout.PathTx())
     att.maps["path_stats"].update(index, att.maps["path_stats"].value_type())
+    att.maps["path_live"].update(index, layout.PathLive())
+    att.maps["path_health"].update(index, layout.PathHealth())
 
 
 def _used(att: Attachment, peer: layout.Peer) -> list[tuple[int, layout.Path]]:
@@ -316,9 +318,13 @@ def list_paths(att: Attachment) -> list[dict]:
             index = path_index(peer.peer_id, path_id)
             stats = att.maps["path_stats"].lookup(index)
             health = att.maps["path_health"].lookup(index)
+            live = att.maps["path_live"].lookup(index)
+            state = states.get(path.state, str(path.state))
+            if state == "up" and live.down_ns:
+                state = "down"
             rows.append({
                 "prefix": str(prefix), "path_id": path_id, "segments": _segments_of(path),
-                "state": states.get(path.state, str(path.state)), "weight": path.weight,
+                "state": state, "weight": path.weight, "downs": live.downs,
                 "class": names.get(path.tclass, str(path.tclass)),
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                 "flowlabel": path.flowlabel, "overhead": layout.encap_len(path.n_segments),

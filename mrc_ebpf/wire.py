@@ -6,7 +6,7 @@ field by field.
 """
 from __future__ import annotations
 
-from scapy.fields import ByteField, ShortField, IntField, LongField, XByteField
+from scapy.fields import ByteField, IntField, LongField, ShortField, XByteField, XLongField
 from scapy.layers.inet6 import IPv6ExtHdrSegmentRoutingTLV
 
 from .source import C
@@ -20,13 +20,14 @@ class MrcTLV(IPv6ExtHdrSegmentRoutingTLV):
                    XByteField("flags", 0),
                    ShortField("path_id", 0),
                    ByteField("tclass", 0),
-                   ByteField("reserved", 0),
+                   ByteField("fb_block", 0),
                    IntField("path_seq", 0),
                    IntField("peer_seq", 0),
                    LongField("tx_ns", 0),
                    ShortField("fb_path_id", 0),
                    ShortField("fb_qdelay_us", 0),
-                   IntField("fb_lost", 0)]
+                   IntField("fb_lost", 0),
+                   XLongField("fb_heard", 0)]
 
 
 MrcTLV.register_variant()

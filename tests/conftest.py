@@ -109,9 +109,9 @@ DROP_PATH = [sys.executable, str(ROOT / "tests" / "tools" / "drop_path.py")]
 class Spray(Diamond):
     """Diamond with mrc-ebpf on both hosts and one path per router each way."""
 
-    def attach(self, policy="rr"):
-        mrcctl("attach", "a0", "--sid", self.A_SID, netns=self.A)
-        mrcctl("attach", "b0", "--sid", self.B_SID, netns=self.B)
+    def attach(self, policy="rr", *options):
+        mrcctl("attach", "a0", "--sid", self.A_SID, *options, netns=self.A)
+        mrcctl("attach", "b0", "--sid", self.B_SID, *options, netns=self.B)
         for k in range(1, self.n + 1):
             mrcctl("path", "add", "fd00:b::/64", "--via", self.path_via(k, self.B_SID), netns=self.A)
             mrcctl("path", "add", "fd00:a::/64", "--via", self.path_via(k, self.A_SID), netns=self.B)
@@ -142,4 +142,16 @@ class Spray(Diamond):
 
 @pytest.fixture
 def spray(topo):
-    return Spray(topo, n_paths=4)
+    net = Spray(topo, n_paths=4)
+    # a UDP sink on B: without one, B answers each datagram with an ICMP
+    # error, traffic the tests do not count on
+    sink = topo.popen(net.B, [sys.executable, "-c", "import socket\n"
+                              "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+                              "s.bind(('::', 9))\n"
+                              "while True: s.recv(65536)"],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield net
+    finally:
+        sink.kill()
+        sink.wait()

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.root
 
 
 def conservation(c):
-    rx_outcomes = c["rx_decap"] + c["rx_pass"] + sum(v for k, v in c.items() if k.startswith("rx_drop_"))
+    rx_outcomes = c["rx_decap"] + c["rx_pass"] + c["rx_control"] + sum(v for k, v in c.items() if k.startswith("rx_drop_"))
     tx_outcomes = c["tx_encap"] + c["tx_pass"] + sum(v for k, v in c.items() if k.startswith("tx_drop_"))
     assert rx_outcomes == c["rx_seen"], c
     assert tx_outcomes == c["tx_seen"], c

@@ -25,7 +25,7 @@ def flatten(ct, base=0, prefix=""):
 @pytest.fixture(scope="module")
 def compiled():
     from mrc_ebpf.datapath import compile_datapath
-    module, _, _ = compile_datapath()
+    module, *_ = compile_datapath()
     yield module
     module.cleanup()
 

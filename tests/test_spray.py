@@ -102,6 +102,8 @@ def test_256_paths(spray):
     mrcctl("attach", "b0", "--sid", spray.B_SID, netns=spray.B)
     vias = [a for i in range(256) for a in ("--via", spray.path_via(i % 4 + 1, spray.B_SID))]
     mrcctl("path", "add", "fd00:b::/64", *vias, netns=spray.A)
+    back = [a for k in range(1, 5) for a in ("--via", spray.path_via(k, spray.A_SID))]
+    mrcctl("path", "add", "fd00:a::/64", *back, netns=spray.B)     # B's feedback to A
     before = spray.router_tx()
     spray.udp(256 * 20)
     sent = spray.sent()
@@ -124,7 +126,9 @@ def test_reordering_matches_capture(spray, tmp_path):
     of what B received, packet for packet."""
     from scapy.utils import rdpcap
     from mrc_ebpf import wire
-    spray.attach("rr")
+    # a queue far deeper than the acknowledgement timeout: keep failover
+    # from taking the slow path down, this test is about reordering
+    spray.attach("rr", "--ack-timeout-us", "5000000")
     spray.udp(8, pps=1000)
     spray.t.exec(spray.R[0], ["tc", "qdisc", "add", "dev", "rdown", "root", "tbf", "rate", "400kbit",
                               "burst", "2kb", "limit", "200kb"])
@@ -182,8 +186,10 @@ def _shares(spray, seconds=3):
 
 def test_adaptive_moves_traffic_off_a_slow_path_and_back(spray):
     """All paths shaped to 40 Mbit/s, then path 0 to a quarter of that:
-    its share of a TCP transfer falls; unshaped again, it rises."""
-    spray.attach("adaptive")
+    its share of a TCP transfer falls; unshaped again, it rises.  (tbf
+    queues of 20 ms: the acknowledgement timeout must be longer, or
+    failover rather than the policy would move the traffic.)"""
+    spray.attach("adaptive", "--ack-timeout-us", "100000")
     for k, r in enumerate(spray.R):
         spray.t.exec(r, ["tc", "qdisc", "add", "dev", "rdown", "root", "tbf", "rate", "40mbit",
                          "burst", "16kb", "latency", "20ms"])

@@ -8,6 +8,10 @@
  * otherwise fold it into an earlier check the verifier cannot see). */
 #define barrier_var(var)	asm volatile("" : "+r"(var))
 
+#ifndef __noinline
+#define __noinline	__attribute__((__noinline__))
+#endif
+
 /* BPF runs little-endian here, as the host does. */
 #define mrc_htonll(x)	__builtin_bswap64(x)
 #define mrc_ntohll(x)	__builtin_bswap64(x)

@@ -14,6 +14,50 @@
 #define MRC_LIB_FEEDBACK_H
 
 #include "lib/counters.h"
+#include "lib/compiler.h"
+#include "lib/failover.h"
+
+/*
+ * RX: a sender we have not answered for fb_interval is owed feedback; if
+ * no packet of ours goes its way soon, mrc_fb makes one (one-way traffic).
+ */
+static __always_inline void feedback_due(const __u8 *src_sid, const struct mrc_config *cfg,
+					 __u64 now)
+{
+	struct mrc_sid sid;
+	struct mrc_rx_peer *peer;
+	__u32 *peer_id;
+	__u64 *due;
+
+	__builtin_memcpy(sid.addr, src_sid, 16);
+	peer = rx_peers.lookup(&sid);
+	if (!peer || now - peer->fb_sent_ns < (__u64)cfg->fb_interval_us * 1000)
+		return;
+	peer_id = peer_by_sid.lookup(&sid);
+	if (!peer_id)
+		return;		/* not a configured peer: we have no path to answer on */
+	due = fb_due.lookup(peer_id);
+	if (due && !*due)
+		*due = 1;
+}
+
+/* TX: report the next block of path ids with news (rotating), and clear it. */
+static __always_inline void feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_rx_peer *peer)
+{
+	__u32 i, block;
+
+#pragma unroll
+	for (i = 0; i < MRC_MAX_PATHS / 64; i++) {
+		block = (peer->fb_block + i) & (MRC_MAX_PATHS / 64 - 1);
+		if (peer->heard[block]) {
+			tlv->fb_block = block;
+			tlv->fb_heard = mrc_htonll(peer->heard[block]);
+			peer->heard[block] = 0;
+			peer->fb_block = block + 1;
+			return;
+		}
+	}
+}
 
 /* TX: fill fb_* with what we saw from the peer whose SID is `peer_sid`. */
 static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_sid *peer_sid)
@@ -31,12 +75,29 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 	if (!path)
 		return;
 	tlv->flags |= MRC_F_FEEDBACK;
+	feedback_fill_heard(tlv, peer);
+	peer->fb_sent_ns = bpf_ktime_get_ns();
 	tlv->fb_path_id = bpf_htons(key.path_id);
 	tlv->fb_qdelay_us = bpf_htons(path->qdelay_us > 0xffff ? 0xffff : path->qdelay_us);
 	tlv->fb_lost = bpf_htonl((__u32)path->lost);
 }
 
-/* RX: file the feedback a peer sent us about one of our paths to it. */
+/* RX: note when the peer heard from which of our paths in one block. */
+static __always_inline void feedback_ack(__u32 peer_id, __u32 block, __u64 heard, __u64 now)
+{
+	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
+	__u32 base = (block & (MRC_MAX_PATHS / 64 - 1)) * 64, bit;
+
+	if (!acks)
+		return;
+	acks->last_ns = now;
+#pragma unroll
+	for (bit = 0; bit < 64; bit++)
+		if (heard & (1ULL << bit))
+			acks->ns[(base + bit) & (MRC_MAX_PATHS - 1)] = now;
+}
+
+/* RX: file the feedback a peer sent us about our paths to it. */
 static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_tlv *tlv, __u64 now)
 {
 	struct mrc_path_health *health;
@@ -61,6 +122,7 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 	health->lost = lost;
 	health->qdelay_us = bpf_ntohs(tlv->fb_qdelay_us);
 	health->updated_ns = now;
+	feedback_ack(*peer_id, tlv->fb_block, mrc_ntohll(tlv->fb_heard), now);
 	count(MRC_RX_FEEDBACK);
 }
 

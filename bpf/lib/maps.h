@@ -23,5 +23,10 @@ BPF_ARRAY(path_health, struct mrc_path_health, MRC_MAX_PEERS * MRC_MAX_PATHS);
 BPF_HASH(peer_by_sid, struct mrc_sid, __u32, MRC_MAX_PEERS);
 BPF_TABLE("lru_hash", struct mrc_rx_key, struct mrc_rx_path, rx_paths, MRC_RX_MAX_PATHS);
 BPF_TABLE("lru_hash", struct mrc_sid, struct mrc_rx_peer, rx_peers, MRC_MAX_PEERS);
+BPF_ARRAY(path_live, struct mrc_path_live, MRC_MAX_PEERS * MRC_MAX_PATHS);
+BPF_ARRAY(events, struct mrc_event, MRC_EVENTS);
+BPF_ARRAY(event_seq, __u64, 1);
+BPF_ARRAY(fb_due, __u64, MRC_MAX_PEERS);
+BPF_ARRAY(peer_acks, struct mrc_peer_acks, MRC_MAX_PEERS);
 
 #endif

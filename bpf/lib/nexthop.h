@@ -19,11 +19,13 @@
 static long (*mrc_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params,
 				  int plen, __u64 flags) = (void *)BPF_FUNC_redirect_neigh;
 
-static __always_inline int nexthop_send(const struct mrc_path *path)
+/* `control`: a feedback packet made from a received one, whose MACs are
+ * still those it arrived with: always resolved afresh. */
+static __always_inline int nexthop_send(const struct mrc_path *path, int control)
 {
 	struct bpf_redir_neigh nh = { .nh_family = AF_INET6 };
 
-	if (!(path->flags & MRC_PATH_F_REDIRECT))
+	if (!(path->flags & MRC_PATH_F_REDIRECT) && !control)
 		return TC_ACT_OK;
 	__builtin_memcpy(nh.ipv6_nh, path->nexthop, 16);
 	count(MRC_TX_REDIRECT);

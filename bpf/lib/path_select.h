@@ -9,12 +9,17 @@
 #define MRC_LIB_PATH_SELECT_H
 
 #include "lib/maps.h"
+#include "lib/counters.h"
 #include "lib/compiler.h"
+#include "lib/failover.h"
 
 struct path_choice {
 	__u32	path_index;	/* key into paths/path_tx/path_stats */
 	__u16	path_id;	/* index within the peer's set, sent in the TLV */
 	__u8	tclass;
+	__u8	probe;		/* the path is down and this packet tests it */
+	__u8	control;	/* feedback only (made from a clone by mrc_fb) */
+	struct mrc_path_live *live;
 	__u64	peer_seq;
 	__u64	path_seq;
 };
@@ -46,6 +51,63 @@ static __always_inline __u16 spray_pick(const struct mrc_spray *list, __u32 at)
 }
 
 /*
+ * From the policy's pick at list position `at`: the first path that is
+ * up (or due a probe) among it and the next MRC_REROUTE_TRIES entries.
+ * If all of them are down the packet fails open: it goes on the pick,
+ * which is being probed, rather than being dropped.
+ */
+static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __u32 at,
+				       __u32 peer_id, struct mrc_peer_tx *ptx,
+				       const struct mrc_config *cfg, __u64 now,
+				       struct path_choice *choice)
+{
+	enum path_use use = PATH_SKIP;
+	struct mrc_path_live *live = NULL;
+	__u32 t, index = 0;
+	__u16 id = 0;
+
+	for (t = 0; t <= MRC_REROUTE_TRIES; t++) {
+		id = spray_pick(list, (at + t) % n);
+		if (id >= MRC_MAX_PATHS)
+			return -1;
+		index = peer_id * MRC_MAX_PATHS + id;
+		live = path_live.lookup(&index);
+		if (!live)
+			return -1;
+		use = path_check(live, cfg, peer_id, id, now);
+		if (use != PATH_SKIP)
+			break;
+	}
+	if (use == PATH_SKIP) {
+		id = spray_pick(list, at);
+		if (id >= MRC_MAX_PATHS)
+			return -1;
+		index = peer_id * MRC_MAX_PATHS + id;
+		live = path_live.lookup(&index);
+		if (!live)
+			return -1;
+		use = PATH_PROBE;
+		count(MRC_TX_FAIL_OPEN);
+		if (__sync_bool_compare_and_swap(&ptx->fail_open_ns, 0, now))
+			event_log(peer_id, id, MRC_EV_FAIL_OPEN, now, 0);
+	} else {
+		if (t > 0)
+			count(MRC_TX_REROUTE);
+		if (ptx->fail_open_ns)
+			ptx->fail_open_ns = 0;
+	}
+	if (use == PATH_PROBE) {
+		count(MRC_TX_PROBE);
+		live->probes++;
+	}
+	choice->path_id = id;
+	choice->path_index = index;
+	choice->probe = use == PATH_PROBE;
+	choice->live = live;
+	return 0;
+}
+
+/*
  * Picks the packet's path from the spray list of its peer and class.
  * O(1) for every policy: one list lookup, then one or two entries of it.
  */
@@ -54,10 +116,10 @@ static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_p
 				       struct path_choice *choice)
 {
 	__u32 peer_id = peer->peer_id;
-	__u32 list_index, n, a, b;
+	__u32 list_index, n, a, b, at;
+	__u64 now = bpf_ktime_get_ns();
 	struct mrc_peer_tx *ptx;
 	struct mrc_spray *list;
-	__u16 id;
 
 	if (peer_id >= MRC_MAX_PEERS || tclass >= MRC_MAX_CLASSES)
 		return -1;
@@ -73,36 +135,29 @@ static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_p
 	 * reordering from it.  It is not used for loss, so a number taken
 	 * by a packet that is dropped later does no harm. */
 	choice->peer_seq = __sync_fetch_and_add(&ptx->seq, 1);
+	choice->tclass = tclass;
 
 	switch (peer->policy) {
 	case MRC_POLICY_RANDOM:
-		id = spray_pick(list, bpf_get_prandom_u32() % n);
+		at = bpf_get_prandom_u32() % n;
 		break;
 	case MRC_POLICY_HASH:
-		id = spray_pick(list, bpf_get_hash_recalc(skb) % n);
+		at = bpf_get_hash_recalc(skb) % n;
 		break;
 	case MRC_POLICY_ADAPTIVE: {
 		/* the power of two choices: two random paths, the healthier wins */
-		__u64 now = bpf_ktime_get_ns();
 		__u64 hold = (__u64)cfg->loss_hold_us * 1000;
-		__u16 x, y;
 
 		a = bpf_get_prandom_u32() % n;
 		b = (a + 1 + bpf_get_prandom_u32() % (n > 1 ? n - 1 : 1)) % n;
-		x = spray_pick(list, a);
-		y = spray_pick(list, b);
-		id = health_score(peer_id, y, now, hold) < health_score(peer_id, x, now, hold) ? y : x;
+		at = health_score(peer_id, spray_pick(list, b), now, hold) <
+		     health_score(peer_id, spray_pick(list, a), now, hold) ? b : a;
 		break;
 	}
 	default:	/* MRC_POLICY_RR, MRC_POLICY_WEIGHTED (its list repeats by weight) */
-		id = spray_pick(list, choice->peer_seq % n);
+		at = choice->peer_seq % n;
 	}
-	if (id >= MRC_MAX_PATHS)
-		return -1;
-	choice->path_id = id;
-	choice->tclass = tclass;
-	choice->path_index = peer_id * MRC_MAX_PATHS + id;
-	return 0;
+	return choose_live(list, n, at, peer_id, ptx, cfg, now, choice);
 }
 
 #endif

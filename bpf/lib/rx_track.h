@@ -82,6 +82,8 @@ static __always_inline void rx_track_peer(const __u8 *src_sid, const struct mrc_
 	}
 	peer->packets++;
 	peer->last_path_id = bpf_ntohs(tlv->path_id);
+	peer->heard[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
+		1ULL << (peer->last_path_id & 63);
 	if ((__s32)(peer_seq - peer->max_peer_seq) > 0) {
 		peer->max_peer_seq = peer_seq;
 	} else if (peer_seq != peer->max_peer_seq) {

@@ -85,6 +85,7 @@ static __always_inline int srh_write_encap(struct __sk_buff *skb, const struct m
 	tlv.path_seq = bpf_htonl((__u32)choice->path_seq);
 	tlv.peer_seq = bpf_htonl((__u32)choice->peer_seq);
 	tlv.tclass = choice->tclass;
+	tlv.flags = (choice->probe ? MRC_F_PROBE : 0) | (choice->control ? MRC_F_CONTROL : 0);
 	tlv.tx_ns = mrc_htonll(bpf_ktime_get_ns());
 	feedback_fill(&tlv, &path->segments[0]);
 	if (bpf_skb_store_bytes(skb, off, &tlv, sizeof(tlv), 0))

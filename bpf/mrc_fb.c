@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * FB, at TC ingress, after mrc_rx has decapsulated: when the packet's
+ * sender is owed feedback (mrc_rx set fb_due: one-way traffic, nothing of
+ * ours has carried feedback lately), clone the packet to our own egress
+ * marked MRC_FB_MARK; mrc_tx turns the clone into a feedback-only packet
+ * (lib/control.h).  The packet itself goes on up untouched.
+ */
+#include "lib/counters.h"
+
+int mrc_fb(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct mrc_peer_key key = { .prefixlen = 128 };
+	struct ethhdr *eth = data;
+	struct mrc_peer *peer;
+	__u64 *due;
+	__u32 mark;
+
+	if ((void *)(eth + 1) > data_end)
+		return TC_ACT_OK;
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		if ((void *)(ip6 + 1) > data_end)
+			return TC_ACT_OK;
+		__builtin_memcpy(key.addr, ip6->saddr.s6_addr, 16);
+	} else if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip4 = (void *)(eth + 1);
+
+		if ((void *)(ip4 + 1) > data_end)
+			return TC_ACT_OK;
+		key.addr[10] = 0xff;
+		key.addr[11] = 0xff;
+		__builtin_memcpy(&key.addr[12], &ip4->saddr, 4);
+	} else {
+		return TC_ACT_OK;
+	}
+	peer = peers.lookup(&key);
+	if (!peer)
+		return TC_ACT_OK;
+	due = fb_due.lookup(&peer->peer_id);
+	if (!due || !__sync_bool_compare_and_swap(due, 1, 0))
+		return TC_ACT_OK;
+	mark = skb->mark;
+	skb->mark = MRC_FB_MARK;
+	if (bpf_clone_redirect(skb, skb->ifindex, 0) == 0)
+		count(MRC_FB_CLONE);
+	skb->mark = mark;
+	return TC_ACT_OK;
+}
