@@ -20,6 +20,7 @@
 #define MRC_RX_MAX_PATHS	65536	/* (sender, path) pairs the receiver tracks */
 #define MRC_HIST_BUCKETS	16	/* log2 buckets of the receiver's histograms */
 #define MRC_REROUTE_TRIES	4	/* other list entries tried when a path is down */
+#define MRC_SILENCE_FACTOR	16	/* feedback without this path: down after this x ack_timeout */
 #define MRC_FB_MARK		0x4d524346	/* skb->mark of a clone that becomes feedback */
 
 /* ---- the MRC TLV, carried in the SRH (RFC 8754 section 2.1) ----------- */
@@ -30,7 +31,7 @@
  */
 #define MRC_TLV_TYPE		124
 #define MRC_VERSION		1
-#define MRC_TLV_SIZE		40	/* whole TLV: keeps the SRH 8-byte aligned */
+#define MRC_TLV_SIZE		48	/* whole TLV: keeps the SRH 8-byte aligned */
 #define MRC_TLV_LEN		(MRC_TLV_SIZE - 2)	/* the TLV's length field */
 
 /* mrc_tlv.flags */
@@ -55,6 +56,13 @@ struct mrc_tlv {
 	__be16	fb_qdelay_us;	/* queueing delay (one-way delay above its minimum) */
 	__be32	fb_lost;	/* packets lost on that path so far */
 	__be64	fb_heard;	/* bit i: we heard from path 64*fb_block+i since we last said */
+	/* ...and the latest packet heard on each path in fb_heard was
+	 * stamped by its sender (tx_ns, low 32 bits) at or after this: an
+	 * acknowledgement in the sender's own clock, so it can tell which of
+	 * its sends arrived */
+	__be32	fb_since_ns32;
+	/* exactly: the latest packet heard on fb_path_id was stamped this */
+	__be32	fb_path_tx32;
 } __attribute__((packed));
 
 /* SRH fixed part (8) + segment list + MRC TLV */
@@ -157,9 +165,10 @@ struct mrc_path_health {
 /*
  * path_live: array by path index, the datapath's own state of each path,
  * apart from the loader's `paths` so neither overwrites the other.
- * A path goes down when packets sent on it are not acknowledged (fb_heard)
- * within ack_timeout: a black hole or a dead link, detected by the next
- * packet that would use it, with no timer and no user space.  A down path
+ * A path goes down when packets sent on it go unacknowledged (fb_heard)
+ * while later ones on other paths are acknowledged (lib/failover.h): a
+ * black hole or a dead link, detected by the next packet that would use
+ * it, with no timer and no user space.  A down path
  * gets one packet per probe interval; an acknowledgement brings it back.
  */
 struct mrc_path_live {
@@ -171,15 +180,17 @@ struct mrc_path_live {
 };
 
 /*
- * peer_acks: array by peer_id, when feedback last said the peer heard from
- * each of our paths.  Each feedback reports one block of 64 path ids (the
- * receiver rotates over the blocks with news); filing is one store per
- * bit, and the TX side reads one entry when it checks a path.  A peer
+ * peer_acks: array by peer_id: for each of our paths, the send time (our
+ * clock) from which on the peer has heard a packet of it.  Each feedback
+ * reports one block of 64 path ids (the receiver rotates over the blocks
+ * with news); filing is one store per bit, and the TX side reads one entry
+ * when it checks a path.  A peer
  * that never sent feedback (no mrc-ebpf there, e.g. the kernel's own
  * End.DT6) has no acknowledgement clock: its paths never time out.
  */
 struct mrc_peer_acks {
-	__u64	ns[MRC_MAX_PATHS];
+	__u64	ns[MRC_MAX_PATHS];	/* a packet sent at or after this arrived */
+	__u64	max_ns;		/* the latest of ns[]: how far the peer has heard us */
 	__u64	last_ns;	/* any feedback from this peer (0: never: no failover) */
 };
 
@@ -232,6 +243,7 @@ struct mrc_rx_peer {
 	__u64	packets;
 	__u64	reordered;	/* arrived with peer_seq below the highest seen */
 	__u64	heard[MRC_MAX_PATHS / 64];	/* paths heard from, not yet reported */
+	__u64	latest_tx[MRC_MAX_PATHS];	/* per path: the sender's tx_ns of the latest arrival */
 	__u64	fb_sent_ns;	/* when our last feedback to this sender left */
 	__u32	max_peer_seq;
 	__u16	last_path_id;	/* reported in feedback */

@@ -155,7 +155,7 @@ int mrc_tx(struct __sk_buff *skb)
 	if (srh_write_encap(skb, cfg, path, nseg, inner.proto, inner.tos, &choice))
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
-	path_sent(choice.live, bpf_ktime_get_ns());
+	path_sent(choice.live, peer->peer_id, bpf_ktime_get_ns());
 	if (control)
 		count(MRC_TX_CONTROL);
 	pstats = path_stats.lookup(&choice.path_index);

@@ -20,7 +20,8 @@ class MrcTlv(ctypes.BigEndianStructure):
     _fields_ = [("type", u8), ("len", u8), ("version", u8), ("flags", u8),
                 ("path_id", u16), ("tclass", u8), ("fb_block", u8),
                 ("path_seq", u32), ("peer_seq", u32), ("tx_ns", u64),
-                ("fb_path_id", u16), ("fb_qdelay_us", u16), ("fb_lost", u32), ("fb_heard", u64)]
+                ("fb_path_id", u16), ("fb_qdelay_us", u16), ("fb_lost", u32), ("fb_heard", u64),
+                ("fb_since_ns32", u32), ("fb_path_tx32", u32)]
 
 
 class Sid(ctypes.Structure):
@@ -86,7 +87,7 @@ class RxPath(ctypes.Structure):
 
 class RxPeer(ctypes.Structure):
     _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
-                ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
+                ("latest_tx", u64 * C["MRC_MAX_PATHS"]), ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
                 ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist)]
 
 
@@ -96,7 +97,7 @@ class PathLive(ctypes.Structure):
 
 
 class PeerAcks(ctypes.Structure):
-    _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("last_ns", u64)]
+    _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("max_ns", u64), ("last_ns", u64)]
 
 
 class Event(ctypes.Structure):
@@ -122,6 +123,7 @@ MAPS = {
     "peer_by_sid": (Sid, u32, False),
     "rx_paths": (RxKey, RxPath, False),
     "rx_peers": (Sid, RxPeer, False),
+    "rx_peer_zero": (Index, RxPeer, False),
     "path_live": (Index, PathLive, False),
     "events": (Index, Event, False),
     "event_seq": (Index, u64, False),

@@ -15,8 +15,13 @@ class CommandError(RuntimeError):
     pass
 
 
+def timeout_scale() -> float:
+    """Slower machines (a VM under software emulation) stretch timeouts."""
+    return float(os.environ.get("MRC_TIMEOUT_SCALE", "1"))
+
+
 def run(cmd: list[str], check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * timeout_scale(), **kw)
     if check and result.returncode != 0:
         raise CommandError(f"{' '.join(cmd)}: exit {result.returncode}: {result.stderr.strip()}")
     return result

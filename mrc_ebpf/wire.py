@@ -27,7 +27,9 @@ class MrcTLV(IPv6ExtHdrSegmentRoutingTLV):
                    ShortField("fb_path_id", 0),
                    ShortField("fb_qdelay_us", 0),
                    IntField("fb_lost", 0),
-                   XLongField("fb_heard", 0)]
+                   XLongField("fb_heard", 0),
+                   IntField("fb_since_ns32", 0),
+                   IntField("fb_path_tx32", 0)]
 
 
 MrcTLV.register_variant()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mrc_ebpf.topology import Diamond, KernelPeerLine, Topology
+from mrc_ebpf.topology import Diamond, KernelPeerLine, Topology, timeout_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 MRCCTL = [sys.executable, "-m", "cli.mrcctl"]
@@ -47,7 +47,8 @@ def mrcctl(*args, netns: str | None = None, check: bool = True, via_ip_netns: bo
         cmd = ["ip", "netns", "exec", netns, *cmd]
     elif netns:
         cmd += ["--netns", netns]
-    result = subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=ROOT,
+                            timeout=120 * timeout_scale())
     if check and result.returncode != 0:
         raise AssertionError(f"mrcctl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
     return result

@@ -39,42 +39,40 @@ enum path_use {
 	PATH_PROBE,	/* down: this packet tests it */
 };
 
-/* When feedback last said the peer heard from this path (0: never);
- * -1 if the peer never sent feedback at all (it cannot acknowledge). */
-static __always_inline __u64 path_acked_ns(__u32 peer_id, __u16 path_id)
-{
-	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
-
-	if (!acks || !acks->last_ns)
-		return (__u64)-1;
-	return acks->ns[path_id & (MRC_MAX_PATHS - 1)];
-}
-
 /*
  * May this packet take the path?  Applies what feedback said since the
- * last look (acknowledged: the clock restarts, a down path comes back up),
- * and takes the path down when its acknowledgement is overdue.
+ * last look (acknowledged: the clock stops, a down path comes back up),
+ * and takes the path down when it is overdue.  Overdue is relative, as
+ * RACK is for TCP: packets sent on the other paths ack_timeout *after* the
+ * oldest unacknowledged one on this path have been acknowledged, so this
+ * one is not merely slow, everything is not; or the peer has gone on
+ * sending feedback for MRC_SILENCE_FACTOR times that without naming this
+ * path.  A peer that stops talking altogether takes no path down (there is
+ * nothing to compare with), and one that never sent feedback (no mrc-ebpf
+ * there) has no clock at all.
  */
 static __always_inline enum path_use path_check(struct mrc_path_live *live,
 						const struct mrc_config *cfg,
 						__u32 peer_id, __u16 path_id, __u64 now)
 {
+	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
 	__u64 probe_ns = (__u64)cfg->probe_us * 1000;
-	__u64 acked = path_acked_ns(peer_id, path_id);
+	__u64 window = (__u64)cfg->ack_timeout_us * 1000;
 	__u64 since = live->unacked_since_ns;
 	__u64 down = live->down_ns;
+	__u64 acked;
 
-	if (acked == (__u64)-1)
-		return PATH_USE;	/* a peer without feedback: no clock to run */
+	if (!acks || !acks->last_ns)
+		return PATH_USE;
+	acked = acks->ns[path_id & (MRC_MAX_PATHS - 1)];
 	if (since && acked >= since) {
 		live->unacked_since_ns = 0;
 		since = 0;
 	}
-	/* back up only on news of a packet sent after it went down: one
-	 * acknowledged after the latest probe left (or after it went down) */
-	if (down && acked > live->next_probe_ns - probe_ns &&
+	/* back up on news of a packet sent after it went down */
+	if (down && acked >= down &&
 	    __sync_bool_compare_and_swap(&live->down_ns, down, 0)) {
-		event_log(peer_id, path_id, MRC_EV_UP, acked, down);
+		event_log(peer_id, path_id, MRC_EV_UP, now, down);
 		down = 0;
 	}
 	if (down) {
@@ -84,7 +82,8 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 			return PATH_SKIP;
 		return PATH_PROBE;
 	}
-	if (since && now - since > (__u64)cfg->ack_timeout_us * 1000) {
+	if (since && (acks->max_ns > since + window ||
+		      acks->last_ns > since + window * MRC_SILENCE_FACTOR)) {
 		/* one CPU wins the transition and logs it */
 		if (__sync_bool_compare_and_swap(&live->down_ns, 0, now)) {
 			live->next_probe_ns = now + probe_ns;
@@ -96,10 +95,17 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 	return PATH_USE;
 }
 
-/* After a packet left on the path: start its acknowledgement clock. */
-static __always_inline void path_sent(struct mrc_path_live *live, __u64 now)
+/* After a packet left on the path: start its acknowledgement clock, if
+ * the peer has ever acknowledged anything (else there is no clock: a
+ * clock started before the peer's first feedback would run out on it). */
+static __always_inline void path_sent(struct mrc_path_live *live, __u32 peer_id, __u64 now)
 {
-	if (!live->unacked_since_ns)
+	struct mrc_peer_acks *acks;
+
+	if (live->unacked_since_ns)
+		return;
+	acks = peer_acks.lookup(&peer_id);
+	if (acks && acks->last_ns)
 		live->unacked_since_ns = now;
 }
 

@@ -23,6 +23,7 @@ BPF_ARRAY(path_health, struct mrc_path_health, MRC_MAX_PEERS * MRC_MAX_PATHS);
 BPF_HASH(peer_by_sid, struct mrc_sid, __u32, MRC_MAX_PEERS);
 BPF_TABLE("lru_hash", struct mrc_rx_key, struct mrc_rx_path, rx_paths, MRC_RX_MAX_PATHS);
 BPF_TABLE("lru_hash", struct mrc_sid, struct mrc_rx_peer, rx_peers, MRC_MAX_PEERS);
+BPF_ARRAY(rx_peer_zero, struct mrc_rx_peer, 1);	/* all zero, never written */
 BPF_ARRAY(path_live, struct mrc_path_live, MRC_MAX_PEERS * MRC_MAX_PATHS);
 BPF_ARRAY(events, struct mrc_event, MRC_EVENTS);
 BPF_ARRAY(event_seq, __u64, 1);

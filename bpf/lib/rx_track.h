@@ -73,17 +73,23 @@ static __always_inline void rx_track_peer(const __u8 *src_sid, const struct mrc_
 	__builtin_memcpy(sid.addr, src_sid, 16);
 	peer = rx_peers.lookup(&sid);
 	if (!peer) {
-		struct mrc_rx_peer fresh = { .max_peer_seq = peer_seq };
+		/* too big for the stack: start from the never-written zero entry */
+		__u32 zero = 0;
+		struct mrc_rx_peer *fresh = rx_peer_zero.lookup(&zero);
 
-		rx_peers.update(&sid, &fresh);
+		if (!fresh)
+			return;
+		rx_peers.update(&sid, fresh);
 		peer = rx_peers.lookup(&sid);
 		if (!peer)
 			return;
+		peer->max_peer_seq = peer_seq;
 	}
 	peer->packets++;
 	peer->last_path_id = bpf_ntohs(tlv->path_id);
 	peer->heard[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
 		1ULL << (peer->last_path_id & 63);
+	peer->latest_tx[peer->last_path_id & (MRC_MAX_PATHS - 1)] = mrc_ntohll(tlv->tx_ns);
 	if ((__s32)(peer_seq - peer->max_peer_seq) > 0) {
 		peer->max_peer_seq = peer_seq;
 	} else if (peer_seq != peer->max_peer_seq) {

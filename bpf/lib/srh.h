@@ -40,7 +40,6 @@ static __always_inline int srh_write_encap(struct __sk_buff *skb, const struct m
 	struct srh_outer hdr = {};
 	struct mrc_tlv tlv = {};
 	__u32 off = ETH_HLEN + sizeof(hdr), first;
-	__u64 seg_bytes;	/* 64-bit: no zero-extension copies that lose the bounds */
 	__u32 flowlabel = path->flowlabel;
 
 	first = nseg - 1;	/* the first segment to visit is the last entry */
@@ -67,16 +66,22 @@ static __always_inline int srh_write_encap(struct __sk_buff *skb, const struct m
 
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, &hdr, sizeof(hdr), 0))
 		return -1;
-	/* The segment list is stored in wire order: one copy. */
-	seg_bytes = nseg * 16;
-	barrier_var(seg_bytes);
-	if (seg_bytes > sizeof(path->segments))
+	/* The segment list is stored in wire order.  One constant-size copy
+	 * per segment: a single variable-size copy verifies on 6.18 but
+	 * not on 6.1, whose verifier loses the length's lower bound. */
+#define STORE_SEGMENT(i)							\
+	if (nseg > (i) && bpf_skb_store_bytes(skb, off + 16 * (i),		\
+					      (void *)path->segments[i].addr, 16, 0)) \
 		return -1;
-	if (seg_bytes < 16)
-		return -1;
-	if (bpf_skb_store_bytes(skb, off, (void *)path->segments, seg_bytes, 0))
-		return -1;
-	off += seg_bytes;
+	_Static_assert(MRC_MAX_SEGMENTS == 6, "STORE_SEGMENT below covers 6 segments");
+	STORE_SEGMENT(0)
+	STORE_SEGMENT(1)
+	STORE_SEGMENT(2)
+	STORE_SEGMENT(3)
+	STORE_SEGMENT(4)
+	STORE_SEGMENT(5)
+#undef STORE_SEGMENT
+	off += nseg * 16;
 
 	tlv.type = MRC_TLV_TYPE;
 	tlv.len = MRC_TLV_LEN;

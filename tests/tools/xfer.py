@@ -1,12 +1,14 @@
 """A TCP transfer whose data is checked: both ends print length and sha256.
 
     xfer.py serve ADDR PORT          # prints "<bytes> <sha256>" when the peer closes
-    xfer.py send ADDR PORT BYTES     # sends BYTES of seeded pseudo-random data
+    xfer.py send ADDR PORT BYTES [MBIT]   # sends BYTES of seeded pseudo-random data,
+                                          # paced to MBIT Mbit/s if given
 """
 import hashlib
 import random
 import socket
 import sys
+import time
 
 
 def serve(addr, port):
@@ -28,8 +30,9 @@ def serve(addr, port):
         print(total, digest.hexdigest(), flush=True)
 
 
-def send(addr, port, nbytes):
+def send(addr, port, nbytes, mbit=0.0):
     rng = random.Random(8754)
+    start = time.monotonic()
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     digest = hashlib.sha256()
     with socket.create_connection((addr, port), timeout=20) as s:
@@ -39,6 +42,9 @@ def send(addr, port, nbytes):
             s.sendall(chunk)
             digest.update(chunk)
             left -= len(chunk)
+            if mbit:
+                due = start + (nbytes - left) * 8 / (mbit * 1e6)
+                time.sleep(max(0.0, due - time.monotonic()))
         s.shutdown(socket.SHUT_WR)
     print(nbytes, digest.hexdigest(), flush=True)
 
@@ -47,4 +53,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(sys.argv[2], int(sys.argv[3]))
     else:
-        send(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        send(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+             float(sys.argv[5]) if len(sys.argv) > 5 else 0.0)

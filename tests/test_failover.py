@@ -1,0 +1,158 @@
+"""Failover inside the datapath: a black-holed path leaves the spray in
+under a millisecond (read off the kernel timestamps of the drop and of
+the datapath's event), transfers finish with their data intact, the path
+returns after the failure heals, and with every path down the datapath
+fails open."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from conftest import DROP_PATH, UDP_SEND, XFER, mrcctl
+
+pytestmark = pytest.mark.root
+
+BLACKHOLED = 2          # path id 2 goes through R3
+
+
+def events(net, ns=None):
+    return json.loads(mrcctl("stats", "--events", "-j", netns=ns or net.A).stdout)["events"]
+
+
+def blackhole(net, router, path_id=None):
+    args = ["all"] if path_id is None else [str(path_id), "1", "0"]
+    proc = net.t.popen(net.R[router], [*DROP_PATH, "rup", *args], stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def heal(proc) -> tuple[int, int]:
+    out, _ = proc.communicate("", timeout=60)
+    dropped, first_ns = out.split()
+    return int(dropped), int(first_ns)
+
+
+def start_transfer(net, nbytes, port=5201, mbit=0):
+    server = net.t.popen(net.B, [*XFER, "serve", net.B6, str(port)], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+    client = net.t.popen(net.A, [*XFER, "send", net.B6, str(port), str(nbytes), str(mbit)],
+                         stdout=subprocess.PIPE, text=True)
+    return server, client
+
+
+def finish_transfer(server, client, timeout=60):
+    try:
+        sent, _ = client.communicate(timeout=timeout)
+        received, _ = server.communicate(timeout=timeout)
+    finally:
+        for p in (client, server):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return sent.strip(), received.strip(), client.returncode
+
+
+def exclusion_us(net, first_drop_ns, path_id=BLACKHOLED):
+    """From the first packet the black hole ate to the path being out of
+    the spray: 0 if it was already down then (taken down by an earlier
+    hiccup and, being black-holed, never acknowledged back)."""
+    evs = [e for e in events(net) if e["path_id"] == path_id and e["type"] in ("down", "up")]
+    before = [e for e in evs if e["ns"] < first_drop_ns]
+    if before and before[-1]["type"] == "down":
+        return 0.0
+    downs = [e for e in evs if e["type"] == "down" and e["ns"] >= first_drop_ns]
+    assert downs, "\n".join(f"{e['ns'] - first_drop_ns:>12} {e['type']}" for e in evs)
+    return (downs[0]["ns"] - first_drop_ns) / 1000
+
+
+def test_tcp_completes_through_a_blackhole_and_the_path_returns(spray):
+    """One path black-holed for 0.5 s under a paced TCP flow: the data
+    arrives intact and the path carries traffic again after the heal.
+    (Not asserted: exclusion within 1 ms.  Under TCP on this 2-core machine
+    the acknowledgement clock also flaps healthy paths, and TCP may stall
+    before the black-holed path is next chosen; see the closing note.)"""
+    spray.attach("rr", "--ack-timeout-us", "500", "--probe-us", "2000")
+    server, client = start_transfer(spray, 256 << 20, mbit=200)   # ~11 s
+    time.sleep(0.5)
+    hole = blackhole(spray, BLACKHOLED, BLACKHOLED)
+    time.sleep(0.5)
+    dropped, first_ns = heal(hole)
+    assert client.poll() is None, "the transfer ended before the failure: make it longer"
+    sent, received, code = finish_transfer(server, client, timeout=120)
+    assert code == 0 and sent == received and sent.startswith(str(256 << 20))
+    downs = [e for e in events(spray) if e["type"] == "down" and e["path_id"] == BLACKHOLED]
+    print(f"TCP: dropped {dropped}; path {BLACKHOLED} went down {len(downs)} times")
+    # healed: a probe is acknowledged and the path carries traffic again
+    before = spray.sent()[BLACKHOLED]
+    spray.udp(400)
+    assert any(e["type"] == "up" and e["path_id"] == BLACKHOLED for e in events(spray))
+    assert spray.sent()[BLACKHOLED] - before >= 50
+
+
+def test_one_way_udp_fails_over_with_receiver_made_feedback(spray):
+    spray.attach("rr", "--ack-timeout-us", "500", "--probe-us", "5000")
+    spray.udp(2000)                           # feedback flowing, nothing down
+    assert not [e for e in events(spray) if e["type"] == "down"]
+    hole = blackhole(spray, BLACKHOLED, BLACKHOLED)
+    try:
+        spray.udp(4000)                       # 0.2 s of one-way traffic
+        on_path_during = spray.sent()[BLACKHOLED]
+        spray.udp(4000)
+        probes = spray.sent()[BLACKHOLED] - on_path_during
+    finally:
+        dropped, first_ns = heal(hole)
+    took = exclusion_us(spray, first_ns)
+    print(f"one-way: excluded after {took:.0f} us, {probes} probes in 0.2 s")
+    assert 0 <= took < 1000
+    assert probes <= 0.2 / 0.005 + 5          # only probes, one per probe interval
+    b = json.loads(mrcctl("stats", "-j", netns=spray.B).stdout)["counters"]
+    assert b["fb_clone"] > 0 and b["tx_control"] == b["fb_clone"]
+
+
+def test_every_path_down_fails_open(spray):
+    """Every A->B path black-holed while B keeps talking to A (its packets
+    carry feedback naming none of A's paths): all go down, and A keeps
+    sending on them, probed, instead of dropping.  (If B fell silent too,
+    nothing would show which path is at fault: no path is taken down.)"""
+    spray.attach("rr", "--ack-timeout-us", "500", "--probe-us", "5000")
+    mrcctl("path", "policy", "fd00:a::/64", "rr", netns=spray.B)
+    spray.udp(500)
+    holes = [blackhole(spray, k) for k in range(4)]
+    talker = spray.t.popen(spray.B, [*UDP_SEND, spray.A6, "9", "8000", "--pps", "10000"],
+                           stdout=subprocess.DEVNULL)
+    try:
+        spray.udp(4000)
+    finally:
+        talker.wait(timeout=60)
+        for h in holes:
+            heal(h)
+    evs = events(spray)
+    assert any(e["type"] == "fail-open" for e in evs)
+    c = json.loads(mrcctl("stats", "-j", netns=spray.A).stdout)["counters"]
+    assert c["tx_fail_open"] > 0 and c["tx_drop_no_path"] == 0
+
+
+def test_random_loss_lowers_weight_without_flapping(spray):
+    spray.attach("adaptive")
+    hole = spray.t.popen(spray.R[BLACKHOLED], [*DROP_PATH, "rup", str(BLACKHOLED), "100", "37"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert hole.stdout.readline().strip() == "ready"
+    try:
+        before = spray.sent()
+        server, client = start_transfer(spray, 32 << 20)
+        sent, received, code = finish_transfer(server, client)
+        after = spray.sent()
+    finally:
+        dropped, _ = heal(hole)
+    assert code == 0 and sent == received
+    share = {k: (after[k] - before[k]) / sum(after[v] - before[v] for v in after) for k in after}
+    rows = json.loads(mrcctl("path", "list", "-j", netns=spray.A).stdout)
+    print("1% loss on path 2: shares", share, "dropped", dropped)
+    assert dropped > 0 and share[BLACKHOLED] < 0.2
+    # Loss itself takes no path down (it moves weight); under TCP on this
+    # machine the acknowledgement clock can still flap paths: reported only.
+    print("downs per path:", [r["downs"] for r in rows])
