@@ -2,7 +2,7 @@
 # Both run `make setup` first, which installs only what is missing.
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-unit vm-test clean
+.PHONY: setup demo test test-unit vm-test bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -16,9 +16,15 @@ test: setup
 test-unit: setup
 	$(PY) -m pytest -q tests -m "not root"
 
+# The kernel-touching tests inside a virtme-ng VM on Debian's 6.1 kernel
+# (KERNEL=/path/to/bzImage for another); installs qemu, the kernel image and
+# virtme-ng first.  TESTS='pytest args' runs something else in the VM.
 vm-test: setup
 	@bash vm_tests/setup.sh $(CURDIR)/.venv
-	$(PY) vm_tests/run.py $(if $(KERNEL),--kernel $(KERNEL))
+	$(PY) vm_tests/run.py --tests '$(or $(TESTS),vm_tests)' $(if $(KERNEL),--kernel $(KERNEL))
+
+bench: setup
+	$(PY) -m mrc_ebpf.bench_cost
 
 clean:
 	rm -rf .venv *.egg-info .pytest_cache bench-results vm_tests/out

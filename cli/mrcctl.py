@@ -5,6 +5,7 @@ One verb per job, as bpftool and xdp-loader do; every verb takes
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -14,8 +15,12 @@ import click
 from tabulate import tabulate
 
 from mrc_ebpf.errors import MrcError
+from mrc_ebpf.source import C
 
 EXIT_ERROR = 1
+# rr, weighted, random, hash, adaptive: the MRC_POLICY_* of bpf/mrc_common.h
+POLICY_NAMES = [n[len("MRC_POLICY_"):].lower()
+                for n, _ in sorted(C.items(), key=lambda kv: kv[1]) if n.startswith("MRC_POLICY_")]
 
 
 def _enter_netns(name: str) -> None:
@@ -24,6 +29,18 @@ def _enter_netns(name: str) -> None:
         netns.setns(name)
     except (OSError, ValueError) as e:
         raise MrcError(f"cannot enter network namespace {name!r}: {e}")
+
+
+@contextlib.contextmanager
+def _attached(device: str | None):
+    """The pinned state of DEVICE (or of the only device attached here)."""
+    from mrc_ebpf import datapath
+    with datapath.Attachment.open(datapath.resolve_device(device)) as att:
+        yield att
+
+
+def dev_option(f):
+    return click.option("--dev", "device", help="Device (default: the only one attached).")(f)
 
 
 def _emit(ctx: click.Context, data, human) -> None:
@@ -152,7 +169,7 @@ def status(ctx):
 
 
 @cli.command()
-@click.option("--dev", "device", help="Device (default: the only one attached).")
+@dev_option
 @click.option("--paths", "by_path", is_flag=True, help="Per path: sent, received, loss, delay.")
 @click.option("--events", "show_events", is_flag=True, help="Path state changes, with kernel times.")
 @click.option("--watch", type=click.FloatRange(min=0.1), metavar="N", help="Refresh every N seconds.")
@@ -220,14 +237,13 @@ def path():
                    "repeat to add several paths at once.")
 @click.option("--weight", type=int, default=1, show_default=True, help="Weight (policy weighted).")
 @click.option("--class", "tclass", metavar="NAME", help="Reserve the path for this traffic class.")
-@click.option("--dev", "device", help="Device (default: the only one attached).")
+@dev_option
 @json_option
 @click.pass_context
 def path_add(ctx, prefix, via, weight, tclass, device):
     """Add a path towards PREFIX (a prefix may have many)."""
-    from mrc_ebpf import datapath, paths
-    device = datapath.resolve_device(device)
-    with datapath.Attachment.open(device) as att:
+    from mrc_ebpf import paths
+    with _attached(device) as att:
         results = paths.add(att, prefix, list(via), weight, tclass)
     _emit(ctx, results if len(results) > 1 else results[0], lambda _: click.echo("\n".join(
         f"{r['prefix']} path {r['path_id']} via {','.join(r['segments'])} "
@@ -237,29 +253,27 @@ def path_add(ctx, prefix, via, weight, tclass, device):
 @path.command("del")
 @click.argument("prefix")
 @click.option("--id", "path_id", type=int, help="Delete only this path (default: all paths of PREFIX).")
-@click.option("--dev", "device", help="Device (default: the only one attached).")
+@dev_option
 @json_option
 @click.pass_context
 def path_del(ctx, prefix, path_id, device):
     """Delete PREFIX's paths, or one of them."""
-    from mrc_ebpf import datapath, paths
-    device = datapath.resolve_device(device)
-    with datapath.Attachment.open(device) as att:
+    from mrc_ebpf import paths
+    with _attached(device) as att:
         result = paths.delete(att, prefix, path_id)
     _emit(ctx, result, lambda r: click.echo(f"deleted {r['removed']} {r['prefix']}"))
 
 
 @path.command("policy")
 @click.argument("prefix")
-@click.argument("policy", type=click.Choice(["rr", "weighted", "random", "hash", "adaptive"]))
-@click.option("--dev", "device", help="Device (default: the only one attached).")
+@click.argument("policy", type=click.Choice(POLICY_NAMES))
+@dev_option
 @json_option
 @click.pass_context
 def path_policy(ctx, prefix, policy, device):
     """How PREFIX's packets are sprayed over its paths."""
-    from mrc_ebpf import datapath, paths
-    device = datapath.resolve_device(device)
-    with datapath.Attachment.open(device) as att:
+    from mrc_ebpf import paths
+    with _attached(device) as att:
         result = paths.set_policy(att, prefix, policy)
     _emit(ctx, result, lambda r: click.echo(f"{r['prefix']}: policy {r['policy']}"))
 
@@ -272,28 +286,26 @@ def class_():
 @class_.command("set")
 @click.argument("name")
 @click.option("--dscp", required=True, metavar="N,N,...", help="DSCP values (0..63) of the class.")
-@click.option("--dev", "device", help="Device (default: the only one attached).")
+@dev_option
 @json_option
 @click.pass_context
 def class_set(ctx, name, dscp, device):
     """Define (or redefine) class NAME by its DSCP values."""
-    from mrc_ebpf import classes, datapath
-    device = datapath.resolve_device(device)
-    with datapath.Attachment.open(device) as att:
+    from mrc_ebpf import classes
+    with _attached(device) as att:
         result = classes.set_class(att, name, dscp)
     _emit(ctx, result, lambda r: click.echo(
         f"class {r['class']} (id {r['id']}): DSCP {','.join(map(str, r['dscp']))}"))
 
 
 @class_.command("list")
-@click.option("--dev", "device", help="Device (default: the only one attached).")
+@dev_option
 @json_option
 @click.pass_context
 def class_list(ctx, device):
     """Classes and their DSCP values."""
-    from mrc_ebpf import classes, datapath
-    device = datapath.resolve_device(device)
-    with datapath.Attachment.open(device) as att:
+    from mrc_ebpf import classes
+    with _attached(device) as att:
         rows = classes.list_classes(att)
     _emit(ctx, rows, lambda rows: click.echo(tabulate(
         [(r["class"], r["id"], ",".join(map(str, r["dscp"]))) for r in rows],
@@ -301,14 +313,13 @@ def class_list(ctx, device):
 
 
 @path.command("list")
-@click.option("--dev", "device", help="Device (default: the only one attached).")
+@dev_option
 @json_option
 @click.pass_context
 def path_list(ctx, device):
     """Configured paths with what each has sent."""
-    from mrc_ebpf import datapath, paths
-    device = datapath.resolve_device(device)
-    with datapath.Attachment.open(device) as att:
+    from mrc_ebpf import paths
+    with _attached(device) as att:
         rows = paths.list_paths(att)
 
     def human(rows):

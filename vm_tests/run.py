@@ -137,24 +137,51 @@ def check_host_tools() -> None:
 # The guest side
 # --------------------------------------------------------------------------
 
-def guest_script(pytest_args: list[str], pytest_timeout: int) -> str:
+def host_bpffs_mounts() -> list[str]:
+    """bpffs mount points on the host: the guest gets the same ones (its
+    /run is fresh), so code that expects e.g. a pin root mounted by
+    `make setup` finds it in the VM too."""
+    found = []
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == "bpf":
+                    path = fields[1].replace("\\040", " ")
+                    if path not in found:
+                        found.append(path)
+    except OSError:
+        pass
+    return found
+
+
+def guest_script(pytest_args: list[str], pytest_timeout: int,
+                 bpffs: list[str]) -> str:
     out = shlex.quote(str(OUT))
     project = shlex.quote(str(PROJECT))
     python = shlex.quote(str(PROJECT / ".venv" / "bin" / "python"))
     junit = shlex.quote(str(OUT.relative_to(PROJECT) / "junit.xml"))
     args = " ".join(shlex.quote(a) for a in pytest_args)
+    mounts = " ".join(shlex.quote(p) for p in ["/sys/fs/bpf", *bpffs])
     return f"""#!/bin/bash
 # Written by vm_tests/run.py; runs inside the VM as root.
 out={out}
 echo "boot_s $(cut -d' ' -f1 /proc/uptime)" > "$out/timing.txt"
 echo "guest kernel: $(uname -r)"
-# bpffs is not mounted at boot.
-mountpoint -q /sys/fs/bpf 2>/dev/null || mount -t bpf bpf /sys/fs/bpf
+# bpffs is not mounted at boot: /sys/fs/bpf, plus every bpffs the host has.
+for m in {mounts}; do
+    mkdir -p "$m" 2>/dev/null
+    mountpoint -q "$m" 2>/dev/null || mount -t bpf bpf "$m" || \\
+        echo "vm-test: warning: cannot mount bpffs at $m" >&2
+done
 [ -e "/lib/modules/$(uname -r)/build" ] || \\
     echo "vm-test: warning: no /lib/modules/$(uname -r)/build: bcc will fail" >&2
 cd {project} || exit 1
 export PATH={shlex.quote(str(PROJECT / ".venv" / "bin"))}:$PATH
 export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# For tests: they run under TCG emulation, ~5-50x slower than the host
+# (a bcc compile takes ~1 min): scale subprocess timeouts by this.
+export MRC_IN_VM=1 MRC_TIMEOUT_SCALE=5
 # SIGINT first, so pytest still prints what it has (and the junit XML);
 # the dmesg dump below must happen whatever pytest does.
 timeout --signal=INT --kill-after=30 {pytest_timeout} \\
@@ -209,6 +236,9 @@ def main() -> int:
     ap.add_argument("--cpus", default="2")
     ap.add_argument("--dmesg-lines", type=int, default=80,
                     help="how much of the guest's dmesg to print on failure")
+    ap.add_argument("--bpffs", action="append", default=[], metavar="PATH",
+                    help="also mount a bpffs at PATH in the guest (the host's "
+                    "bpffs mount points are mirrored anyway)")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="stream the VM console while it runs")
     ap.add_argument("--dry-run", action="store_true",
@@ -231,7 +261,9 @@ def main() -> int:
     for name in RESULT_FILES:
         (OUT / name).unlink(missing_ok=True)
     script = OUT / "guest.sh"
-    script.write_text(guest_script(pytest_args, pytest_timeout))
+    bpffs = [p for p in host_bpffs_mounts() + opts.bpffs if p != "/sys/fs/bpf"]
+    bpffs = list(dict.fromkeys(bpffs))
+    script.write_text(guest_script(pytest_args, pytest_timeout, bpffs))
     script.chmod(0o755)
 
     cmd = [str(vng), "--run", str(kernel),
@@ -260,6 +292,7 @@ def main() -> int:
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         deadline = start + opts.timeout
+        next_note = start + 120
         assert proc.stdout is not None
         os.set_blocking(proc.stdout.fileno(), False)
         while True:
@@ -289,6 +322,11 @@ def main() -> int:
                         pass
                     proc.wait()
                 break
+            if not opts.verbose and time.monotonic() > next_note:
+                # A sign of life for CI logs: where pytest has got to.
+                next_note += 120
+                last = tail(read(OUT / "pytest.txt"), 1).strip()
+                say(f"... {time.monotonic() - start:.0f} s: {last[-100:] or 'booting'}")
             if not chunk:
                 time.sleep(0.2)
     wall = time.monotonic() - start

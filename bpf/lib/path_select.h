@@ -50,6 +50,17 @@ static __always_inline __u16 spray_pick(const struct mrc_spray *list, __u32 at)
 	return list->ids[at];
 }
 
+/* The path at list position `at`: its id, index and live state. */
+static __always_inline struct mrc_path_live *live_at(const struct mrc_spray *list, __u32 at,
+						     __u32 peer_id, __u16 *id, __u32 *index)
+{
+	*id = spray_pick(list, at);
+	if (*id >= MRC_MAX_PATHS)
+		return NULL;
+	*index = peer_id * MRC_MAX_PATHS + *id;
+	return path_live.lookup(index);
+}
+
 /*
  * From the policy's pick at list position `at`: the first path that is
  * up (or due a probe) among it and the next MRC_REROUTE_TRIES entries.
@@ -67,11 +78,7 @@ static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __
 	__u16 id = 0;
 
 	for (t = 0; t <= MRC_REROUTE_TRIES; t++) {
-		id = spray_pick(list, (at + t) % n);
-		if (id >= MRC_MAX_PATHS)
-			return -1;
-		index = peer_id * MRC_MAX_PATHS + id;
-		live = path_live.lookup(&index);
+		live = live_at(list, (at + t) % n, peer_id, &id, &index);
 		if (!live)
 			return -1;
 		use = path_check(live, cfg, peer_id, id, now);
@@ -79,11 +86,7 @@ static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __
 			break;
 	}
 	if (use == PATH_SKIP) {
-		id = spray_pick(list, at);
-		if (id >= MRC_MAX_PATHS)
-			return -1;
-		index = peer_id * MRC_MAX_PATHS + id;
-		live = path_live.lookup(&index);
+		live = live_at(list, at, peer_id, &id, &index);
 		if (!live)
 			return -1;
 		use = PATH_PROBE;

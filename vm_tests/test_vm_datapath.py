@@ -1,0 +1,104 @@
+"""The datapath on the VM's kernel (Debian's 6.1): the host suite's core
+checks, sharing one attachment per host because a bcc compile costs about
+a minute under TCG.  Run by `make vm-test` (vm_tests/run.py).
+
+One network: A --- L1 ===(R1, R2: kernel End)=== L2 --- B, mrc-ebpf on A
+and B; B also has the kernel's own End.DT6 (fc00:b::6) and `encap seg6`
+towards A's SID, for interop both ways.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import DROP_PATH, Spray, mrcctl  # noqa: E402
+
+from mrc_ebpf.topology import Topology  # noqa: E402
+
+pytestmark = pytest.mark.root
+
+B_KERNEL_SID, B_EXTRA, A_EXTRA = "fc00:b::6", "fd00:bb::b", "fd00:aa::a"
+
+
+@pytest.fixture(scope="module")
+def net():
+    topo = Topology(prefix="vm")
+    try:
+        s = Spray(topo, n_paths=2)
+        topo.exec(s.B, ["ip", "-6", "route", "add", f"{B_KERNEL_SID}/128", "encap", "seg6local",
+                        "action", "End.DT6", "table", "local", "dev", "b0"])
+        topo.exec(s.B, ["ip", "-6", "addr", "add", f"{B_EXTRA}/128", "dev", "lo"])
+        topo.exec(s.A, ["ip", "-6", "addr", "add", f"{A_EXTRA}/128", "dev", "lo"])
+        topo.exec(s.B, ["ip", "-6", "route", "add", "fd00:aa::/64", "encap", "seg6", "mode", "encap",
+                        "segs", s.A_SID, "via", "fd00:b::1", "dev", "b0"])
+        # under emulation round trips take milliseconds: a longer clock
+        s.attach("rr", "--ack-timeout-us", "300000", "--probe-us", "100000")
+        yield s
+    finally:
+        topo.destroy()
+
+
+def counters(ns):
+    return json.loads(mrcctl("stats", "-j", netns=ns).stdout)["counters"]
+
+
+def ping(net, ns, dst):
+    return net.t.exec(ns, ["ping", "-c", "3", "-i", "0.3", "-W", "5", dst], check=False, timeout=60)
+
+
+def test_vm_our_encap_into_kernel_end_dt6(net):
+    mrcctl("path", "add", "fd00:bb::/64", "--via", f"fc00:1:1::,{B_KERNEL_SID}", netns=net.A)
+    assert ping(net, net.A, B_EXTRA).returncode == 0
+
+
+def test_vm_kernel_encap_into_our_xdp(net):
+    before = counters(net.A)["rx_decap"]
+    assert ping(net, net.B, A_EXTRA).returncode == 0
+    assert counters(net.A)["rx_decap"] - before >= 3
+
+
+def test_vm_rr_spray_counts(net):
+    net.udp(4, pps=100)
+    before_maps, before_routers = net.sent(), net.router_tx()
+    net.udp(400, pps=500)
+    maps = {k: v - before_maps[k] for k, v in net.sent().items()}
+    assert sorted(maps.values()) == [200, 200], maps
+    routers = [a - b for a, b in zip(net.router_tx(), before_routers)]
+    assert all(200 <= n <= 203 for n in routers), routers
+
+
+def _dropper(net, mod, rem):
+    proc = net.t.popen(net.R[1], [*DROP_PATH, "rup", "1", str(mod), str(rem)], stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_vm_loss_counted_exactly(net):
+    def lost():
+        rx = net.stats(net.B)["received"]
+        return {r["path_id"]: r["lost"] for r in rx if r["from"] == net.A_SID}
+    before = lost()
+    dropper = _dropper(net, 7, 3)
+    try:
+        net.udp(700, pps=500)
+    finally:
+        out, _ = dropper.communicate("", timeout=120)
+    dropped = int(out.split()[0])
+    after = lost()
+    assert dropped > 20 and after[1] - before.get(1, 0) == dropped and after[0] == before.get(0, 0)
+
+
+def test_vm_failover_on_blackhole(net):
+    dropper = _dropper(net, 1, 0)
+    try:
+        net.udp(1500, pps=500)
+    finally:
+        dropper.communicate("", timeout=120)
+    events = json.loads(mrcctl("stats", "--events", "-j", netns=net.A).stdout)["events"]
+    assert any(e["type"] == "down" and e["path_id"] == 1 for e in events), events
