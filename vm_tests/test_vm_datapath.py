@@ -34,8 +34,9 @@ def net():
                         "action", "End.DT6", "table", "local", "dev", "b0"])
         topo.exec(s.B, ["ip", "-6", "addr", "add", f"{B_EXTRA}/128", "dev", "lo"])
         topo.exec(s.A, ["ip", "-6", "addr", "add", f"{A_EXTRA}/128", "dev", "lo"])
+        # through R1's End: L2 routes only the routers' SIDs towards A
         topo.exec(s.B, ["ip", "-6", "route", "add", "fd00:aa::/64", "encap", "seg6", "mode", "encap",
-                        "segs", s.A_SID, "via", "fd00:b::1", "dev", "b0"])
+                        "segs", f"fc00:1:1::,{s.A_SID}", "via", "fd00:b::1", "dev", "b0"])
         # under emulation round trips take milliseconds: a longer clock
         s.attach("rr", "--ack-timeout-us", "300000", "--probe-us", "100000")
         yield s
@@ -45,6 +46,13 @@ def net():
 
 def counters(ns):
     return json.loads(mrcctl("stats", "-j", netns=ns).stdout)["counters"]
+
+
+def diagnosis(net) -> str:
+    """What to look at when a check fails in the VM."""
+    events = json.loads(mrcctl("stats", "--events", "-j", netns=net.A).stdout)["events"]
+    nonzero = {k: v for k, v in counters(net.A).items() if v}
+    return f"A counters {nonzero}; A events {events[-12:]}"
 
 
 def ping(net, ns, dst):
@@ -58,7 +66,7 @@ def test_vm_our_encap_into_kernel_end_dt6(net):
 
 def test_vm_kernel_encap_into_our_xdp(net):
     before = counters(net.A)["rx_decap"]
-    assert ping(net, net.B, A_EXTRA).returncode == 0
+    assert ping(net, net.B, A_EXTRA).returncode == 0, diagnosis(net)
     assert counters(net.A)["rx_decap"] - before >= 3
 
 
@@ -67,7 +75,7 @@ def test_vm_rr_spray_counts(net):
     before_maps, before_routers = net.sent(), net.router_tx()
     net.udp(400, pps=500)
     maps = {k: v - before_maps[k] for k, v in net.sent().items()}
-    assert sorted(maps.values()) == [200, 200], maps
+    assert sorted(maps.values()) == [200, 200], (maps, diagnosis(net))
     routers = [a - b for a, b in zip(net.router_tx(), before_routers)]
     assert all(200 <= n <= 203 for n in routers), routers
 
@@ -89,9 +97,11 @@ def test_vm_loss_counted_exactly(net):
         net.udp(700, pps=500)
     finally:
         out, _ = dropper.communicate("", timeout=120)
+    net.udp(20, pps=500)      # a loss shows when the path's next packet arrives
     dropped = int(out.split()[0])
     after = lost()
-    assert dropped > 20 and after[1] - before.get(1, 0) == dropped and after[0] == before.get(0, 0)
+    assert dropped > 20 and after[1] - before.get(1, 0) == dropped, (before, after, diagnosis(net))
+    assert after[0] == before.get(0, 0), (before, after)
 
 
 def test_vm_failover_on_blackhole(net):
