@@ -10,33 +10,8 @@ builds single segments and each gets its own path: per-packet spraying.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import subprocess
-import fcntl
-import socket
-import struct
-
-SIOCETHTOOL = 0x8946
-ETHTOOL_GTSO, ETHTOOL_STSO = 0x1E, 0x1F
-ETHTOOL_GGSO, ETHTOOL_SGSO = 0x23, 0x24
-
-
-def _ethtool(device: str, cmd: int, data: int = 0) -> int:
-    value = ctypes.create_string_buffer(struct.pack("II", cmd, data))
-    ifreq = struct.pack("16sP", device.encode(), ctypes.addressof(value))
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        fcntl.ioctl(s.fileno(), SIOCETHTOOL, ifreq)
-    return struct.unpack("II", value.raw[:8])[1]
-
-
-def get(device: str) -> dict:
-    return {"gso": bool(_ethtool(device, ETHTOOL_GGSO)), "tso": bool(_ethtool(device, ETHTOOL_GTSO))}
-
-
-def set_(device: str, gso: bool, tso: bool) -> None:
-    _ethtool(device, ETHTOOL_STSO, int(tso))
-    _ethtool(device, ETHTOOL_SGSO, int(gso))
 
 
 def gso_max_segs(device: str) -> int:

@@ -30,7 +30,7 @@ static __always_inline __u16 ipv4_csum(const __u16 *words)
  * a received packet may still carry skb->encapsulation and a pending
  * checksum from its sender (both survive veths), and change_tail refuses
  * those; shrinking the room after the network header does not.
- * Returns the bytes kept after the L3 header (0), or -1.
+ * Returns 0, or -1.
  */
 static __always_inline int control_cut(struct __sk_buff *skb, __u32 l3_end)
 {
@@ -41,7 +41,6 @@ static __always_inline int control_cut(struct __sk_buff *skb, __u32 l3_end)
 
 static __always_inline int control_from_clone(struct __sk_buff *skb)
 {
-	int kept;
 
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -60,11 +59,8 @@ static __always_inline int control_from_clone(struct __sk_buff *skb)
 		out.hop_limit = MRC_HOP_LIMIT;
 		out.saddr = in->daddr;
 		out.daddr = in->saddr;
-		kept = control_cut(skb, ETH_HLEN + sizeof(out));
-		if (kept < 0)
-			return -1;
-		out.payload_len = bpf_htons(kept);	/* ignored after next header 59 */
-		if (bpf_skb_store_bytes(skb, ETH_HLEN, &out, sizeof(out), 0))
+		if (control_cut(skb, ETH_HLEN + sizeof(out)) ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN, &out, sizeof(out), 0))
 			return -1;
 		return 0;
 	}
@@ -80,12 +76,10 @@ static __always_inline int control_from_clone(struct __sk_buff *skb)
 		out.protocol = IPPROTO_NONE_;
 		out.saddr = in->daddr;
 		out.daddr = in->saddr;
-		kept = control_cut(skb, ETH_HLEN + sizeof(out));
-		if (kept < 0)
-			return -1;
-		out.tot_len = bpf_htons(sizeof(out) + kept);
+		out.tot_len = bpf_htons(sizeof(out));
 		out.check = ipv4_csum((const __u16 *)&out);
-		if (bpf_skb_store_bytes(skb, ETH_HLEN, &out, sizeof(out), 0))
+		if (control_cut(skb, ETH_HLEN + sizeof(out)) ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN, &out, sizeof(out), 0))
 			return -1;
 		return 0;
 	}
