@@ -121,9 +121,10 @@ class Spray(Diamond):
     def policy(self, name, ns=None):
         mrcctl("path", "policy", "fd00:b::/64", name, netns=ns or self.A)
 
-    def sent(self, ns=None) -> dict[int, int]:
+    def sent(self, ns=None, prefix="fd00:b::/64") -> dict[int, int]:
+        """Packets sent per path id towards PREFIX (path ids are per peer)."""
         rows = json.loads(mrcctl("path", "list", "-j", netns=ns or self.A).stdout)
-        return {r["path_id"]: r["tx_packets"] for r in rows}
+        return {r["path_id"]: r["tx_packets"] for r in rows if r["prefix"] == prefix}
 
     def stats(self, ns):
         return json.loads(mrcctl("stats", "--paths", "-j", netns=ns).stdout)
