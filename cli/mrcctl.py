@@ -334,5 +334,9 @@ def main():
     cli(obj={})
 
 
+from cli.fabric_cmd import fabric  # noqa: E402
+cli.add_command(fabric)
+
+
 if __name__ == "__main__":
     main()
