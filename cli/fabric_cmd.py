@@ -160,14 +160,17 @@ def exec_(ctx, name, node, cmd):
 @_name_arg
 @click.option("--hosts", help="Comma-separated hosts (h1,h3 or 1,3); default all.")
 @click.option("--policy", type=click.Choice(POLICIES), help="Spray policy for every peer (default rr).")
-@click.option("--no-ipv4", is_flag=True, help="Only the IPv6 data prefixes.")
+@click.option("--ipv4", is_flag=True,
+              help="Also add the IPv4 /32s as peers (their own path ids and counters; the "
+                   "peer's feedback then names one of the two prefixes).")
 @_json_opt
 @click.pass_context
-def attach(ctx, name, hosts, policy, no_ipv4, json_):
-    """Attach mrc-ebpf on the hosts' NICs and add every other host's paths.
+def attach(ctx, name, hosts, policy, ipv4, json_):
+    """Attach mrc-ebpf on the hosts' NICs (eth0.. one per plane, one datapath)
+    and add every other chosen host's IPv6 prefix with all its paths.
 
     Options after `--` go to `mrcctl attach` (e.g. -- --granularity burst)."""
-    r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=not no_ipv4)
+    r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4)
     _emit(json_, r, lambda r: click.echo(
         f"attached {', '.join(r['hosts'])} on {' '.join(r['devices'])}: {r['paths_per_peer']} paths "
         f"per peer, policy {r['policy']}"))

@@ -820,7 +820,7 @@ def _check(r: subprocess.CompletedProcess, what: str) -> None:
 
 
 def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
-           ipv4: bool = True) -> dict:
+           ipv4: bool = False) -> dict:
     with locked(name) as state:
         fab = Fabric(state["spec"])
         if state["status"] != "up":
@@ -860,7 +860,7 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
             _parallel([_mrcctl(fab.ns(fab.host(h)), "detach", "--all") for h in done], limit=4)
             raise
         for h in chosen:
-            state["attached"][fab.host(h)] = {"devices": devs, "sid": fab.host_sid(h),
+            state["attached"][fab.host(h)] = {"devices": devs, "sid": fab.host_sid(h), "ipv4": ipv4,
                                               "peers": [fab.host(b) for b in chosen if b != h],
                                               "policy": policy or "rr", "extra": list(extra)}
     return {"name": name, "hosts": [fab.host(h) for h in chosen], "devices": devs,

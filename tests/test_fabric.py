@@ -453,3 +453,54 @@ def test_attach_sprays_over_every_spine(make_fabric):
     assert all(p.is_dir() and any(p.iterdir()) for p in pins)
     fabric("down", net.name)
     assert not any(p.exists() and any(p.iterdir()) for p in pins)
+
+
+def test_attach_usid_over_two_planes(make_fabric):
+    """One datapath over both plane NICs: uSID containers through all four
+    spines of two planes; the spines' own counters agree."""
+    net = make_fabric("--spines", "2", "--leaves", "2", "--planes", "2", "--encoding", "usid")
+    fabric("attach", net.name, "--policy", "rr", "--ipv4")
+    spines = ["s1", "s2", "p1s1", "p1s2"]
+    before = net.spine_tx(spines, "l2")
+    assert net.ping("h1", "fd00:0:2::1", count=40, interval="0.02").returncode == 0
+    after = net.spine_tx(spines, "l2")
+    tx = _sent(net, "h1", "fd00:0:2::/64")
+    assert len(tx) == 4 and all(v >= 10 for v in tx.values()), tx
+    assert all(after[s] - before[s] >= 10 for s in spines), (before, after)
+    rows = json.loads(mrcctl("path", "list", "-j", netns=net.ns("h1")).stdout)
+    assert {r["prefix"] for r in rows} == {"fd00:0:2::/64", "198.18.0.2/32"}
+    assert net.ping("h1", "198.18.0.2", count=8, interval="0.02").returncode == 0
+    assert sum(_sent(net, "h1", "198.18.0.2/32").values()) >= 8
+    sent, received = _xfer(net, "h1", "h2", "fd00:0:2::1", nbytes=2 << 20)
+    assert sent == received and sent.startswith(str(2 << 20))
+
+
+def test_failed_up_removes_what_it_made(monkeypatch):
+    """A failure half-way (here: a route the kernel refuses) leaves nothing."""
+    name = f"fz{os.getpid() % 1000}{int(time.time() * 1000) % 100}"
+    real = fab_mod.Fabric.route_cmds
+
+    def broken(self, node):
+        return real(self, node) + (["route add fd00:dead::/64 via fe80::99 dev nosuchdev"]
+                                   if node == "l2" else [])
+    monkeypatch.setattr(fab_mod.Fabric, "route_cmds", broken)
+    try:
+        with pytest.raises(fab_mod.MrcError, match="removed what it made"):
+            fab_mod.up(name, 2, 2, 1)
+        assert namespaces(name + "-") == set()
+        assert not fab_mod.state_path(name).exists()
+    finally:
+        if fab_mod.state_path(name).exists():
+            fab_mod.down(name)
+
+
+def test_up_refuses_a_namespace_it_did_not_make():
+    name = f"fy{os.getpid() % 1000}{int(time.time() * 1000) % 100}"
+    subprocess.run(["ip", "netns", "add", f"{name}-s2"], check=True)
+    try:
+        err = one_line_error(fabric("up", name, "--spines", "2", check=False))
+        assert f"{name}-s2 already exists" in err
+        assert namespaces(name + "-") == {f"{name}-s2"}      # kept, and nothing else made
+        assert not fab_mod.state_path(name).exists()
+    finally:
+        subprocess.run(["ip", "netns", "del", f"{name}-s2"], check=False)
