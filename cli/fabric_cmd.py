@@ -107,6 +107,8 @@ def show(name, json_):
         click.echo("\npaths (host pair: one per plane and spine; mrcctl path add args)")
         for pair in d["paths"]:
             click.echo(f"{pair['src']} -> {pair['dst']}: mrcctl {' '.join(pair['path_add'])}")
+        click.echo("\nnames")
+        click.echo(tabulate(sorted(d["naming"].items()), tablefmt="plain"))
     _emit(json_, d, human)
 
 

@@ -243,8 +243,16 @@ def test_kernel_srv6_takes_the_chosen_spine(make_fabric, encoding):
 
 
 def test_two_planes_route_per_plane(make_fabric):
-    net = make_fabric("--spines", "2", "--leaves", "2", "--planes", "2", "--encoding", "usid")
+    net = make_fabric("--spines", "2", "--leaves", "2", "--planes", "2", "--encoding", "usid",
+                      "--host-rate", "1gbit")
     d = net.show
+    for node, dev in (("h1", "eth1"), ("p1l1", "h1")):
+        qd = subprocess.run(["tc", "-n", net.ns(node), "qdisc", "show", "dev", dev], capture_output=True,
+                            text=True).stdout
+        assert "tbf" in qd and "1Gbit" in qd, qd
+    route = json.loads(subprocess.run(["ip", "-n", net.ns("p1s2"), "-6", "-j", "route", "show",
+                                       "fc00:0:202::/48"], capture_output=True, text=True).stdout)
+    assert route[0]["encap"] == "seg6local" and "next-csid" in json.dumps(route[0]), route
     assert [n["dev"] for n in net.host("h1")["nics"]] == ["eth0", "eth1"]
     assert [n["leaf"] for n in net.host("h2")["nics"]] == ["l2", "p1l2"]
     assert {s["name"]: s["sid"] for s in d["switches"] if s["kind"] == "spine"} == {
@@ -504,3 +512,30 @@ def test_up_refuses_a_namespace_it_did_not_make():
         assert not fab_mod.state_path(name).exists()
     finally:
         subprocess.run(["ip", "netns", "del", f"{name}-s2"], check=False)
+
+
+def test_down_after_namespaces_vanished(make_fabric):
+    net = make_fabric("--spines", "2", "--leaves", "2")
+    for node in ("s1", "h2"):
+        subprocess.run(["ip", "netns", "del", net.ns(node)], check=True)
+    fabric("down", net.name)
+    assert namespaces(net.name + "-") == set()
+    assert not fab_mod.state_path(net.name).exists()
+
+
+def test_down_all_in_its_own_state_dir(tmp_path, monkeypatch):
+    """--all removes every fabric of the state directory (a private one
+    here: other engineers' fabrics live in the shared one)."""
+    monkeypatch.setenv("MRC_FABRIC_STATE", str(tmp_path))
+    names = [f"fa{os.getpid() % 1000}{i}{int(time.time() * 1000) % 100}" for i in range(2)]
+    try:
+        for name in names:
+            fabric("up", name, "--spines", "1", "--leaves", "1")
+        assert sorted(p.stem for p in tmp_path.glob("*.json")) == sorted(names)
+        out = json.loads(fabric("down", "--all", "-j").stdout)
+        assert sorted(r["name"] for r in out) == sorted(names)
+        assert not any(namespaces(n + "-") for n in names)
+        assert list(tmp_path.glob("*.json")) == []
+    finally:
+        for name in names:
+            fabric("down", name, check=False)
