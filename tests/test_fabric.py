@@ -539,3 +539,33 @@ def test_down_all_in_its_own_state_dir(tmp_path, monkeypatch):
     finally:
         for name in names:
             fabric("down", name, check=False)
+
+
+@needs_faults
+def test_gray_loss_on_a_node_is_shown_counted_and_removed_by_down(make_fabric):
+    from mrc_ebpf import faults
+    net = make_fabric("--spines", "2", "--leaves", "2")
+    out = json.loads(fabric("fail", "-n", net.name, "s1", "--mode", "loss=0.5", "-j").stdout)
+    # both directions of both of s1's links: the receiving end of each
+    assert sorted((f["ns"], f["dev"]) for f in out["installed"]) == sorted(
+        [(net.ns("s1"), "l1"), (net.ns("l1"), "s1"), (net.ns("s1"), "l2"), (net.ns("l2"), "s1")])
+    sid = net.host("h2")["sid"]
+    net.exec("h2", ["ip", "-6", "route", "add", f"{sid}/128", "encap", "seg6local", "action", "End.DT6",
+                    "table", "local", "dev", "eth0"])
+    net.exec("h1", ["ip", "-6", "route", "replace", "fd00:0:2::/64", "encap", "seg6", "mode", "encap",
+                    "segs", "fc00:0:101::,fc00:0:e002::", "via", "fe80::1", "dev", "eth0"])
+    net.ping("h1", "fd00:0:2::1", count=100, interval="0.005")
+    link = next(lk for lk in json.loads(fabric("show", net.name, "-j").stdout)["links"]
+                if lk["name"] == "s1-l1")
+    assert sorted(f["direction"] for f in link["faults"]) == ["l1>s1", "s1>l1"]
+    into_s1 = next(f for f in link["faults"] if f["direction"] == "l1>s1")
+    assert into_s1["mode"] == "loss" and into_s1["loss"] == 0.5
+    assert 20 <= into_s1["dropped"] <= 80 and into_s1["passed"] >= 20, into_s1
+    # heal one direction only
+    fabric("heal", "-n", net.name, "l1>s1")
+    assert faults.status(net.ns("s1"), "l1") is None
+    assert faults.status(net.ns("l1"), "s1") is not None
+    fabric("down", net.name)
+    for node in ("s1", "l1", "l2"):
+        assert faults.list_faults(net.ns(node)) == []
+        assert not (Path("/run/mrc-ebpf/faults") / net.ns(node)).exists()
