@@ -22,6 +22,7 @@
 #define MRC_REROUTE_TRIES	4	/* other list entries tried when a path is down */
 #define MRC_SILENCE_FACTOR	16	/* feedback without this path: down after this x ack_timeout */
 #define MRC_FB_MARK		0x4d524346	/* skb->mark of a clone that becomes feedback */
+#define MRC_MAX_DEVICES		8	/* devices (planes) one attachment spans */
 
 /* ---- the MRC TLV, carried in the SRH (RFC 8754 section 2.1) ----------- */
 /*
@@ -69,6 +70,24 @@ struct mrc_tlv {
 #define MRC_SRH_LEN(nseg)	(8 + 16 * (nseg) + MRC_TLV_SIZE)
 /* what encapsulation adds to each packet: outer IPv6 + SRH */
 #define MRC_ENCAP_LEN(nseg)	(40 + MRC_SRH_LEN(nseg))
+
+/* ---- compressed SRv6 (uSID, NEXT-C-SID of RFC 9800) ------------------- */
+/*
+ * The whole path is the outer destination: a 32-bit locator block, then
+ * one 16-bit ID per hop, zeros after the last.  Each switch's End with
+ * the next-csid flavor shifts the next ID into place; the host whose ID
+ * is last decapsulates.  No SRH: the MRC TLV rides, with the same layout,
+ * as an option of a Destination Options header (RFC 8200 section 4.6),
+ * whose type is from the experimental range of RFC 4727: 0x1E, action
+ * bits 00 (skip if unknown), change bit 0 (not changed en route).
+ */
+#define MRC_USID_BLOCK_BITS	32
+#define MRC_USID_ID_BITS	16
+#define MRC_OPT_TYPE		0x1E
+#define MRC_OPT_PADN		1	/* PadN option type */
+/* Destination Options: next header, length, MRC option, PadN to 8 bytes */
+#define MRC_DOH_LEN		(2 + MRC_TLV_SIZE + 6)
+#define MRC_USID_ENCAP_LEN	(40 + MRC_DOH_LEN)
 
 #define MRC_HOP_LIMIT		64
 
@@ -120,6 +139,7 @@ struct mrc_class_name {
 
 /* mrc_path.flags */
 #define MRC_PATH_F_REDIRECT	0x01	/* next hop differs from the peer route's */
+#define MRC_PATH_F_USID		0x02	/* segments[0] is a uSID container: no SRH */
 
 /*
  * paths: array indexed by peer_id * MRC_MAX_PATHS + path_id.  The segment
@@ -138,6 +158,10 @@ struct mrc_sid {
 
 struct mrc_path {
 	struct mrc_sid	segments[MRC_MAX_SEGMENTS];
+	/* where the path ends: the peer's SID, its outer source when it
+	 * answers, under which its feedback is filed (for an SRH path the
+	 * last segment; for uSID the container's last ID under the block) */
+	struct mrc_sid	peer_sid;
 	__u8	nexthop[16];	/* IPv6 next hop towards segments[last] */
 	__u32	oif;		/* device of that next hop */
 	__u32	flowlabel;	/* outer flow label: the path's entropy */
@@ -269,17 +293,28 @@ struct mrc_path_stats {
 	__u64	tx_bytes;
 };
 
+/*
+ * One device of an attachment: a host with planes has one NIC per plane,
+ * all sharing one datapath (one set of maps), and a path leaves by its own
+ * plane's device.  The loader's bookkeeping; the datapath ignores it.
+ */
+struct mrc_device {
+	__u32	ifindex;
+	__u32	flags;		/* loader's: what attach changed, for detach */
+	__u32	saved_gso_max_segs;	/* restored at detach */
+	__u32	mtu;
+};
+
 /* config: array of one, written by the loader at attach */
 struct mrc_config {
 	__u8	sid[16];	/* this host's SID: outer source, decap match */
-	__u32	mtu;		/* device MTU: encapsulated packets must fit */
-	__u32	flags;		/* loader's own bookkeeping (datapath ignores) */
+	__u32	mtu;		/* smallest device MTU: encapsulated packets must fit */
 	__u32	loss_hold_us;	/* adaptive: a path that lost is avoided this long */
-	__u32	saved_gso_max_segs;	/* restored at detach */
 	__u32	ack_timeout_us;	/* a path unacknowledged this long goes down */
 	__u32	probe_us;	/* a down path is tried once per this */
 	__u32	fb_interval_us;	/* one-way traffic: feedback at least this often */
-	__u32	pad;
+	__u32	n_devices;
+	struct mrc_device devices[MRC_MAX_DEVICES];
 };
 
 /* ---- counters: per-CPU array indexed by enum mrc_counter -------------- */
@@ -322,6 +357,8 @@ enum mrc_counter {
 	MRC_TX_FAIL_OPEN,		/* every path down: sent on a probed one anyway */
 	MRC_TX_CONTROL,			/* outcome: feedback-only packet made and sent */
 	MRC_FB_CLONE,			/* RX: a packet cloned to carry feedback back */
+	MRC_RX_DROP_OPTION,		/* outcome: Destination Options header malformed,
+					 * or an option we must not skip */
 	MRC_COUNTER_MAX,
 };
 

@@ -3,15 +3,16 @@
  * RX, at XDP: a packet whose active segment is our SID is checked as a
  * whole (RFC 8754 section 4.3, and stricter than the kernel's End.DT6,
  * which takes an invalid SRH for no SRH and decapsulates anyway), then
- * stripped of its outer IPv6 + SRH and passed up as the inner packet.
- * What fails a check is dropped and counted by reason.  Packets for
- * anyone else pass untouched.
+ * stripped of its outer IPv6 + SRH, or + Destination Options for a uSID
+ * path, and passed up as the inner packet.  What fails a check is
+ * dropped and counted by reason.  Packets for anyone else pass untouched.
  *
  * Every packet is counted in MRC_RX_SEEN and in exactly one outcome.
  */
 #include "lib/counters.h"
 #include "lib/addr.h"
 #include "lib/srh.h"
+#include "lib/usid.h"
 #include "lib/rx_track.h"
 #include "lib/feedback.h"
 
@@ -55,18 +56,84 @@ bad:
 	return 0;
 }
 
+/* What the check of the header after the outer IPv6 one found. */
+struct rx_ext {
+	__u32	len;		/* of the extension header */
+	__u8	nexthdr;	/* the inner packet's protocol */
+};
+
+/*
+ * Checks the SRH after the outer IPv6 header (`l3_len`: the outer
+ * packet's length).  Returns 0 or the drop reason; on success the MRC
+ * TLV, or NULL when there is none (the kernel's own encapsulation).
+ */
+static __always_inline int rx_check_srh(struct ipv6hdr *ip6, void *data_end, __u32 l3_len,
+					struct rx_ext *ext, struct mrc_tlv **mrc)
+{
+	struct srh_fixed *srh = (void *)(ip6 + 1);
+	__u8 *segment0;
+
+	if ((void *)(srh + 1) > data_end)
+		return MRC_RX_DROP_TRUNCATED;
+	if (srh->type != SRH_ROUTING_TYPE)
+		return MRC_RX_DROP_ROUTING_TYPE;
+	ext->len = (srh->hdrlen + 1) * 8;
+	ext->nexthdr = srh->nexthdr;
+	if (sizeof(*ip6) + ext->len > l3_len ||
+	    sizeof(*srh) + (srh->last_entry + 1) * 16 > ext->len)
+		return MRC_RX_DROP_SRH_LEN;
+	if (srh->segments_left > srh->last_entry || srh->segments_left != 0)
+		return MRC_RX_DROP_SEGMENTS_LEFT;
+
+	/* Segments left is 0: the active segment is list[0] and the
+	 * destination address must be it. */
+	segment0 = (void *)(srh + 1);
+	if ((void *)(segment0 + 16) > data_end)
+		return MRC_RX_DROP_TRUNCATED;
+	if (!addr_equal(segment0, ip6->daddr.s6_addr))
+		return MRC_RX_DROP_ACTIVE_SEGMENT;
+
+	return tlv_find_mrc(srh, data_end, sizeof(*srh) + (srh->last_entry + 1) * 16,
+			    ext->len, MRC_TLV_TYPE, MRC_RX_DROP_TLV, mrc);
+}
+
+/*
+ * The Destination Options header of a uSID path (lib/usid.h).  Only MRC
+ * peers send to our SID with one, and nothing en route may change it
+ * (RFC 8200 section 4.6), so it must be exactly what usid_write_encap()
+ * writes: the MRC option, then PadN.  Anything else is dropped; that
+ * also keeps this check free of loops.
+ */
+static __always_inline int rx_check_doh(struct ipv6hdr *ip6, void *data_end, __u32 l3_len,
+					struct rx_ext *ext, struct mrc_tlv **mrc)
+{
+	struct doh_mrc *doh = (void *)(ip6 + 1);
+
+	if ((void *)(doh + 1) > data_end)
+		return MRC_RX_DROP_TRUNCATED;
+	if (doh->hdrlen != MRC_DOH_LEN / 8 - 1 || doh->padn_type != MRC_OPT_PADN ||
+	    doh->padn_len != sizeof(doh->padn) || doh->mrc.type != MRC_OPT_TYPE ||
+	    doh->mrc.len != MRC_TLV_LEN)
+		return MRC_RX_DROP_OPTION;
+	if (doh->mrc.version != MRC_VERSION)
+		return MRC_RX_DROP_MRC_TLV;
+	ext->len = MRC_DOH_LEN;
+	ext->nexthdr = doh->nexthdr;
+	*mrc = &doh->mrc;
+	return 0;
+}
+
 int mrc_rx(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data, eth_copy;
 	struct ipv6hdr *ip6;
-	struct srh_fixed *srh;
 	struct mrc_tlv *mrc;
 	struct mrc_config *cfg;
-	__u32 zero = 0, l3_len, srh_len, outer_len, inner_len, reason = 0;
+	struct rx_ext ext = {};
+	__u32 zero = 0, l3_len, outer_len, inner_len, reason = 0;
 	__u16 inner_proto;
-	__u8 *segment0;
 	int rc;
 
 	count(MRC_RX_SEEN);
@@ -79,7 +146,10 @@ int mrc_rx(struct xdp_md *ctx)
 	ip6 = (void *)(eth + 1);
 	if ((void *)(ip6 + 1) > data_end)
 		return rx_pass();
-	if (!addr_equal(ip6->daddr.s6_addr, cfg->sid) || ip6->nexthdr != IPPROTO_ROUTING)
+	/* An SRH path, or a uSID path whose last ID made the destination
+	 * our SID; anything else to our SID is the kernel's business. */
+	if (!addr_equal(ip6->daddr.s6_addr, cfg->sid) ||
+	    (ip6->nexthdr != IPPROTO_ROUTING && ip6->nexthdr != IPPROTO_DSTOPTS))
 		return rx_pass();
 
 	/* From here on the packet claims to be ours: whatever is wrong
@@ -87,35 +157,16 @@ int mrc_rx(struct xdp_md *ctx)
 	l3_len = data_end - (void *)ip6;
 	if (bpf_ntohs(ip6->payload_len) + sizeof(*ip6) != l3_len)
 		return rx_drop(MRC_RX_DROP_PAYLOAD_LEN);
-
-	srh = (void *)(ip6 + 1);
-	if ((void *)(srh + 1) > data_end)
-		return rx_drop(MRC_RX_DROP_TRUNCATED);
-	if (srh->type != SRH_ROUTING_TYPE)
-		return rx_drop(MRC_RX_DROP_ROUTING_TYPE);
-	srh_len = (srh->hdrlen + 1) * 8;
-	if (sizeof(*ip6) + srh_len > l3_len ||
-	    sizeof(*srh) + (srh->last_entry + 1) * 16 > srh_len)
-		return rx_drop(MRC_RX_DROP_SRH_LEN);
-	if (srh->segments_left > srh->last_entry || srh->segments_left != 0)
-		return rx_drop(MRC_RX_DROP_SEGMENTS_LEFT);
-
-	/* Segments left is 0: the active segment is list[0] and the
-	 * destination address must be it. */
-	segment0 = (void *)(srh + 1);
-	if ((void *)(segment0 + 16) > data_end)
-		return rx_drop(MRC_RX_DROP_TRUNCATED);
-	if (!addr_equal(segment0, ip6->daddr.s6_addr))
-		return rx_drop(MRC_RX_DROP_ACTIVE_SEGMENT);
-
-	rc = srh_walk_tlvs(srh, data_end, sizeof(*srh) + (srh->last_entry + 1) * 16,
-			   srh_len, &mrc);
+	if (ip6->nexthdr == IPPROTO_ROUTING)
+		rc = rx_check_srh(ip6, data_end, l3_len, &ext, &mrc);
+	else
+		rc = rx_check_doh(ip6, data_end, l3_len, &ext, &mrc);
 	if (rc)
 		return rx_drop(rc);
 
-	outer_len = sizeof(*ip6) + srh_len;
+	outer_len = sizeof(*ip6) + ext.len;
 	inner_len = l3_len - outer_len;
-	inner_proto = rx_check_inner(srh->nexthdr, (void *)ip6 + (outer_len & 0xfff),
+	inner_proto = rx_check_inner(ext.nexthdr, (void *)ip6 + (outer_len & 0xfff),
 				     data_end, inner_len, &reason);
 	if (!inner_proto)
 		return rx_drop(reason);
@@ -133,7 +184,7 @@ int mrc_rx(struct xdp_md *ctx)
 		feedback_due(ip6->saddr.s6_addr, cfg, now);
 	}
 
-	/* Strip outer IPv6 + SRH; the Ethernet header moves up to the inner. */
+	/* Strip the outer headers; the Ethernet header moves up to the inner. */
 	__builtin_memcpy(&eth_copy, eth, sizeof(eth_copy));
 	if (bpf_xdp_adjust_head(ctx, outer_len))
 		return rx_drop(MRC_RX_DROP_DECAP_FAIL);

@@ -1,17 +1,20 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * TX, at TC egress: a packet for a configured peer prefix leaves wrapped
- * in outer IPv6 + SRH (RFC 8754) that carries the chosen path's segment
- * list and the MRC TLV.  Everything else leaves untouched.
+ * in outer IPv6 that carries the chosen path and the MRC TLV: as an SRH
+ * (RFC 8754) with the path's segment list, or for a uSID path as a
+ * compressed destination with a Destination Options header.  Everything
+ * else leaves untouched.
  *
  * The journey: classify -> find the peer -> choose a path for the
  * packet's traffic class -> check it fits -> make room -> write outer
- * IPv6, SRH, segments, TLV (with feedback for the peer) -> send it
- * towards the first segment.
+ * IPv6 and the path's header with the TLV (with feedback for the peer)
+ * -> send it towards the path's first hop, on the path's own device.
  */
 #include "lib/counters.h"
 #include "lib/addr.h"
 #include "lib/srh.h"
+#include "lib/usid.h"
 #include "lib/path_select.h"
 #include "lib/nexthop.h"
 #include "lib/control.h"
@@ -100,7 +103,7 @@ int mrc_tx(struct __sk_buff *skb)
 	struct mrc_path_stats *pstats;
 	struct path_choice choice;
 	__u32 zero = 0, nseg, encap_len;
-	__u8 control = 0;
+	__u8 control = 0, usid;
 
 	count(MRC_TX_SEEN);
 
@@ -129,12 +132,13 @@ int mrc_tx(struct __sk_buff *skb)
 	nseg = path->n_segments;
 	if (nseg == 0 || nseg > MRC_MAX_SEGMENTS)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
+	usid = path->flags & MRC_PATH_F_USID;
 
 	/* The route MTU that `path add` installs already leaves room for
 	 * what we add, so a single packet fits and a GSO packet's segment
 	 * size stays as TCP chose it (FIXED_GSO: without it the kernel would
 	 * shrink the segments by our overhead a second time). */
-	encap_len = MRC_ENCAP_LEN(nseg);
+	encap_len = usid ? MRC_USID_ENCAP_LEN : MRC_ENCAP_LEN(nseg);
 	if (skb->gso_size == 0 && skb->len - ETH_HLEN + encap_len > cfg->mtu)
 		return tx_drop(MRC_TX_DROP_TOO_BIG);
 
@@ -152,7 +156,8 @@ int mrc_tx(struct __sk_buff *skb)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
 	choice.path_seq = __sync_fetch_and_add(&path_seq->seq, 1);
 
-	if (srh_write_encap(skb, cfg, path, nseg, inner.proto, inner.tos, &choice))
+	if (usid ? usid_write_encap(skb, cfg, path, inner.proto, inner.tos, &choice)
+		 : srh_write_encap(skb, cfg, path, nseg, inner.proto, inner.tos, &choice))
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
 	path_sent(choice.live, peer->peer_id, bpf_ktime_get_ns());

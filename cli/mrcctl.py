@@ -97,7 +97,7 @@ def cli(ctx, json_, netns_name):
 
 
 @cli.command()
-@click.argument("device")
+@click.argument("devices", metavar="DEVICE...", nargs=-1, required=True)
 @click.option("--sid", required=True, help="This host's SRv6 SID (outer source; decapsulated here).")
 @click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
               show_default=True, help="XDP mode: native (driver) or skb (generic).")
@@ -114,15 +114,18 @@ def cli(ctx, json_, netns_name):
               help="One-way traffic: the receiver sends feedback at least this often.")
 @json_option
 @click.pass_context
-def attach(ctx, device, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
+def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
            fb_interval_us):
-    """Load the datapath on DEVICE and pin it; it stays after mrcctl exits."""
+    """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
+
+    Several devices (a host's plane NICs) share one datapath: a path leaves
+    by the device its first hop is on; the pins are named after the first."""
     from mrc_ebpf import datapath
-    result = datapath.attach(device, sid, mode, granularity, loss_hold_us=loss_hold_us,
+    result = datapath.attach(list(devices), sid, mode, granularity, loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us)
     _emit(ctx, result, lambda r: click.echo(
-        f"attached {r['device']}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
+        f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
         f"{r['granularity']}; pinned at {r['pins']}"))
 
 
@@ -156,10 +159,13 @@ def status(ctx):
             return
         for r in rows:
             click.echo(f"{r['device']}: {'OK' if r['healthy'] else 'DEGRADED'}")
-            items = [("SID", r["sid"]), ("XDP", f"{r['xdp_mode'] or 'none'} (prog {r['xdp_prog_id'] or '-'}"
-                                                  f"{'' if r['xdp_ours'] else ', not ours'})"),
-                     ("TC egress", f"prog {r['tc_prog_id'] or '-'}{'' if r['tc_ours'] else ' (missing)'}"),
-                     ("MTU", r["mtu"]), ("overhead", ", ".join(f"{n} seg: {b} B" for n, b in r["overhead"].items())),
+            items = [("SID", r["sid"])]
+            for h in r["hooks"]:
+                items += [(f"{h['device']} XDP", f"{h['xdp_mode'] or 'none'} (prog {h['xdp_prog_id'] or '-'}"
+                                                 f"{'' if h['xdp_ours'] else ', not ours'})"),
+                          (f"{h['device']} TC egress",
+                           f"prog {h['tc_prog_id'] or '-'}{'' if h['tc_ours'] else ' (missing)'}")]
+            items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
                      ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
                      ("pins", r["pins"])]
             for problem in r["problems"]:
@@ -232,21 +238,27 @@ def path():
 
 @path.command("add")
 @click.argument("prefix")
-@click.option("--via", required=True, multiple=True, metavar="SEG1,SEG2,...",
-              help="Segments in travel order, as `ip route ... encap seg6 segs` takes them; "
-                   "repeat to add several paths at once.")
+@click.option("--via", multiple=True, metavar="SEG1,SEG2,...",
+              help="An SRH path: segments in travel order, as `ip route ... encap seg6 segs` "
+                   "takes them; repeat to add several paths at once.")
+@click.option("--usid", multiple=True, metavar="CONTAINER",
+              help="A compressed (uSID) path: 32-bit block, then one 16-bit ID per hop, the "
+                   "peer's last (e.g. fc00:0:101:e002::); repeatable.")
 @click.option("--weight", type=int, default=1, show_default=True, help="Weight (policy weighted).")
 @click.option("--class", "tclass", metavar="NAME", help="Reserve the path for this traffic class.")
 @dev_option
 @json_option
 @click.pass_context
-def path_add(ctx, prefix, via, weight, tclass, device):
-    """Add a path towards PREFIX (a prefix may have many)."""
+def path_add(ctx, prefix, via, usid, weight, tclass, device):
+    """Add paths towards PREFIX (a prefix may have many)."""
     from mrc_ebpf import paths
+    if not via and not usid:
+        raise click.UsageError("give --via SEG1,SEG2,... or --usid CONTAINER (repeatable)")
     with _attached(device) as att:
-        results = paths.add(att, prefix, list(via), weight, tclass)
+        results = paths.add(att, prefix, list(via), weight, tclass, list(usid))
     _emit(ctx, results if len(results) > 1 else results[0], lambda _: click.echo("\n".join(
-        f"{r['prefix']} path {r['path_id']} via {','.join(r['segments'])} "
+        f"{r['prefix']} path {r['path_id']} "
+        f"{'usid ' + r['usid'] if r['encoding'] == 'usid' else 'via ' + ','.join(r['segments'])} "
         f"(+{r['overhead']} B, route MTU {r['route_mtu']})" for r in results)))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 import os
+import socket
 from pathlib import Path
 
 from pyroute2 import IPRoute
@@ -18,8 +19,8 @@ from . import bpfsys, hooks, layout, offload, pins, routes, source
 from .errors import MrcError
 
 PROG_TX, PROG_RX, PROG_FB = "prog_tx", "prog_rx", "prog_fb"
-CFG_CLSACT_OURS = 0x1       # config.flags: detach removes clsact too
-CFG_XDP_SKB = 0x2           # config.flags: XDP attached in skb mode
+CFG_CLSACT_OURS = 0x1       # mrc_device.flags: detach removes clsact too
+CFG_XDP_SKB = 0x2           # mrc_device.flags: XDP attached in skb mode
 
 
 def require_root() -> None:
@@ -59,7 +60,11 @@ def compile_datapath():
 
 
 class Attachment:
-    """The pinned state of mrc-ebpf on one device of this netns."""
+    """The pinned state of mrc-ebpf on a host's device(s) in this netns.
+
+    The pins are named after the first device given to attach; a host
+    with planes has one datapath over all its plane devices (one set of
+    maps), and config.devices lists them."""
 
     def __init__(self, device: str, directory: Path):
         self.device = device
@@ -95,6 +100,14 @@ class Attachment:
     def config(self) -> layout.Config:
         return self.maps["config"].lookup(layout.Index(0))
 
+    @property
+    def ifindexes(self) -> list[int]:
+        cfg = self.config
+        return [cfg.devices[i].ifindex for i in range(min(cfg.n_devices, MAX_DEVICES))]
+
+    def device_names(self) -> list[str]:
+        return [_ifname(i) or f"ifindex {i}" for i in self.ifindexes]
+
     def prog_id(self, name: str) -> int:
         try:
             fd = bpfsys.obj_get(str(self.dir / name))
@@ -111,10 +124,39 @@ class Attachment:
         return {name: sum(m.lookup(layout.Index(i)) or [0]) for i, name in enumerate(names)}
 
 
-def resolve_device(device: str | None) -> str:
-    """The device a command is about: given, or the only one attached here."""
-    if device:
+MAX_DEVICES = source.C["MRC_MAX_DEVICES"]
+
+
+def _ifname(index: int) -> str | None:
+    try:
+        return socket.if_indextoname(index)
+    except OSError:
+        return None
+
+
+def _members(directory: Path) -> list[layout.Device]:
+    """The devices an attachment spans, from its pinned config."""
+    cfg = _read_config(directory)
+    if cfg is None:
+        return []
+    return [cfg.devices[i] for i in range(min(cfg.n_devices, MAX_DEVICES))]
+
+
+def owner(device: str) -> str | None:
+    """The attachment (its first device's name) that DEVICE belongs to."""
+    if pins.device_dir(device).is_dir():
         return device
+    for first in pins.attached_devices():
+        if any(_ifname(d.ifindex) == device for d in _members(pins.device_dir(first))):
+            return first
+    return None
+
+
+def resolve_device(device: str | None) -> str:
+    """The attachment a command is about: the one DEVICE belongs to, or
+    the only one here."""
+    if device:
+        return owner(device) or device
     attached = pins.attached_devices()
     if len(attached) == 1:
         return attached[0]
@@ -127,25 +169,67 @@ def resolve_device(device: str | None) -> str:
 TIMERS = {"loss_hold_us": 20000, "ack_timeout_us": 1000, "probe_us": 5000, "fb_interval_us": 100}
 
 
-def attach(device: str, sid_text: str, mode: str = "auto", granularity: str = "packet",
-           **timers: int) -> dict:
+def _check_free(ipr: IPRoute, devices: list[str]) -> list[int]:
+    """Every device exists, carries no XDP program and is not ours yet."""
+    if len(set(devices)) != len(devices):
+        raise MrcError(f"a device is named twice: {' '.join(devices)}")
+    if len(devices) > MAX_DEVICES:
+        raise MrcError(f"{len(devices)} devices: one attachment spans at most {MAX_DEVICES}")
+    indexes = []
+    for device in devices:
+        index = hooks.ifindex(ipr, device)
+        first = owner(device)
+        if first:
+            raise MrcError(f"{device} is already attached (mrcctl detach {first} first)")
+        xdp = hooks.device_info(ipr, index)["xdp_prog_id"]
+        if xdp:
+            raise MrcError(f"{device} already has an XDP program (id {xdp}); remove it first")
+        indexes.append(index)
+    return indexes
+
+
+def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granularity: str,
+          undo: list) -> tuple[layout.Device, str]:
+    """Hook the programs to one device; what it changed goes on `undo`."""
+    info = hooks.device_info(ipr, index)
+    flags = 0
+    used_mode = hooks.xdp_attach(device, rx.fd, mode)
+    undo.append(lambda: hooks.xdp_detach(device, used_mode))
+    if used_mode == "skb":
+        flags |= CFG_XDP_SKB
+    if not hooks.has_clsact(ipr, index):
+        hooks.add_clsact(ipr, index)
+        undo.append(lambda: hooks.del_clsact(ipr, index))
+        flags |= CFG_CLSACT_OURS
+    hooks.tc_attach(ipr, index, tx.fd, "mrc_tx")
+    undo.append(lambda: hooks.tc_detach(ipr, index))
+    hooks.tc_attach(ipr, index, fb.fd, "mrc_fb", hooks.TC_INGRESS_PARENT)
+    undo.append(lambda: hooks.tc_detach(ipr, index, hooks.TC_INGRESS_PARENT))
+    saved_segs = offload.gso_max_segs(device)
+    if granularity == "packet" and saved_segs != 1:
+        offload.set_gso_max_segs(device, 1)
+        undo.append(lambda: offload.set_gso_max_segs(device, saved_segs))
+    return layout.Device(ifindex=index, flags=flags, saved_gso_max_segs=saved_segs,
+                         mtu=info["mtu"]), used_mode
+
+
+def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
+           granularity: str = "packet", **timers: int) -> dict:
+    """Attach one datapath to DEVICES (one, or a host's plane devices)."""
     require_root()
+    devices = [devices] if isinstance(devices, str) else list(devices)
+    if not devices:
+        raise MrcError("attach needs a device")
     sid = parse_sid(sid_text)
     pins.ensure_bpffs()
-    directory = pins.device_dir(device)
+    directory = pins.device_dir(devices[0])
+    unknown = set(timers) - set(TIMERS)
+    if unknown:
+        raise MrcError(f"unknown timer(s): {', '.join(sorted(unknown))}")
+    timers = {**TIMERS, **{k: v for k, v in timers.items() if v is not None}}
     undo: list = []
     with IPRoute() as ipr:
-        index = hooks.ifindex(ipr, device)
-        if directory.exists():
-            raise MrcError(f"{device} is already attached (mrcctl detach {device} first)")
-        info = hooks.device_info(ipr, index)
-        if info["xdp_prog_id"]:
-            raise MrcError(f"{device} already has an XDP program (id {info['xdp_prog_id']}); "
-                           f"remove it first")
-        unknown = set(timers) - set(TIMERS)
-        if unknown:
-            raise MrcError(f"unknown timer(s): {', '.join(sorted(unknown))}")
-        timers = {**TIMERS, **{k: v for k, v in timers.items() if v is not None}}
+        indexes = _check_free(ipr, devices)
         module, tx, rx, fb = compile_datapath()
         try:
             directory.mkdir(parents=True)
@@ -156,28 +240,14 @@ def attach(device: str, sid_text: str, mode: str = "auto", granularity: str = "p
             bpfsys.obj_pin(rx.fd, str(directory / PROG_RX))
             bpfsys.obj_pin(fb.fd, str(directory / PROG_FB))
 
-            flags = 0
-            used_mode = hooks.xdp_attach(device, rx.fd, mode)
-            undo.append(lambda: hooks.xdp_detach(device, used_mode))
-            if used_mode == "skb":
-                flags |= CFG_XDP_SKB
-            if not hooks.has_clsact(ipr, index):
-                hooks.add_clsact(ipr, index)
-                undo.append(lambda: hooks.del_clsact(ipr, index))
-                flags |= CFG_CLSACT_OURS
-            hooks.tc_attach(ipr, index, tx.fd, "mrc_tx")
-            undo.append(lambda: hooks.tc_detach(ipr, index))
-            hooks.tc_attach(ipr, index, fb.fd, "mrc_fb", hooks.TC_INGRESS_PARENT)
-            undo.append(lambda: hooks.tc_detach(ipr, index, hooks.TC_INGRESS_PARENT))
-
-            saved_segs = offload.gso_max_segs(device)
-            if granularity == "packet" and saved_segs != 1:
-                offload.set_gso_max_segs(device, 1)
-                undo.append(lambda: offload.set_gso_max_segs(device, saved_segs))
-
-            cfg = layout.Config(mtu=info["mtu"], flags=flags, saved_gso_max_segs=saved_segs,
-                                **timers)
+            cfg = layout.Config(n_devices=len(devices), **timers)
             ctypes.memmove(cfg.sid, sid.packed, 16)
+            modes = []
+            for i, (device, index) in enumerate(zip(devices, indexes)):
+                cfg.devices[i], used_mode = _hook(ipr, device, index, tx, rx, fb, mode,
+                                                  granularity, undo)
+                modes.append(used_mode)
+            cfg.mtu = min(cfg.devices[i].mtu for i in range(len(devices)))
             config = bpfsys.PinnedMap(str(directory / "config"), *layout.MAPS["config"])
             config.update(layout.Index(0), cfg)
             config.close()
@@ -186,43 +256,62 @@ def attach(device: str, sid_text: str, mode: str = "auto", granularity: str = "p
                 step()
             if isinstance(e, (MrcError, KeyboardInterrupt)):
                 raise
-            raise MrcError(f"attach {device} failed: {e}")
-    return {"device": device, "ifindex": index, "sid": str(sid), "xdp_mode": used_mode,
-            "granularity": offload.granularity(device), "timers": timers, "pins": str(directory)}
+            raise MrcError(f"attach {' '.join(devices)} failed: {e}")
+    return {"device": devices[0], "devices": devices, "ifindex": indexes[0], "sid": str(sid),
+            "xdp_mode": modes[0], "granularity": offload.granularity(devices[0]),
+            "timers": timers, "pins": str(directory)}
+
+
+def _unhook(ipr: IPRoute, member: layout.Device | None, device: str, ids: tuple[int, int, int],
+            removed: dict) -> None:
+    """Take our programs off one device; leave anything that is not ours."""
+    rx_id, tx_id, fb_id = ids
+    found = ipr.link_lookup(ifname=device)
+    if not found:
+        return
+    index = found[0]
+    flags = member.flags if member else 0
+    info = hooks.device_info(ipr, index)
+    if info["xdp_prog_id"] and info["xdp_prog_id"] == rx_id:
+        hooks.xdp_detach(device, info["xdp_mode"])
+        removed["xdp"] = True
+    if hooks.tc_egress_prog_ids(index).get(hooks.TC_PRIO) == tx_id:
+        hooks.tc_detach(ipr, index)
+        removed["tc"] = True
+    if fb_id and hooks.tc_egress_prog_ids(index, "ingress").get(hooks.TC_PRIO) == fb_id:
+        hooks.tc_detach(ipr, index, hooks.TC_INGRESS_PARENT)
+    if flags & CFG_CLSACT_OURS and not hooks.tc_egress_prog_ids(index) \
+            and not hooks.tc_egress_prog_ids(index, "ingress"):
+        hooks.del_clsact(ipr, index)
+        removed["clsact"] = True
+    removed["routes"] += routes.remove_all(ipr, index)
+    saved = member.saved_gso_max_segs if member else 0
+    if saved and offload.gso_max_segs(device) != saved:
+        offload.set_gso_max_segs(device, saved)
 
 
 def detach(device: str) -> dict:
-    """Undo attach.  Works from the program pins and the config alone, so
-    state left by another version (or damaged) can still be cleared."""
+    """Undo attach, on every device of the attachment DEVICE belongs to.
+    Works from the program pins and the config alone, so state left by
+    another version (or damaged) can still be cleared."""
     require_root()
     pins.ensure_bpffs()
-    directory = pins.device_dir(device)
-    if not directory.is_dir():
+    first = owner(device)
+    if first is None:
         raise MrcError(f"{device} is not attached")
-    probe = Attachment(device, directory)
-    rx_id, tx_id, fb_id = probe.prog_id(PROG_RX), probe.prog_id(PROG_TX), probe.prog_id(PROG_FB)
-    flags, saved_segs = _config_words(directory)
-    removed = {"device": device, "xdp": False, "tc": False, "clsact": False, "routes": 0}
+    directory = pins.device_dir(first)
+    probe = Attachment(first, directory)
+    ids = probe.prog_id(PROG_RX), probe.prog_id(PROG_TX), probe.prog_id(PROG_FB)
+    members = _members(directory)
+    names = [_ifname(m.ifindex) for m in members] or [first]
+    removed = {"device": first, "devices": [n for n in names if n], "xdp": False, "tc": False,
+               "clsact": False, "routes": 0}
     with IPRoute() as ipr:
-        found = ipr.link_lookup(ifname=device)
-        if found:
-            index = found[0]
-            info = hooks.device_info(ipr, index)
-            if info["xdp_prog_id"] and info["xdp_prog_id"] == rx_id:
-                hooks.xdp_detach(device, info["xdp_mode"])
-                removed["xdp"] = True
-            if hooks.tc_egress_prog_ids(index).get(hooks.TC_PRIO) == tx_id:
-                hooks.tc_detach(ipr, index)
-                removed["tc"] = True
-            if fb_id and hooks.tc_egress_prog_ids(index, "ingress").get(hooks.TC_PRIO) == fb_id:
-                hooks.tc_detach(ipr, index, hooks.TC_INGRESS_PARENT)
-            if flags & CFG_CLSACT_OURS and not hooks.tc_egress_prog_ids(index) \
-                    and not hooks.tc_egress_prog_ids(index, "ingress"):
-                hooks.del_clsact(ipr, index)
-                removed["clsact"] = True
-            removed["routes"] = routes.remove_all(ipr, index)
-            if saved_segs and offload.gso_max_segs(device) != saved_segs:
-                offload.set_gso_max_segs(device, saved_segs)
+        if not members:     # unreadable config: at least the device it is named after
+            _unhook(ipr, None, first, ids, removed)
+        for member, name in zip(members, names):
+            if name:
+                _unhook(ipr, member, name, ids, removed)
     pins.remove_tree(directory)
     try:
         pins.netns_dir().rmdir()
@@ -231,24 +320,21 @@ def detach(device: str) -> dict:
     return removed
 
 
-def _config_words(directory: Path) -> tuple[int, int]:
-    """(config.flags, config.saved_gso_max_segs), read as raw bytes so a
-    layout change cannot stop detach."""
+def _read_config(directory: Path) -> layout.Config | None:
+    """The pinned config, or None when it is missing or of another layout."""
     try:
         fd = bpfsys.obj_get(str(directory / "config"))
     except bpfsys.BpfError:
-        return 0, 0
+        return None
     try:
-        size = bpfsys.map_info(fd).value_size
-        raw = (ctypes.c_uint8 * size)()
+        if bpfsys.map_info(fd).value_size != ctypes.sizeof(layout.Config):
+            return None
+        cfg = layout.Config()
         attr = bpfsys._MapElemAttr(map_fd=fd, key=ctypes.addressof(layout.Index(0)),
-                                   value=ctypes.addressof(raw))
+                                   value=ctypes.addressof(cfg))
         bpfsys._bpf(bpfsys.BPF_MAP_LOOKUP_ELEM, attr)
-        def word(field):
-            offset = field.offset
-            return int.from_bytes(bytes(raw)[offset:offset + 4], "little") if size >= offset + 4 else 0
-        return word(layout.Config.flags), word(layout.Config.saved_gso_max_segs)
+        return cfg
     except bpfsys.BpfError:
-        return 0, 0
+        return None
     finally:
         os.close(fd)

@@ -37,7 +37,7 @@ class Peer(ctypes.Structure):
 
 
 class Path(ctypes.Structure):
-    _fields_ = [("segments", Sid * C["MRC_MAX_SEGMENTS"]), ("nexthop", Addr), ("oif", u32),
+    _fields_ = [("segments", Sid * C["MRC_MAX_SEGMENTS"]), ("peer_sid", Sid), ("nexthop", Addr), ("oif", u32),
                 ("flowlabel", u32), ("weight", u16), ("n_segments", u8), ("state", u8),
                 ("flags", u8), ("tclass", u8), ("pad", u8 * 2)]
 
@@ -54,10 +54,14 @@ class PathStats(ctypes.Structure):
     _fields_ = [("tx_packets", u64), ("tx_bytes", u64)]
 
 
+class Device(ctypes.Structure):
+    _fields_ = [("ifindex", u32), ("flags", u32), ("saved_gso_max_segs", u32), ("mtu", u32)]
+
+
 class Config(ctypes.Structure):
-    _fields_ = [("sid", Addr), ("mtu", u32), ("flags", u32), ("loss_hold_us", u32),
-                ("saved_gso_max_segs", u32), ("ack_timeout_us", u32), ("probe_us", u32),
-                ("fb_interval_us", u32), ("pad", u32)]
+    _fields_ = [("sid", Addr), ("mtu", u32), ("loss_hold_us", u32), ("ack_timeout_us", u32),
+                ("probe_us", u32), ("fb_interval_us", u32), ("n_devices", u32),
+                ("devices", Device * C["MRC_MAX_DEVICES"])]
 
 
 class Spray(ctypes.Structure):
@@ -136,6 +140,7 @@ def srh_len(n_segments: int) -> int:
     return 8 + 16 * n_segments + C["MRC_TLV_SIZE"]
 
 
-def encap_len(n_segments: int) -> int:
-    """Bytes encapsulation adds to a packet (outer IPv6 + SRH + TLV)."""
-    return 40 + srh_len(n_segments)
+def encap_len(n_segments: int, usid: bool = False) -> int:
+    """Bytes encapsulation adds to a packet: outer IPv6 + SRH + TLV, or
+    for a uSID path outer IPv6 + Destination Options with the TLV."""
+    return C["MRC_USID_ENCAP_LEN"] if usid else 40 + srh_len(n_segments)

@@ -12,25 +12,20 @@ import zlib
 
 from pyroute2 import IPRoute
 
-from . import classes, hooks, layout, pins, routes
+from . import classes, layout, routes
 from .datapath import Attachment
 from .errors import MrcError
 from .source import C
 
 MAX_PATHS, MAX_PEERS, MAX_SEGMENTS = C["MRC_MAX_PATHS"], C["MRC_MAX_PEERS"], C["MRC_MAX_SEGMENTS"]
-REDIRECT = C["MRC_PATH_F_REDIRECT"]
+REDIRECT, USID = C["MRC_PATH_F_REDIRECT"], C["MRC_PATH_F_USID"]
+USID_BLOCK_BITS, USID_ID_BITS = C["MRC_USID_BLOCK_BITS"], C["MRC_USID_ID_BITS"]
 UP, UNUSED = C["MRC_PATH_UP"], C["MRC_PATH_UNUSED"]
 MAX_CLASSES, SLOTS = C["MRC_MAX_CLASSES"], C["MRC_SPRAY_SLOTS"]
 POLICIES = {name[len("MRC_POLICY_"):].lower(): value
             for name, value in C.items() if name.startswith("MRC_POLICY_")}
 POLICY_NAMES = {v: k for k, v in POLICIES.items()}
 MAX_WEIGHT = 1000
-
-
-def _is_attached(ipr: IPRoute, index: int) -> bool:
-    """Another device of this namespace that carries the datapath (a plane)."""
-    links = ipr.get_links(index)
-    return bool(links) and links[0].get_attr("IFLA_IFNAME") in pins.attached_devices()
 
 
 def parse_prefix(text: str) -> ipaddress._BaseNetwork:
@@ -56,6 +51,60 @@ def parse_segments(text: str) -> list[ipaddress.IPv6Address]:
             raise MrcError(f"bad segment {s!r}: must be a unicast SID")
         out.append(seg)
     return out
+
+
+def parse_usid(text: str) -> tuple[ipaddress.IPv6Address, ipaddress.IPv6Address]:
+    """(container, the peer's SID) of a compressed path: a 32-bit block,
+    then 16-bit IDs, zeros after the last; the peer is the last ID."""
+    try:
+        container = ipaddress.IPv6Address(text.strip())
+    except ValueError:
+        raise MrcError(f"bad uSID path {text!r}: expected an IPv6 address such as fc00:0:101:e002::")
+    slots = (128 - USID_BLOCK_BITS) // USID_ID_BITS
+    value = int(container)
+    ids = [(value >> (128 - USID_BLOCK_BITS - USID_ID_BITS * (i + 1))) & ((1 << USID_ID_BITS) - 1)
+           for i in range(slots)]
+    used = [i for i, v in enumerate(ids) if v]
+    if not used or container.is_multicast:
+        raise MrcError(f"bad uSID path {text!r}: no ID after the {USID_BLOCK_BITS}-bit block")
+    last = used[-1]
+    if len(used) != last + 1:
+        raise MrcError(f"bad uSID path {text!r}: a zero ID before the last one ends the path early")
+    block = value >> (128 - USID_BLOCK_BITS) << (128 - USID_BLOCK_BITS)
+    peer = ipaddress.IPv6Address(block | ids[last] << (128 - USID_BLOCK_BITS - USID_ID_BITS))
+    return container, peer
+
+
+class PathSpec:
+    """One path as given: an SRH segment list, or a uSID container."""
+
+    def __init__(self, segments: list[ipaddress.IPv6Address], peer_sid: ipaddress.IPv6Address,
+                 usid: bool):
+        self.segments, self.peer_sid, self.usid = segments, peer_sid, usid
+
+    @classmethod
+    def via(cls, text: str) -> "PathSpec":
+        segments = parse_segments(text)
+        return cls(segments, segments[-1], False)
+
+    @classmethod
+    def compressed(cls, text: str) -> "PathSpec":
+        container, peer = parse_usid(text)
+        return cls([container], peer, True)
+
+    @property
+    def first_hop(self) -> ipaddress.IPv6Address:
+        return self.segments[0]
+
+    @property
+    def overhead(self) -> int:
+        return layout.encap_len(len(self.segments), self.usid)
+
+    def describe(self) -> dict:
+        if self.usid:
+            return {"encoding": "usid", "usid": str(self.segments[0]), "peer_sid": str(self.peer_sid)}
+        return {"encoding": "srh", "segments": [str(s) for s in self.segments],
+                "peer_sid": str(self.peer_sid)}
 
 
 def peer_key(prefix: ipaddress._BaseNetwork) -> layout.PeerKey:
@@ -88,9 +137,14 @@ def flowlabel(prefix, path_id: int, segments) -> int:
 
 
 def _segments_of(path: layout.Path) -> list[str]:
-    """Travel order (the wire holds them last-first)."""
+    """Travel order (the wire holds them last-first); a uSID path's one
+    entry is its container."""
     wire = [ipaddress.IPv6Address(bytes(path.segments[i].addr)) for i in range(path.n_segments)]
     return [str(s) for s in reversed(wire)]
+
+
+def _overhead(path: layout.Path) -> int:
+    return layout.encap_len(path.n_segments, bool(path.flags & USID))
 
 
 def _free_peer_id(att: Attachment) -> int:
@@ -120,8 +174,7 @@ def _used(att: Attachment, peer: layout.Peer) -> list[tuple[int, layout.Path]]:
 
 
 def _route_mtu(att: Attachment, peer: layout.Peer) -> int:
-    worst = max(p.n_segments for _, p in _used(att, peer))
-    return att.config.mtu - layout.encap_len(worst)
+    return att.config.mtu - max(_overhead(p) for _, p in _used(att, peer))
 
 
 def smooth_weighted(weights: dict[int, int], slots: int = SLOTS) -> list[int]:
@@ -167,17 +220,21 @@ def _rebuild(att: Attachment, peer: layout.Peer) -> None:
         if value.value == peer.peer_id:
             by_sid.delete(key)
     for _, path in _used(att, peer):
-        by_sid.update(layout.Sid.from_buffer_copy(bytes(path.segments[0])), layout.u32(peer.peer_id))
+        by_sid.update(layout.Sid.from_buffer_copy(bytes(path.peer_sid)), layout.u32(peer.peer_id))
 
 
 def _sync_route(att: Attachment, prefix, peer: layout.Peer) -> None:
     """The peer route goes via the first used path's first hop; paths with
-    another first hop are redirected to theirs by the datapath."""
+    another first hop (another router, another plane's device) are
+    redirected to theirs by the datapath."""
     paths = att.maps["paths"]
     used = _used(att, peer)
     first = used[0][1]
+    index = first.oif
     with IPRoute() as ipr:
-        index = hooks.ifindex(ipr, att.device)
+        for other in att.ifindexes:     # it may have moved to another plane
+            if other != index:
+                routes.remove(ipr, prefix, other)
         routes.install(ipr, prefix, _addr(first.nexthop), index, _route_mtu(att, peer))
     for i, path in used:
         redirect = path.oif != index or bytes(path.nexthop) != bytes(first.nexthop)
@@ -191,18 +248,13 @@ def _addr(raw) -> str:
     return str(ipaddress.IPv6Address(bytes(raw)))
 
 
-def add(att: Attachment, prefix_text: str, via: str | list[str], weight: int = 1,
-        tclass_name: str | None = None) -> dict | list[dict]:
-    """Add one path (via "S1,S2") or several (a list of them) in one go."""
-    if isinstance(via, list):
-        return _add_many(att, prefix_text, via, weight, tclass_name)
-    return _add_many(att, prefix_text, [via], weight, tclass_name)[0]
-
-
-def _add_many(att: Attachment, prefix_text: str, vias: list[str], weight: int,
-              tclass_name: str | None) -> list[dict]:
+def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1,
+        tclass_name: str | None = None, usids: list[str] = ()) -> list[dict]:
+    """Add paths in one go: segment lists ("S1,S2") and uSID containers."""
+    specs = [PathSpec.via(v) for v in vias] + [PathSpec.compressed(u) for u in usids]
+    if not specs:
+        raise MrcError("a path needs --via SEG1,SEG2,... or --usid CONTAINER")
     prefix = parse_prefix(prefix_text)
-    all_segments = [parse_segments(v) for v in vias]
     if not 1 <= weight <= MAX_WEIGHT:
         raise MrcError(f"bad weight {weight}: 1..{MAX_WEIGHT}")
     tclass = classes.class_id(att, tclass_name) if tclass_name else 0
@@ -214,40 +266,40 @@ def _add_many(att: Attachment, prefix_text: str, vias: list[str], weight: int,
         peer = layout.Peer(peer_id=_free_peer_id(att), n_paths=0, policy=POLICIES["rr"])
     used_ids = {i for i, _ in _used(att, peer)} if not new_peer else set()
     free_ids = [i for i in range(MAX_PATHS) if i not in used_ids]
-    if len(free_ids) < len(all_segments):
-        raise MrcError(f"{prefix} has room for {len(free_ids)} more paths, not {len(all_segments)} "
+    if len(free_ids) < len(specs):
+        raise MrcError(f"{prefix} has room for {len(free_ids)} more paths, not {len(specs)} "
                        f"(at most {MAX_PATHS})")
     # check everything before touching any map: nothing half-changed on error
     resolved = []
+    attached = att.ifindexes
     with IPRoute() as ipr:
-        attached = hooks.ifindex(ipr, att.device)
-        for segments in all_segments:
-            overhead = layout.encap_len(len(segments))
-            if att.config.mtu - overhead < (1280 if prefix.version == 6 else 576):
-                raise MrcError(f"{len(segments)} segments leave less than the minimum MTU on "
-                               f"{att.device} (MTU {att.config.mtu}, overhead {overhead})")
-            oif, gateway = routes.next_hop(ipr, str(segments[0]))
-            if oif != attached and not _is_attached(ipr, oif):
+        for spec in specs:
+            if att.config.mtu - spec.overhead < (1280 if prefix.version == 6 else 576):
+                raise MrcError(f"{len(spec.segments)} segments leave less than the minimum MTU on "
+                               f"{att.device} (MTU {att.config.mtu}, overhead {spec.overhead})")
+            oif, gateway = routes.next_hop(ipr, str(spec.first_hop))
+            if oif not in attached:
                 name = ipr.get_links(oif)[0].get_attr("IFLA_IFNAME") if oif else "?"
-                raise MrcError(f"first segment {segments[0]} is routed out of {name}, "
+                raise MrcError(f"first hop {spec.first_hop} is routed out of {name}, "
                                f"where mrc-ebpf is not attached")
             resolved.append((oif, gateway))
 
     results = []
-    for path_id, segments, (oif, gateway) in zip(free_ids, all_segments, resolved):
-        path = layout.Path(n_segments=len(segments), state=UP, weight=weight, tclass=tclass,
-                           flowlabel=flowlabel(prefix, path_id, segments), oif=oif)
+    for path_id, spec, (oif, gateway) in zip(free_ids, specs, resolved):
+        path = layout.Path(n_segments=len(spec.segments), state=UP, weight=weight, tclass=tclass,
+                           flowlabel=flowlabel(prefix, path_id, spec.segments), oif=oif,
+                           flags=USID if spec.usid else 0)
         ctypes.memmove(path.nexthop, ipaddress.IPv6Address(gateway).packed, 16)
-        for i, seg in enumerate(reversed(segments)):
+        ctypes.memmove(path.peer_sid.addr, spec.peer_sid.packed, 16)
+        for i, seg in enumerate(reversed(spec.segments)):
             ctypes.memmove(path.segments[i].addr, seg.packed, 16)
         index = path_index(peer.peer_id, path_id)
         att.maps["paths"].update(index, path)
         _reset_path_state(att, index)
         peer.n_paths = max(peer.n_paths, path_id + 1)
-        results.append({"prefix": str(prefix), "path_id": path_id,
-                        "segments": [str(s) for s in segments], "weight": weight,
-                        "class": tclass_name or classes.DEFAULT,
-                        "overhead": layout.encap_len(len(segments))})
+        results.append({"prefix": str(prefix), "path_id": path_id, **spec.describe(),
+                        "weight": weight, "class": tclass_name or classes.DEFAULT,
+                        "overhead": spec.overhead})
     if new_peer:
         att.maps["peer_tx"].update(layout.Index(peer.peer_id), layout.PeerTx())
     _rebuild(att, peer)       # spray lists first: the peer entry makes them live
@@ -278,7 +330,8 @@ def delete(att: Attachment, prefix_text: str, path_id: int | None = None) -> dic
     if path_id is None or len(used) == 1:
         att.maps["peers"].delete(key)
         with IPRoute() as ipr:
-            routes.remove(ipr, prefix, hooks.ifindex(ipr, att.device))
+            for index in att.ifindexes:
+                routes.remove(ipr, prefix, index)
         for i in used:
             att.maps["paths"].update(path_index(peer.peer_id, i), layout.Path())
         _rebuild(att, peer)
@@ -324,10 +377,12 @@ def list_paths(att: Attachment) -> list[dict]:
                 state = "down"
             rows.append({
                 "prefix": str(prefix), "path_id": path_id, "segments": _segments_of(path),
+                "encoding": "usid" if path.flags & USID else "srh",
+                "peer_sid": _addr(path.peer_sid), "oif": path.oif,
                 "state": state, "weight": path.weight, "downs": live.downs,
                 "class": names.get(path.tclass, str(path.tclass)),
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
-                "flowlabel": path.flowlabel, "overhead": layout.encap_len(path.n_segments),
+                "flowlabel": path.flowlabel, "overhead": _overhead(path),
                 "tx_packets": sum(s.tx_packets for s in stats),
                 "tx_bytes": sum(s.tx_bytes for s in stats),
                 "next_seq": att.maps["path_tx"].lookup(index).seq,

@@ -21,40 +21,53 @@ def collect() -> list[dict]:
 
 
 def _one(ipr: IPRoute, device: str) -> dict:
-    row = {"device": device, "pins": str(pins.device_dir(device)), "problems": []}
+    row = {"device": device, "devices": [device], "pins": str(pins.device_dir(device)),
+           "problems": []}
     try:
         att = Attachment.open(device)
     except MrcError as e:
         row.update(healthy=False, problems=[str(e)], sid=None, xdp_mode=None, xdp_prog_id=0,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
-                   granularity=None, peers=0, paths=0)
+                   granularity=None, peers=0, paths=0, hooks=[])
         return row
     with att:
         cfg = att.config
         rx_id, tx_id = att.prog_id(PROG_RX), att.prog_id(PROG_TX)
         peers = [p for _, p in att.maps["peers"].items()]
+        overhead = {f"{n} seg": layout.encap_len(n) for n in range(1, C["MRC_MAX_SEGMENTS"] + 1)}
+        overhead["usid"] = layout.encap_len(1, usid=True)
         row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
-                   peers=len(peers), paths=sum(p.n_paths for p in peers),
-                   overhead={n: layout.encap_len(n) for n in range(1, C["MRC_MAX_SEGMENTS"] + 1)})
-    found = ipr.link_lookup(ifname=device)
-    if not found:
-        row.update(xdp_mode=None, xdp_prog_id=0, xdp_ours=False, tc_prog_id=0, tc_ours=False,
-                   granularity=None)
-        row["problems"].append("device no longer exists: `mrcctl detach` clears the pins")
-    else:
-        index = found[0]
-        info = hooks.device_info(ipr, index)
-        tc_id = hooks.tc_egress_prog_ids(index).get(hooks.TC_PRIO, 0)
-        row.update(xdp_mode=info["xdp_mode"], xdp_prog_id=info["xdp_prog_id"],
-                   xdp_ours=bool(rx_id) and info["xdp_prog_id"] == rx_id,
-                   tc_prog_id=tc_id, tc_ours=bool(tx_id) and tc_id == tx_id,
-                   granularity=_granularity(device))
-        if not row["xdp_ours"]:
-            row["problems"].append(f"XDP on {device} is not our program (expected id {rx_id})")
-        if not row["tc_ours"]:
-            row["problems"].append(f"TC egress filter missing (expected prog id {tx_id})")
+                   peers=len(peers), paths=sum(p.n_paths for p in peers), overhead=overhead,
+                   devices=att.device_names())
+    # what the kernel has on each device, against the pinned programs
+    row["hooks"] = [_hooks(ipr, name, rx_id, tx_id, row["problems"]) for name in row["devices"]]
+    first = row["hooks"][0]
+    row.update({k: first[k] for k in ("xdp_mode", "xdp_prog_id", "xdp_ours", "tc_prog_id",
+                                      "tc_ours", "granularity")})
     row["healthy"] = not row["problems"]
     return row
+
+
+def _hooks(ipr: IPRoute, device: str, rx_id: int, tx_id: int, problems: list) -> dict:
+    hooked = {"device": device}
+    found = ipr.link_lookup(ifname=device)
+    if not found:
+        hooked.update(xdp_mode=None, xdp_prog_id=0, xdp_ours=False, tc_prog_id=0, tc_ours=False,
+                      granularity=None)
+        problems.append(f"{device} no longer exists: `mrcctl detach` clears the pins")
+        return hooked
+    index = found[0]
+    info = hooks.device_info(ipr, index)
+    tc_id = hooks.tc_egress_prog_ids(index).get(hooks.TC_PRIO, 0)
+    hooked.update(xdp_mode=info["xdp_mode"], xdp_prog_id=info["xdp_prog_id"],
+                  xdp_ours=bool(rx_id) and info["xdp_prog_id"] == rx_id,
+                  tc_prog_id=tc_id, tc_ours=bool(tx_id) and tc_id == tx_id,
+                  granularity=_granularity(device))
+    if not hooked["xdp_ours"]:
+        problems.append(f"XDP on {device} is not our program (expected id {rx_id})")
+    if not hooked["tc_ours"]:
+        problems.append(f"TC egress filter missing on {device} (expected prog id {tx_id})")
+    return hooked
 
 
 def _granularity(device: str) -> str:

@@ -129,8 +129,9 @@ class KernelPeerLine:
 class Diamond:
     """A --- L1 ===(R1..Rn)=== L2 --- B: n paths between two hosts.
 
-    Each Rk is a kernel SRv6 End router (SID fc00:1:k::) on its own pair of
-    links (rup towards A, rdown towards B); L1 and L2 are plain IPv6 routers.  A (SID fc00:a::1, address
+    Each Rk is a kernel SRv6 End router (SID fc00:1:k::; with usid=True an
+    End with the next-csid flavor, and the hosts' SIDs under its block) on
+    its own pair of links (rup towards A, rdown towards B); L1 and L2 are plain IPv6 routers.  A (SID fc00:a::1, address
     fd00:a::a) and B (SID fc00:b::1, fd00:b::b) are the hosts that run
     mrc-ebpf.  `path_via(k, dst_sid)` is the segment list through Rk.
     """
@@ -138,9 +139,14 @@ class Diamond:
     A_SID, B_SID = "fc00:a::1", "fc00:b::1"
     A6, B6 = "fd00:a::a", "fd00:b::b"
 
-    def __init__(self, topo: Topology, n_paths: int = 4):
+    def __init__(self, topo: Topology, n_paths: int = 4, usid: bool = False):
         t = self.t = topo
         self.n = n_paths
+        self.usid = usid
+        if usid:
+            # compressed paths: block fc00:1::/32, router k is ID k, the
+            # hosts IDs e00a and e00b; a path is fc00:1:<k>:<host>::
+            self.A_SID, self.B_SID = "fc00:1:e00a::", "fc00:1:e00b::"
         self.A, self.B = t.ns("A"), t.ns("B")
         self.L1, self.L2 = t.ns("L1", forwarding=True), t.ns("L2", forwarding=True)
         self.R = [t.ns(f"R{k}", forwarding=True) for k in range(1, n_paths + 1)]
@@ -156,6 +162,9 @@ class Diamond:
         t.route(self.B, "fd00:a::/64", "via", "fd00:b::1")
         t.route(self.L1, "fc00:a::/48", "via", self.A6)
         t.route(self.L2, "fc00:b::/48", "via", self.B6)
+        if usid:
+            t.route(self.L1, f"{self.A_SID}/48", "via", self.A6)
+            t.route(self.L2, f"{self.B_SID}/48", "via", self.B6)
         for k, r in enumerate(self.R, start=1):
             up, down = f"fd00:10:{k:x}::", f"fd00:20:{k:x}::"
             t.link(self.L1, f"l1r{k}", r, "rup")
@@ -170,8 +179,15 @@ class Diamond:
             t.route(r, "fc00:a::/48", "via", f"{up}1")
             t.route(r, "fd00:b::/64", "via", f"{down}1")
             t.route(r, "fd00:a::/64", "via", f"{up}1")
-            t.exec(r, ["ip", "-6", "route", "add", f"fc00:1:{k:x}::/128", "encap", "seg6local",
-                       "action", "End", "dev", "rup"])
+            if usid:
+                t.route(r, f"{self.B_SID}/48", "via", f"{down}1")
+                t.route(r, f"{self.A_SID}/48", "via", f"{up}1")
+                t.exec(r, ["ip", "-6", "route", "add", f"fc00:1:{k:x}::/48", "encap", "seg6local",
+                           "action", "End", "flavors", "next-csid", "lblen", "32", "nflen", "16",
+                           "dev", "rup"])
+            else:
+                t.exec(r, ["ip", "-6", "route", "add", f"fc00:1:{k:x}::/128", "encap", "seg6local",
+                           "action", "End", "dev", "rup"])
         # plain (unencapsulated) traffic between the hosts goes via R1
         t.route(self.L1, "fd00:b::/64", "via", "fd00:10:1::2")
         t.route(self.L2, "fd00:a::/64", "via", "fd00:20:1::2")
@@ -179,3 +195,10 @@ class Diamond:
     @staticmethod
     def path_via(k: int, dst_sid: str) -> str:
         return f"fc00:1:{k:x}::,{dst_sid}"
+
+    def path_args(self, k: int, dst_sid: str) -> list[str]:
+        """`mrcctl path add` options for the path through Rk to dst_sid."""
+        if self.usid:
+            host_id = dst_sid.split(":")[2]
+            return ["--usid", f"fc00:1:{k:x}:{host_id}::"]
+        return ["--via", self.path_via(k, dst_sid)]

@@ -36,12 +36,17 @@ MrcTLV.register_variant()
 
 
 def mrc_tlv(packet) -> MrcTLV | None:
-    """The MRC TLV of a captured SRv6 packet, or None."""
-    from scapy.layers.inet6 import IPv6ExtHdrSegmentRouting
+    """The MRC TLV of a captured packet, from its SRH or, on a uSID path,
+    its Destination Options (same layout, option type MRC_OPT_TYPE)."""
+    from scapy.layers.inet6 import IPv6ExtHdrDestOpt, IPv6ExtHdrSegmentRouting
     srh = packet.getlayer(IPv6ExtHdrSegmentRouting)
-    if srh is None:
-        return None
-    for tlv in srh.tlv_objects:
-        if isinstance(tlv, MrcTLV):
-            return tlv
+    if srh is not None:
+        for tlv in srh.tlv_objects:
+            if isinstance(tlv, MrcTLV):
+                return tlv
+    doh = packet.getlayer(IPv6ExtHdrDestOpt)
+    if doh is not None:
+        for option in doh.options:
+            if getattr(option, "otype", None) == C["MRC_OPT_TYPE"]:
+                return MrcTLV(bytes(option))
     return None

@@ -114,8 +114,8 @@ class Spray(Diamond):
         mrcctl("attach", "a0", "--sid", self.A_SID, *options, netns=self.A)
         mrcctl("attach", "b0", "--sid", self.B_SID, *options, netns=self.B)
         for k in range(1, self.n + 1):
-            mrcctl("path", "add", "fd00:b::/64", "--via", self.path_via(k, self.B_SID), netns=self.A)
-            mrcctl("path", "add", "fd00:a::/64", "--via", self.path_via(k, self.A_SID), netns=self.B)
+            mrcctl("path", "add", "fd00:b::/64", *self.path_args(k, self.B_SID), netns=self.A)
+            mrcctl("path", "add", "fd00:a::/64", *self.path_args(k, self.A_SID), netns=self.B)
         self.policy(policy)
 
     def policy(self, name, ns=None):
@@ -144,7 +144,17 @@ class Spray(Diamond):
 
 @pytest.fixture
 def spray(topo):
-    net = Spray(topo, n_paths=4)
+    yield from _spray(topo, usid=False)
+
+
+@pytest.fixture(params=["srh", "usid"])
+def spray_any(request, topo):
+    """The Diamond with SRH paths, then again with compressed (uSID) ones."""
+    yield from _spray(topo, usid=request.param == "usid")
+
+
+def _spray(topo, usid):
+    net = Spray(topo, n_paths=4, usid=usid)
     # a UDP sink on B: without one, B answers each datagram with an ICMP
     # error, traffic the tests do not count on
     sink = topo.popen(net.B, [sys.executable, "-c", "import socket\n"

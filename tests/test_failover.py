@@ -69,12 +69,13 @@ def exclusion_us(net, first_drop_ns, path_id=BLACKHOLED):
     return (downs[0]["ns"] - first_drop_ns) / 1000
 
 
-def test_tcp_completes_through_a_blackhole_and_the_path_returns(spray):
+def test_tcp_completes_through_a_blackhole_and_the_path_returns(spray_any):
     """One path black-holed for 0.5 s under a paced TCP flow: the data
     arrives intact and the path carries traffic again after the heal.
     (Not asserted: exclusion within 1 ms.  Under TCP on this 2-core machine
     the acknowledgement clock also flaps healthy paths, and TCP may stall
     before the black-holed path is next chosen; see the closing note.)"""
+    spray = spray_any
     spray.attach("rr", "--ack-timeout-us", "500", "--probe-us", "2000")
     server, client = start_transfer(spray, 256 << 20, mbit=200)   # ~11 s
     time.sleep(0.5)
@@ -93,7 +94,8 @@ def test_tcp_completes_through_a_blackhole_and_the_path_returns(spray):
     assert spray.sent()[BLACKHOLED] - before >= 50
 
 
-def test_one_way_udp_fails_over_with_receiver_made_feedback(spray):
+def test_one_way_udp_fails_over_with_receiver_made_feedback(spray_any):
+    spray = spray_any
     spray.attach("rr", "--ack-timeout-us", "500", "--probe-us", "5000")
     spray.udp(2000)                           # feedback flowing, nothing down
     assert not [e for e in events(spray) if e["type"] == "down"]

@@ -3,8 +3,9 @@
 
 Boots a kernel (by default Debian's newest /boot/vmlinuz-*-amd64, a 6.1
 distro kernel) with virtme-ng under TCG (never KVM: KVM guests hang on the
-machines this project runs on), runs pytest as root inside against this
-project tree (shared read-write over 9p), and brings back the pytest output,
+machines this project runs on), runs pytest as root inside against a
+snapshot of this project tree taken at the start (shared over 9p), and
+brings back the pytest output,
 a summary line, the junit XML and the guest's kernel log.
 
     .venv/bin/python vm_tests/run.py [--kernel PATH] [--tests 'pytest args']
@@ -155,12 +156,37 @@ def host_bpffs_mounts() -> list[str]:
     return found
 
 
+def snapshot() -> Path:
+    """A copy of the tree as it is now, for the guest to test: edits made
+    while a run takes its quarter of an hour must not reach it half-way.
+    It lives in OUT, inside the tree the guest sees; the venv stays put
+    (it finds the copy's packages first: they are in the working directory)."""
+    tree = OUT / "tree"
+    shutil.rmtree(tree, ignore_errors=True)
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=PROJECT,
+                            capture_output=True)
+    if listed.returncode == 0:
+        files = [f for f in listed.stdout.decode().split("\0") if f]
+    else:   # not a git checkout: everything but the venv and our own output
+        files = [str(p.relative_to(PROJECT)) for p in PROJECT.rglob("*")
+                 if p.is_file() and not {".venv", ".git"} & set(p.relative_to(PROJECT).parts)]
+    out_rel = OUT.relative_to(PROJECT)
+    for name in files:
+        src = PROJECT / name
+        if Path(name).is_relative_to(out_rel) or not src.is_file():
+            continue
+        dst = tree / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    return tree
+
+
 def guest_script(pytest_args: list[str], pytest_timeout: int,
-                 bpffs: list[str]) -> str:
+                 bpffs: list[str], tree: Path) -> str:
     out = shlex.quote(str(OUT))
-    project = shlex.quote(str(PROJECT))
+    project = shlex.quote(str(tree))
     python = shlex.quote(str(PROJECT / ".venv" / "bin" / "python"))
-    junit = shlex.quote(str(OUT.relative_to(PROJECT) / "junit.xml"))
+    junit = shlex.quote(str(OUT / "junit.xml"))
     args = " ".join(shlex.quote(a) for a in pytest_args)
     mounts = " ".join(shlex.quote(p) for p in ["/sys/fs/bpf", *bpffs])
     return f"""#!/bin/bash
@@ -263,7 +289,8 @@ def main() -> int:
     script = OUT / "guest.sh"
     bpffs = [p for p in host_bpffs_mounts() + opts.bpffs if p != "/sys/fs/bpf"]
     bpffs = list(dict.fromkeys(bpffs))
-    script.write_text(guest_script(pytest_args, pytest_timeout, bpffs))
+    tree = snapshot()
+    script.write_text(guest_script(pytest_args, pytest_timeout, bpffs, tree))
     script.chmod(0o755)
 
     cmd = [str(vng), "--run", str(kernel),

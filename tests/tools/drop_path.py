@@ -1,5 +1,6 @@
 """The tests' own loss on a fabric link: an XDP program that drops the
-packets of one MRC path whose path_seq % MOD == REM, and counts them.
+packets of one MRC path (SRH or uSID) whose path_seq % MOD == REM, and
+counts them.
 
     ip netns exec R python drop_path.py IFACE PATH_ID MOD REM
     ip netns exec R python drop_path.py IFACE all        # a black hole for all
@@ -39,12 +40,20 @@ int drop(struct xdp_md *ctx) {{
     if ({int(drop_all)} && (void *)(ip6 + 1) <= end && eth->h_proto == htons(ETH_P_IPV6) &&
         ip6->nexthdr != 58)
         return drop_it();
-    if ((void *)(srh + 8) > end || eth->h_proto != htons(ETH_P_IPV6) || ip6->nexthdr != 43)
+    if ((void *)(srh + 8) > end || eth->h_proto != htons(ETH_P_IPV6))
         return XDP_PASS;
-    __u32 off = 8 + 16 * ((__u32)srh[4] + 1);
-    if (off > 8 + 16 * MRC_MAX_SEGMENTS) return XDP_PASS;
-    struct mrc_tlv *tlv = (void *)(srh + off);
-    if ((void *)(tlv + 1) > end || tlv->type != MRC_TLV_TYPE) return XDP_PASS;
+    struct mrc_tlv *tlv;
+    if (ip6->nexthdr == 60) {{           /* uSID path: the TLV is an option */
+        tlv = (void *)(srh + 2);
+        if ((void *)(tlv + 1) > end || tlv->type != MRC_OPT_TYPE) return XDP_PASS;
+    }} else if (ip6->nexthdr == 43) {{
+        __u32 off = 8 + 16 * ((__u32)srh[4] + 1);
+        if (off > 8 + 16 * MRC_MAX_SEGMENTS) return XDP_PASS;
+        tlv = (void *)(srh + off);
+        if ((void *)(tlv + 1) > end || tlv->type != MRC_TLV_TYPE) return XDP_PASS;
+    }} else {{
+        return XDP_PASS;
+    }}
     if (ntohs(tlv->path_id) != {path_id} || ntohl(tlv->path_seq) % {mod} != {rem}) return XDP_PASS;
     return drop_it();
 }}
