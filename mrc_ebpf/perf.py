@@ -442,7 +442,7 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc) -> di
         else:
             addrs = _udp_hellos(usock, params.streams)
             socks = [usock]
-            lh, lp = usock.getsockname()[:2]
+            lh, lp = conn.getsockname()[0], usock.getsockname()[1]
             connected = [{"id": i, "local_host": lh, "local_port": lp, "remote_host": a[0],
                           "remote_port": a[1]} for i, a in sorted(addrs.items())]
         ctrl.send({"op": "start"})
@@ -504,7 +504,7 @@ def _accept_streams(listener, cookie: bytes, n: int) -> list[socket.socket]:
             if magic == DATA_MAGIC and their_cookie == cookie and 1 <= sid <= n and sid not in got:
                 got[sid] = s
                 continue
-            if raw_is_control(magic):
+            if _is_control(magic):
                 Control(s).error("the server is busy running a test; try again later")
             s.close()
     except BaseException:
@@ -516,7 +516,7 @@ def _accept_streams(listener, cookie: bytes, n: int) -> list[socket.socket]:
     return [got[i] for i in range(1, n + 1)]
 
 
-def raw_is_control(magic) -> bool:
+def _is_control(magic) -> bool:
     return isinstance(magic, bytes) and magic.startswith(b"{")
 
 
