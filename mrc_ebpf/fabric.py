@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import ipaddress
 import json
 import os
 import re
@@ -298,9 +297,8 @@ class Fabric:
             cmds += [f"addr replace {self.addr6(h)}/128 dev lo nodad",
                      f"addr replace {self.addr4(h)}/32 dev lo"]
         for lk, me, _ in self.ends(node):
-            plen = 64
             cmds.append(f"link set {me['dev']} up")
-            cmds.append(f"addr replace {me['addr']}/{plen} dev {me['dev']} nodad")
+            cmds.append(f"addr replace {me['addr']}/64 dev {me['dev']} nodad")
         return cmds
 
     def route_cmds(self, node: str) -> list[str]:
