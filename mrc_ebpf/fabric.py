@@ -575,11 +575,43 @@ def _faults_mod():
     return faults
 
 
+_CLONE_NEWNET = 0x40000000
+
+
+def _has_pins(ns: str) -> bool:
+    """Does the datapath have pinned state in namespace ns?  (Its pin
+    directory is named by the namespace's cookie: look from inside.)"""
+    import ctypes
+
+    from . import pins
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        target = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    except OSError:
+        return False
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if libc.setns(target, _CLONE_NEWNET) != 0:
+            return True          # cannot tell: let detach --all decide
+        try:
+            d = pins.netns_dir()
+            return d.is_dir() and any(d.iterdir())
+        finally:
+            if libc.setns(home, _CLONE_NEWNET) != 0:
+                raise MrcError("cannot return to the original network namespace")
+    except OSError:
+        return True
+    finally:
+        os.close(target)
+        os.close(home)
+
+
 def _teardown(fab: Fabric, state: dict, quiet: bool = False) -> list[str]:
     """Remove everything of fab that exists; return what could not be removed."""
     problems = []
     present = existing_namespaces()
     hosts = [fab.ns(fab.host(h)) for h in fab.hosts() if fab.ns(fab.host(h)) in present]
+    hosts = [ns for ns in hosts if _has_pins(ns)]
     # pins outlive a namespace: take the datapath's state down first (as Topology.destroy)
     for ns, r in zip(hosts, _parallel([[sys.executable, "-m", "cli.mrcctl", "--netns", ns, "detach",
                                         "--all"] for ns in hosts], limit=4)):
