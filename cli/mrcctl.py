@@ -348,6 +348,8 @@ def main():
 
 from cli.fabric_cmd import fabric  # noqa: E402
 cli.add_command(fabric)
+from cli.bench_cmd import bench  # noqa: E402
+cli.add_command(bench)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""Per-packet cost of the TX and RX programs, by BPF_PROG_TEST_RUN.
+"""Per-packet cost (BPF_PROG_TEST_RUN) and throughput over one veth pair.
 
-    python -m mrc_ebpf.bench_cost [--runs N] [-j]
+    mrcctl bench cost [--short]          (the scenario)
+    python -m mrc_ebpf.bench.cost [--runs N] [-j]   (the test-run part alone)
 
+Part 1, per-packet cost by BPF_PROG_TEST_RUN:
 Loads the datapath without attaching it, gives one peer 1, 16 and 256
 paths, and times mrc_tx on an IPv6/UDP packet for that peer and mrc_rx on
 what mrc_tx produced.  Each test run is a single run (repeat=1): both
@@ -9,6 +11,20 @@ programs change the packet, so repeating on the kernel's copy would time
 the pass-through path from the second run on.  The kernel times each run;
 the table shows percentiles over N runs.  Numbers are for comparing with
 each other on one machine, not absolute.
+
+Part 2, throughput: two namespaces joined by one veth pair (pfifo on both
+ends, so a full XDP ring pushes back rather than drops).  iperf3 floods
+64-byte UDP datagrams (-b 0, one sender thread) from A to B; the rate is
+counted at B's interface (rx packets over the middle of the run, leaving
+out start and end) for three set-ups doing the same job:
+  none    plain IPv6 routing, no program;
+  mrc     mrcctl attach on both ends, one path (A's TC egress encapsulates,
+          B's XDP validates and decapsulates);
+  kernel  the kernel's own `encap seg6 mode encap` route on A and
+          `End.DT6` on B.
+Ratios are against `none` in the same repetition.  The sender is one
+iperf3 thread, so the figure is the sender-side cost per packet as much
+as the receiver's.
 """
 from __future__ import annotations
 
@@ -17,14 +33,16 @@ import ctypes
 import ipaddress
 import json
 import statistics
+import time
 
 from scapy.layers.inet import UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
-from . import bpfsys, layout
-from .datapath import compile_datapath
-from .paths import MAX_CLASSES, POLICIES, flowlabel, peer_key
+from .. import bpfsys, layout
+from ..errors import MrcError
+from ..datapath import compile_datapath
+from ..paths import MAX_CLASSES, POLICIES, flowlabel, peer_key
 
 SID, PEER_SID = "fc00:a::1", "fc00:b::1"
 
@@ -55,8 +73,16 @@ def _percentiles(samples: list[int]) -> dict:
     return {"p10": at(0.10), "median": at(0.5), "p90": at(0.90)}
 
 
-def measure(runs: int = 20000, policies=("rr", "adaptive")) -> list[dict]:
+def measure(runs: int = 20000, policies=("rr", "adaptive"), repeat: int = 1) -> list[list[dict]]:
+    """`repeat` rounds of every (policy, paths) point, one compile."""
     module, tx, rx, _ = compile_datapath()
+    try:
+        return [_measure(module, tx, rx, runs, policies) for _ in range(repeat)]
+    finally:
+        module.cleanup()
+
+
+def _measure(module, tx, rx, runs, policies) -> list[dict]:
     packet = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IPv6(src="fd00:a::a", dst="fd00:b::b") / UDP(dport=9) / bytes(64))
     rows = []
     for policy in policies:
@@ -79,8 +105,179 @@ def measure(runs: int = 20000, policies=("rr", "adaptive")) -> list[dict]:
                 rx_ns.append(ns)
             rows.append({"policy": policy, "paths": n_paths,
                          "tx_ns": _percentiles(tx_ns), "rx_ns": _percentiles(rx_ns)})
-    module.cleanup()
     return rows
+
+
+# --------------------------------------------------------------------------- the scenario
+
+TITLE = "per-packet cost (BPF_PROG_TEST_RUN) and 64-byte UDP throughput: none vs mrc vs kernel SRv6"
+SETUPS = ("none", "mrc", "kernel")
+A_LINK, B_LINK = "fd01::a", "fd01::b"
+A_DATA, B_DATA = "fd00:a::1", "fd00:b::1"
+A_SID, B_SID, B_DT6, A_DT6 = "fc00:a::1", "fc00:b::1", "fc00:b::6", "fc00:a::6"
+
+
+def params(short: bool) -> dict:
+    return {"runs": 1000 if short else 20000, "paths": [1, 16, 256], "policies": ["rr", "adaptive"],
+            "flood_seconds": 1.5 if short else 5.0, "payload_bytes": 64, "repeat": 2 if short else 3,
+            "setups": list(SETUPS), "sender": "iperf3 -u -l 64 -b 0 (one thread)",
+            "counted_at": "receiver interface rx_packets, middle of the run (0.5 s trimmed each end)"}
+
+
+def _setup(env, ns, mode: str, undo: bool = False) -> None:
+    A, B = ns["A"], ns["B"]
+    if mode == "kernel":
+        verb = "del" if undo else "replace"
+        env.run(None, ["ip", "-n", A, "-6", "route", verb, f"{B_DATA}/128", "encap", "seg6", "mode", "encap",
+                       "segs", B_DT6, "via", B_LINK, "dev", "a0"])
+        env.run(None, ["ip", "-n", B, "-6", "route", verb, f"{A_DATA}/128", "encap", "seg6", "mode", "encap",
+                       "segs", A_DT6, "via", A_LINK, "dev", "b0"])
+    elif mode == "mrc":
+        if undo:
+            env.mrcctl(A, "detach", "--all")
+            env.mrcctl(B, "detach", "--all")
+        else:
+            env.mrcctl(A, "attach", "a0", "--sid", A_SID)
+            env.mrcctl(B, "attach", "b0", "--sid", B_SID)
+            env.mrcctl(A, "path", "add", "fd00:b::/64", "--via", B_SID)
+            env.mrcctl(B, "path", "add", "fd00:a::/64", "--via", A_SID)
+
+
+def _pair(env, ns) -> None:
+    A, B = ns["A"], ns["B"]
+    env.run(None, ["ip", "link", "add", "a0", "netns", A, "type", "veth", "peer", "name", "b0", "netns", B])
+    for n, dev, link, data, sid, dt6, peer in ((A, "a0", A_LINK, A_DATA, A_SID, A_DT6, B_LINK),
+                                               (B, "b0", B_LINK, B_DATA, B_SID, B_DT6, A_LINK)):
+        env.run(n, ["sysctl", "-qw", f"net.ipv6.conf.{dev}.seg6_enabled=1"])
+        cmds = [f"link set {dev} up", f"addr add {link}/64 dev {dev} nodad", f"addr add {data}/128 dev lo",
+                f"route add fd00::/16 via {peer} dev {dev}", f"route add fc00::/16 via {peer} dev {dev}",
+                f"route add {dt6}/128 encap seg6local action End.DT6 table local dev {dev}"]
+        env.run(None, ["ip", "-n", n, "-batch", "-"], input="\n".join(cmds) + "\n")
+        env.run(None, ["tc", "-n", n, "qdisc", "replace", "dev", dev, "root", "pfifo", "limit", "1000"])
+
+
+def _flood(env, ns, seconds: float, port: int) -> dict:
+    A, B = ns["A"], ns["B"]
+    srv = env.popen(B, ["iperf3", "-s", "-1", "-B", B_DATA, "-p", str(port)])
+    try:
+        time.sleep(0.3)
+        # iperf3 runs longer than the window counted, which starts once packets flow
+        cli = env.popen(A, ["iperf3", "-c", B_DATA, "-B", A_DATA, "-p", str(port), "-u", "-l", "64",
+                            "-b", "0", "-t", str(seconds + 10)])
+        s0 = env.link_stats(B, "b0")
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if env.link_stats(B, "b0")["rx_packets"] - s0["rx_packets"] > 1000:
+                break
+        time.sleep(0.3)
+        s1, t1 = env.link_stats(B, "b0"), time.monotonic()
+        time.sleep(seconds)
+        s2, t2 = env.link_stats(B, "b0"), time.monotonic()
+        env.end(cli)
+    finally:
+        env.wait(srv, timeout=2)
+    dt = t2 - t1
+    pps = (s2["rx_packets"] - s1["rx_packets"]) / dt
+    if pps <= 0:
+        raise MrcError("cost: nothing reached the receiver during the flood")
+    return {"pps": pps, "payload_gbps": pps * 64 * 8 / 1e9,
+            "wire_gbps": (s2["rx_bytes"] - s1["rx_bytes"]) * 8 / dt / 1e9,
+            "frame_bytes": (s2["rx_bytes"] - s1["rx_bytes"]) / max(1, s2["rx_packets"] - s1["rx_packets"]),
+            "seconds": dt}
+
+
+def run(p: dict, env) -> dict:
+    from .runner import log, mmm, namespaces
+    log(f"cost: BPF_PROG_TEST_RUN, {p['runs']} runs per point")
+    progs = measure(p["runs"], tuple(p["policies"]), p["repeat"])
+    prog_rows = []
+    for i, row in enumerate(progs[0]):
+        tx = [rep[i]["tx_ns"]["median"] for rep in progs]
+        rx = [rep[i]["rx_ns"]["median"] for rep in progs]
+        prog_rows.append({"policy": row["policy"], "paths": row["paths"], "tx_ns_median": mmm(tx),
+                          "rx_ns_median": mmm(rx), "runs": [{"tx_ns": rep[i]["tx_ns"], "rx_ns": rep[i]["rx_ns"]}
+                                                             for rep in progs]})
+    flat = {}
+    for pol in p["policies"]:
+        rows = [r for r in prog_rows if r["policy"] == pol]
+        for d in ("tx", "rx"):
+            med = [r[f"{d}_ns_median"]["median"] for r in rows]
+            flat[f"{pol}_{d}_256_over_1"] = med[-1] / med[0]
+    runs = {s: [] for s in p["setups"]}
+    with namespaces("c", ["A", "B"]) as ns:
+        _pair(env, ns)
+        port = 5300
+        # none and kernel alternate; mrc is attached once (a compile per end)
+        for group in ([s for s in p["setups"] if s != "mrc"], [s for s in p["setups"] if s == "mrc"]):
+            if not group:
+                continue
+            if group == ["mrc"]:
+                _setup(env, ns, "mrc")
+            try:
+                for rep in range(p["repeat"]):
+                    for setup in group:
+                        log(f"cost: flood {setup} (run {rep + 1}/{p['repeat']})")
+                        if setup == "kernel":
+                            _setup(env, ns, setup)
+                        try:
+                            port += 1
+                            runs[setup].append(_flood(env, ns, p["flood_seconds"], port))
+                        finally:
+                            if setup == "kernel":
+                                _setup(env, ns, setup, undo=True)
+            finally:
+                if group == ["mrc"]:
+                    _setup(env, ns, "mrc", undo=True)
+    through = {}
+    for setup in p["setups"]:
+        ratios = [r["pps"] / base["pps"] for r, base in zip(runs[setup], runs["none"])]
+        through[setup] = {"pps": mmm([r["pps"] for r in runs[setup]]),
+                          "payload_gbps": mmm([r["payload_gbps"] for r in runs[setup]]),
+                          "wire_gbps": mmm([r["wire_gbps"] for r in runs[setup]]),
+                          "frame_bytes": runs[setup][0]["frame_bytes"],
+                          "ratio_to_none": mmm(ratios), "runs": runs[setup]}
+    mrc_vs_kernel = mmm([m["pps"] / k["pps"] for m, k in zip(runs["mrc"], runs["kernel"])])
+    return {"prog_test_run": prog_rows, "flatness_256_over_1": flat, "throughput": through,
+            "mrc_over_kernel_pps": mrc_vs_kernel,
+            "notes": [f"mrc/kernel pps ratio {mrc_vs_kernel['median']:.2f} "
+                      f"(min {mrc_vs_kernel['min']:.2f}, max {mrc_vs_kernel['max']:.2f})",
+                      "ns/packet 256 paths over 1 path: " +
+                      ", ".join(f"{k} {v:.2f}" for k, v in flat.items())]}
+
+
+def table(results: dict):
+    from .runner import fmt3
+    headers = ["what", "setting", "TX ns/pkt", "RX ns/pkt", "pps", "payload Gbit/s", "vs none"]
+    rows = [("prog_test_run", f"{r['policy']}, {r['paths']} paths", fmt3(r["tx_ns_median"]),
+             fmt3(r["rx_ns_median"]), "", "", "") for r in results["prog_test_run"]]
+    for setup, t in results["throughput"].items():
+        rows.append(("64 B UDP flood", setup, "", "", fmt3(t["pps"]), fmt3(t["payload_gbps"]),
+                     fmt3(t["ratio_to_none"])))
+    return headers, rows
+
+
+def plot(results: dict, plt):
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for pol in sorted({r["policy"] for r in results["prog_test_run"]}):
+        rows = [r for r in results["prog_test_run"] if r["policy"] == pol]
+        for d, m in (("tx", "o-"), ("rx", "s--")):
+            ys = [r[f"{d}_ns_median"]["median"] for r in rows]
+            lo = [y - r[f"{d}_ns_median"]["min"] for y, r in zip(ys, rows)]
+            hi = [r[f"{d}_ns_median"]["max"] - y for y, r in zip(ys, rows)]
+            ax1.errorbar([r["paths"] for r in rows], ys, yerr=[lo, hi], fmt=m, label=f"{d.upper()} {pol}")
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("paths")
+    ax1.set_ylabel("ns / packet (BPF_PROG_TEST_RUN median)")
+    ax1.set_ylim(bottom=0)
+    ax1.legend(fontsize=7)
+    names = list(results["throughput"])
+    med = [results["throughput"][n]["pps"]["median"] / 1e3 for n in names]
+    lo = [m - results["throughput"][n]["pps"]["min"] / 1e3 for m, n in zip(med, names)]
+    hi = [results["throughput"][n]["pps"]["max"] / 1e3 - m for m, n in zip(med, names)]
+    ax2.bar(names, med, yerr=[lo, hi], color=["grey", "tab:blue", "tab:orange"][:len(names)])
+    ax2.set_ylabel("kpps at the receiver (64 B UDP)")
+    return fig
 
 
 def main() -> None:
@@ -89,7 +286,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20000)
     parser.add_argument("-j", "--json", action="store_true")
     args = parser.parse_args()
-    rows = measure(args.runs)
+    rows = measure(args.runs)[0]
     if args.json:
         print(json.dumps(rows, indent=2))
         return

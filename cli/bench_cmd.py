@@ -1,0 +1,28 @@
+"""`mrcctl bench SCENARIO`: benchmarks on fabrics of namespaces the run
+builds and always removes.  The work is in mrc_ebpf/bench/ (runner.py and
+one module per scenario); registered at the end of cli/mrcctl.py."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from mrc_ebpf.bench.runner import SCENARIOS
+
+
+@click.command()
+@click.argument("scenario", type=click.Choice([*SCENARIOS, "all"]))
+@click.option("--short", is_flag=True, help="Seconds, small numbers (what the tests run).")
+@click.option("--out", "out", default="bench-results", show_default=True, metavar="DIR",
+              help="Where <scenario>.json and <scenario>.png go.")
+@click.option("--repeat", type=click.IntRange(1, 100), metavar="N",
+              help="Repetitions of every measurement (default: the scenario's own).")
+@click.option("-j", "--json", "json_", is_flag=True, help="Print the JSON document(s) instead of tables.")
+def bench(scenario, short, out, repeat, json_):
+    """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):
+    JSON + PNG under --out and a table of min/median/max."""
+    from mrc_ebpf.bench import runner
+    names = list(SCENARIOS) if scenario == "all" else [scenario]
+    docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_)
+    if json_:
+        click.echo(json.dumps(docs if scenario == "all" else docs[0], indent=2, sort_keys=True))

@@ -1,0 +1,304 @@
+"""The benchmark runner behind `mrcctl bench SCENARIO` and `make bench`.
+
+Each scenario is a module of this package with
+
+    TITLE                     one line
+    params(short) -> dict     every parameter the run uses (stored in the JSON)
+    run(p, env) -> dict       measures; builds and always removes its own fabric
+    table(results) -> (headers, rows)
+    plot(results, plt) -> figure
+
+The runner adds the repetitions' min/median/max (`summary`), writes
+`<out>/<scenario>.json` and `<out>/<scenario>.png`, and prints a table.
+Shared helpers (a fabric that is always torn down, processes in
+namespaces that are always ended, nstat, interface counters) live here.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import MrcError
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "cost",
+             "collisions": "collisions", "reorder": "reorder"}
+VERSION = 1
+PY = sys.executable
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def mmm(values) -> dict:
+    """min/median/max (and n) of a list of numbers; None entries skipped."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return {"min": None, "median": None, "max": None, "n": 0}
+    return {"min": min(v), "median": statistics.median(v), "max": max(v), "n": len(v)}
+
+
+def fmt3(s: dict, scale: float = 1.0, digits: int = 3) -> str:
+    """'median (min-max)' of an mmm() dict."""
+    if not s or s.get("median") is None:
+        return "-"
+    f = lambda x: f"{x * scale:.{digits}g}"  # noqa: E731
+    return f"{f(s['median'])} ({f(s['min'])}-{f(s['max'])})"
+
+
+def percentile(values, q: float):
+    v = sorted(values)
+    if not v:
+        return None
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+# --------------------------------------------------------------------------- processes
+
+class Env:
+    """What a scenario runs with: processes it starts are ended (by pid) on exit."""
+
+    def __init__(self, repeat: int | None = None):
+        self.procs: list[subprocess.Popen] = []
+        self.repeat = repeat
+
+    def run(self, ns: str | None, cmd: list[str], check: bool = True, timeout: float = 120,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
+        r = subprocess.run(full, capture_output=True, text=True, timeout=timeout, cwd=ROOT, input=input)
+        if check and r.returncode != 0:
+            err = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+            raise MrcError(f"{' '.join(cmd[:5])} in {ns}: {err}")
+        return r
+
+    def popen(self, ns: str | None, cmd: list[str], **kw) -> subprocess.Popen:
+        full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        p = subprocess.Popen(full, cwd=ROOT, text=True, start_new_session=True, **kw)
+        self.procs.append(p)
+        return p
+
+    def wait(self, p: subprocess.Popen, timeout: float) -> tuple[str, str]:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        finally:
+            self.end(p)
+        return out, err
+
+    def end(self, p: subprocess.Popen) -> None:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)     # its own session: the ip netns exec child too
+            with contextlib.suppress(Exception):
+                p.communicate(timeout=10)
+        if p in self.procs:
+            self.procs.remove(p)
+
+    def close(self) -> None:
+        for p in list(self.procs):
+            self.end(p)
+
+    # -- mrcctl / mrc-perf / nstat
+    def mrcctl(self, ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.run(None, [PY, "-m", "cli.mrcctl", "--netns", ns, *args], check=check)
+
+    def perf_server(self, ns: str, port: int, bind: str) -> subprocess.Popen:
+        return self.popen(ns, [PY, "-m", "cli.mrc_perf", "-s", "-1", "-p", str(port), "-B", bind, "-J"])
+
+    def perf_client(self, ns: str, host: str, port: int, args: list[str], timeout: float) -> dict:
+        """Run mrc-perf -c, retrying while the server is not yet listening."""
+        deadline = time.monotonic() + 10
+        while True:
+            r = self.run(ns, [PY, "-m", "cli.mrc_perf", "-c", host, "-p", str(port), "-J", "-i", "0",
+                              *args], check=False, timeout=timeout)
+            if r.returncode == 0 or time.monotonic() > deadline or "refused" not in r.stderr:
+                break
+            time.sleep(0.2)
+        try:
+            doc = json.loads(r.stdout)
+        except ValueError:
+            raise MrcError(f"mrc-perf client failed: {r.stderr.strip()[-300:]}")
+        if doc.get("error"):
+            raise MrcError(f"mrc-perf: {doc['error']}")
+        return doc
+
+    def perf(self, client_ns: str, server_ns: str, server_addr: str, port: int, args: list[str],
+             duration: float) -> dict:
+        srv = self.perf_server(server_ns, port, server_addr)
+        try:
+            time.sleep(0.3)
+            return self.perf_client(client_ns, server_addr, port, args, timeout=duration + 60)
+        finally:
+            self.wait(srv, timeout=15)
+
+    def nstat(self, ns: str) -> dict[str, int]:
+        r = self.run(ns, ["nstat", "-asz", "--json"], check=False)
+        try:
+            d = json.loads(r.stdout)
+        except ValueError:
+            return {}
+        return {k: int(v) for k, v in d.get("kernel", d).items()}
+
+    def link_stats(self, ns: str, dev: str) -> dict:
+        r = self.run(ns, ["ip", "-s", "-j", "link", "show", dev])
+        st = json.loads(r.stdout)[0]["stats64"]
+        return {"rx_packets": st["rx"]["packets"], "rx_bytes": st["rx"]["bytes"],
+                "tx_packets": st["tx"]["packets"], "tx_bytes": st["tx"]["bytes"],
+                "rx_dropped": st["rx"]["dropped"], "tx_dropped": st["tx"]["dropped"]}
+
+
+def delta(a: dict, b: dict, keys=None) -> dict:
+    keys = keys or sorted(set(a) | set(b))
+    return {k: b.get(k, 0) - a.get(k, 0) for k in keys}
+
+
+# --------------------------------------------------------------------------- fabric
+
+def unique_name(tag: str) -> str:
+    return f"b{tag}{os.getpid() % 100000}"[:16]
+
+
+@contextlib.contextmanager
+def no_interrupt():
+    """Teardown is not cut short by a second Ctrl-C."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, rate: str | None = "100mbit",
+           host_rate: str | None = None):
+    """A fabric of its own (unique name), always removed on the way out."""
+    from .. import fabric as fab_mod
+    name = unique_name(tag)
+    log(f"fabric {name}: {spines} spines x {leaves} leaves x {hosts_per_leaf} hosts, rate {rate}")
+    fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, "srh")
+    try:
+        yield fab_mod.Fabric(fab_mod.load(name)["spec"])
+    finally:
+        with no_interrupt():
+            try:
+                fab_mod.down(name)
+            except MrcError as e:
+                log(f"fabric down {name}: {e}")
+                left = [ns for ns in fab_mod.existing_namespaces() if ns.startswith(f"{name}-")]
+                for ns in left:
+                    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@contextlib.contextmanager
+def namespaces(tag: str, nodes: list[str]):
+    """Plain namespaces NAME-<node> (seg6 and forwarding on), always deleted."""
+    name = unique_name(tag)
+    made = []
+    try:
+        for n in nodes:
+            ns = f"{name}-{n}"
+            subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
+            made.append(ns)
+            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.seg6_enabled=1",
+                            "net.ipv6.conf.default.seg6_enabled=1", "net.ipv6.conf.all.accept_dad=0",
+                            "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.forwarding=1"],
+                           check=True, capture_output=True)
+            subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True, capture_output=True)
+        yield {n: f"{name}-{n}" for n in nodes}
+    finally:
+        with no_interrupt():
+            for ns in made:
+                subprocess.run([PY, "-m", "cli.mrcctl", "--netns", ns, "detach", "--all"],
+                               capture_output=True, cwd=ROOT, timeout=120)
+            for ns in made:
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+# --------------------------------------------------------------------------- running
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
+def module(scenario: str):
+    if scenario not in SCENARIOS:
+        raise MrcError(f"no scenario {scenario!r} (one of {', '.join(SCENARIOS)}, all)")
+    return importlib.import_module(f"{__package__}.{SCENARIOS[scenario]}")
+
+
+def _plt():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MrcError("the plots need matplotlib: apt-get install python3-matplotlib "
+                       "(or .venv/bin/pip install matplotlib)")
+    return plt
+
+
+def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-results",
+                 repeat: int | None = None, quiet: bool = False) -> dict:
+    mod = module(scenario)
+    plt = _plt()                      # fail before measuring, not after
+    if os.geteuid() != 0:
+        raise MrcError("mrcctl bench needs root (namespaces, BPF)")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    p = mod.params(short)
+    if repeat is not None:
+        if repeat < 1:
+            raise MrcError("--repeat must be at least 1")
+        p["repeat"] = repeat
+    old = signal.signal(signal.SIGTERM, _sigterm)
+    env = Env(p.get("repeat"))
+    started, t0 = time.time(), time.monotonic()
+    log(f"{scenario}: {mod.TITLE} ({'short' if short else 'full'}, repeat {p.get('repeat')})")
+    try:
+        results = mod.run(p, env)
+    finally:
+        env.close()
+        signal.signal(signal.SIGTERM, old)
+    doc = {"tool": "mrc-bench", "version": VERSION, "scenario": scenario, "title": mod.TITLE,
+           "short": short, "params": p, "method": (mod.__doc__ or "").strip(),
+           "started": started, "duration_s": round(time.monotonic() - t0, 2),
+           "machine": {"kernel": platform.release(), "cpus": os.cpu_count(),
+                       "loadavg_at_end": list(os.getloadavg())},
+           "results": results}
+    path_json = out / f"{scenario}.json"
+    path_json.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    fig = mod.plot(results, plt)
+    fig.suptitle(f"{scenario}{' (short)' if short else ''}: {mod.TITLE}", fontsize=9)
+    fig.tight_layout()
+    path_png = out / f"{scenario}.png"
+    fig.savefig(path_png, dpi=100)
+    plt.close(fig)
+    doc["files"] = {"json": str(path_json), "png": str(path_png)}
+    if not quiet:
+        from tabulate import tabulate
+        headers, rows = mod.table(results)
+        print(f"\n{scenario}: {mod.TITLE}  [{doc['duration_s']} s; median (min-max) of "
+              f"{p.get('repeat')} runs]")
+        print(tabulate(rows, headers=headers))
+        for line in results.get("notes", []):
+            print(f"  note: {line}")
+        print(f"  -> {path_json}, {path_png}")
+    return doc
+
+
+def run_all(names: list[str], **kw) -> list[dict]:
+    docs = []
+    for n in names:
+        docs.append(run_scenario(n, **kw))
+    return docs
