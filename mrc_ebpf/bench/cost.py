@@ -119,7 +119,7 @@ A_SID, B_SID, B_DT6, A_DT6 = "fc00:a::1", "fc00:b::1", "fc00:b::6", "fc00:a::6"
 
 def params(short: bool) -> dict:
     return {"runs": 1000 if short else 20000, "paths": [1, 16, 256], "policies": ["rr", "adaptive"],
-            "flood_seconds": 1.5 if short else 5.0, "payload_bytes": 64, "repeat": 2 if short else 3,
+            "flood_seconds": 1.0 if short else 5.0, "payload_bytes": 64, "repeat": 1 if short else 3,
             "setups": list(SETUPS), "sender": "iperf3 -u -l 64 -b 0 (one thread)",
             "counted_at": "receiver interface rx_packets, middle of the run (0.5 s trimmed each end)"}
 

@@ -34,6 +34,7 @@ SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "
              "collisions": "collisions", "reorder": "reorder"}
 VERSION = 1
 PY = sys.executable
+MADE: list[str] = []        # fabric / namespace-set names this process made (the JSON lists them)
 
 
 def log(msg: str) -> None:
@@ -185,6 +186,7 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
     """A fabric of its own (unique name), always removed on the way out."""
     from .. import fabric as fab_mod
     name = unique_name(tag)
+    MADE.append(name)
     log(f"fabric {name}: {spines} spines x {leaves} leaves x {hosts_per_leaf} hosts, rate {rate}")
     fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, "srh")
     try:
@@ -204,6 +206,7 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
 def namespaces(tag: str, nodes: list[str]):
     """Plain namespaces NAME-<node> (seg6 and forwarding on), always deleted."""
     name = unique_name(tag)
+    MADE.append(name)
     made = []
     try:
         for n in nodes:
@@ -263,6 +266,7 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
         p["repeat"] = repeat
     old = signal.signal(signal.SIGTERM, _sigterm)
     env = Env(p.get("repeat"))
+    del MADE[:]
     started, t0 = time.time(), time.monotonic()
     log(f"{scenario}: {mod.TITLE} ({'short' if short else 'full'}, repeat {p.get('repeat')})")
     try:
@@ -275,7 +279,7 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
            "started": started, "duration_s": round(time.monotonic() - t0, 2),
            "machine": {"kernel": platform.release(), "cpus": os.cpu_count(),
                        "loadavg_at_end": list(os.getloadavg())},
-           "results": results}
+           "results": results, "namespace_prefixes": [f"{n}-" for n in MADE]}
     path_json = out / f"{scenario}.json"
     path_json.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     fig = mod.plot(results, plt)

@@ -26,7 +26,7 @@ MODES = ("ecmp", "rr", "adaptive", "single")
 
 def params(short: bool) -> dict:
     return {"spines": 4, "rate": "50mbit" if short else "100mbit", "host_rate": None,
-            "flows": [1, 4] if short else [1, 2, 4, 16], "seconds": 2.0 if short else 8.0,
+            "flows": [1, 4] if short else [1, 2, 4, 16], "seconds": 1.5 if short else 8.0,
             "repeat": 1 if short else 3, "modes": list(MODES), "src": "h1", "dst": "h2",
             "tool": "mrc-perf -P FLOWS -t SECONDS -i 0 (TCP, 128 KiB writes)",
             "capacity": "spines x rate (one direction)"}

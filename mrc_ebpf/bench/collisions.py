@@ -1,0 +1,207 @@
+"""Collective-like rounds of fixed-size messages across the spines: flow
+collisions under kernel ECMP against per-packet spraying.
+
+Fabric: 2 leaves x H hosts, K spines (rate-limited leaf-spine links, host
+links unlimited).  Every message crosses the spines: host i under l1 is
+paired with a host under l2.  Rounds:
+  permutation  each host sends one message of `size` bytes to its partner
+               under the other leaf (the partner rotates every round), both
+               directions at once: H messages per direction;
+  all-to-all   each host sends one message to every host under the other
+               leaf: H x H messages per direction.
+A round starts all its transfers at once and ends with its slowest one.
+Transfers run over TCP connections set up beforehand between every pair
+(one process; sockets made in each host's namespace by setns), so a
+message's completion time is from the round's start to the receiver
+having the message's last byte.
+
+ideal = the bytes one leaf sends to the other in the round / (K x rate):
+every message of the round sharing the spines perfectly (headers and the
+SRv6 encapsulation not counted, so real transfers cannot reach it).
+Modes: ecmp (no MRC: the leaves hash each connection onto one spine) and
+mrc (rr spraying over the K spines on every host).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import socket
+import threading
+import time
+
+from .runner import fmt3, log, mmm, percentile
+
+TITLE = "message/round completion in permutation and all-to-all rounds: MRC spraying vs ECMP vs ideal"
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def params(short: bool) -> dict:
+    return {"spines": 4, "leaves": 2, "hosts_per_leaf": 2 if short else 4,
+            "rate": "50mbit" if short else "100mbit", "size": (256 << 10) if short else (1 << 20),
+            "rounds": {"permutation": 3 if short else 12, "all-to-all": 2 if short else 6},
+            "repeat": 1, "modes": ["ecmp", "mrc"], "transport": "TCP, one connection per host pair",
+            "ideal": "bytes one leaf sends the other per round / (spines x rate)"}
+
+
+@contextlib.contextmanager
+def _in_netns(ns: str):
+    target = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns")
+        try:
+            yield
+        finally:
+            _libc.setns(home, CLONE_NEWNET)
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+def _connect_all(fab, pairs, port):
+    """(src, dst) -> (sending socket, receiving socket)."""
+    listeners = {}
+    for h in sorted({d for _, d in pairs}):
+        with _in_netns(fab.ns(fab.host(h))):
+            ls = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            ls.bind((fab.addr6(h), port))
+            ls.listen(128)
+            listeners[h] = ls
+    conns = {}
+    try:
+        for s, d in pairs:
+            with _in_netns(fab.ns(fab.host(s))):
+                c = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+                c.bind((fab.addr6(s), 0))
+                c.settimeout(10)
+                c.connect((fab.addr6(d), port))
+            a, _ = listeners[d].accept()
+            c.settimeout(None)
+            a.settimeout(None)
+            conns[(s, d)] = (c, a)
+    finally:
+        for ls in listeners.values():
+            ls.close()
+    return conns
+
+
+def _round(conns, transfers, size):
+    buf = bytes(size)
+    done = {}
+    start = threading.Barrier(len(transfers) * 2 + 1)
+    t0 = [0]
+
+    def send(c):
+        start.wait()
+        c.sendall(buf)
+
+    def recv(key, a):
+        view = bytearray(size)
+        mv = memoryview(view)
+        start.wait()
+        got = 0
+        while got < size:
+            n = a.recv_into(mv[got:], size - got)
+            if not n:
+                raise OSError("connection closed")
+            got += n
+        done[key] = time.monotonic_ns()
+
+    threads = []
+    for key in transfers:
+        c, a = conns[key]
+        threads += [threading.Thread(target=send, args=(c,)), threading.Thread(target=recv, args=(key, a))]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0[0] = time.monotonic_ns()
+    for t in threads:
+        t.join(120)
+    if len(done) != len(transfers):
+        raise RuntimeError("a transfer did not finish")
+    times = [(done[k] - t0[0]) / 1e6 for k in transfers]
+    return times
+
+
+def run(p: dict, env) -> dict:
+    from .. import fabric as fab_mod
+    from ..fabric import parse_rate
+    from .runner import fabric
+    H = p["hosts_per_leaf"]
+    cap = p["spines"] * parse_rate(p["rate"])
+    left, right = list(range(1, H + 1)), list(range(H + 1, 2 * H + 1))
+    pairs = [(a, b) for a in left for b in right] + [(b, a) for a in left for b in right]
+    results = {}
+    with fabric("col", spines=p["spines"], leaves=2, hosts_per_leaf=H, rate=p["rate"]) as fab:
+        for mi, mode in enumerate(p["modes"]):
+            if mode == "mrc":
+                log("collisions: attaching MRC on every host (rr)")
+                fab_mod.attach(fab.name, None, "rr", [])
+                time.sleep(0.5)
+            conns = _connect_all(fab, pairs, 5600 + mi)
+            try:
+                per = {}
+                for kind, n_rounds in p["rounds"].items():
+                    n_rounds *= p["repeat"]
+                    msgs, rounds = [], []
+                    for r in range(n_rounds):
+                        if kind == "permutation":
+                            tr = [(left[i], right[(i + r) % H]) for i in range(H)]
+                            tr += [(right[(i + r) % H], left[i]) for i in range(H)]
+                            per_dir = H
+                        else:
+                            tr = pairs
+                            per_dir = H * H
+                        log(f"collisions: {mode} {kind} round {r + 1}/{n_rounds} ({len(tr)} messages)")
+                        times = _round(conns, tr, p["size"])
+                        msgs += times
+                        rounds.append(max(times))
+                    ideal = per_dir * p["size"] * 8 / cap * 1e3
+                    per[kind] = {"ideal_ms": ideal, "messages_per_round": len(tr),
+                                 "message_ms": {"p50": percentile(msgs, 0.5), "p99": percentile(msgs, 0.99),
+                                                "max": max(msgs)},
+                                 "round_ms": mmm(rounds), "round_p99_ms": percentile(rounds, 0.99),
+                                 "round_p99_over_ideal": percentile(rounds, 0.99) / ideal,
+                                 "message_times_ms": [round(x, 3) for x in msgs], "round_times_ms": rounds}
+                results[mode] = per
+            finally:
+                for c, a in conns.values():
+                    c.close()
+                    a.close()
+    notes = [f"{k}: round p99 / ideal = " + ", ".join(
+        f"{m} {results[m][k]['round_p99_over_ideal']:.2f}" for m in results) for k in p["rounds"]]
+    return {"capacity_bps": cap, "modes": results, "notes": notes}
+
+
+def table(results: dict):
+    headers = ["mode", "round kind", "msgs/round", "msg p50 ms", "msg p99 ms", "msg max ms",
+               "round ms", "round p99 ms", "ideal ms", "p99/ideal"]
+    rows = []
+    for mode, per in results["modes"].items():
+        for kind, s in per.items():
+            rows.append([mode, kind, s["messages_per_round"], f"{s['message_ms']['p50']:.1f}",
+                         f"{s['message_ms']['p99']:.1f}", f"{s['message_ms']['max']:.1f}",
+                         fmt3(s["round_ms"]), f"{s['round_p99_ms']:.1f}", f"{s['ideal_ms']:.1f}",
+                         f"{s['round_p99_over_ideal']:.2f}"])
+    return headers, rows
+
+
+def plot(results: dict, plt):
+    kinds = list(next(iter(results["modes"].values())))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for mode, per in results["modes"].items():
+            xs = sorted(per[kind]["message_times_ms"])
+            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=f"{mode} messages")
+            rs = sorted(per[kind]["round_times_ms"])
+            ax.plot(rs, [(i + 1) / len(rs) for i in range(len(rs))], "--", label=f"{mode} rounds")
+        ax.axvline(per[kind]["ideal_ms"], color="black", lw=0.8, label="ideal")
+        ax.set_xlabel("completion time (ms)")
+        ax.set_ylabel("CDF")
+        ax.set_title(kind, fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
