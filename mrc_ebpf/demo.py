@@ -1,87 +1,107 @@
-"""`make demo`: mrc-ebpf end to end on a small network of namespaces.
+"""`make demo`: the README's tour, on an emulated leaf-spine fabric.
 
-A --- L1 ===(R1..R4)=== L2 --- B (topology.Diamond): four paths, each
-through its own kernel SRv6 End router.  A and B attach mrc-ebpf, each
-gets one path per router towards the other, and a TCP transfer is sprayed
-packet by packet over all four; then one router is slowed with tbf and the
-adaptive policy moves the traffic off it.  Everything it made is removed
-at the end.
+Builds a fabric of namespaces (4 spines, 2 leaves, a host under each),
+attaches mrc-ebpf on both hosts with one path per spine, sprays a TCP
+transfer (mrc-perf) over every spine, black-holes one spine under it and
+heals it, then shows the per-path counters and the datapath's own events
+(with kernel timestamps: the failover time is read off, not guessed).
+Every step is a command a user would type; everything is removed at the
+end, also after a failure or Ctrl-C.
 """
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
+import threading
 import time
 
-from .topology import Diamond, Topology
+NAME = "demo"
+MRCCTL = [sys.executable, "-m", "cli.mrcctl"]
 
 
 def step(text: str) -> None:
     print(f"\n\033[1m== {text}\033[0m", flush=True)
 
 
-def sh(t: Topology, ns: str, *cmd: str, show: bool = True) -> None:
-    label = ns.rsplit("-", 1)[-1]
-    print(f"[{label}]$ {' '.join(cmd)}", flush=True)
-    result = t.exec(ns, list(cmd), check=False, timeout=120)
-    if show:
+MRC_PERF = [sys.executable, "-m", "cli.mrc_perf"]
+
+
+def show(args: list[str]) -> str:
+    """How the user would type it (the installed scripts, not our paths)."""
+    text = shlex.join(["mrcctl", *args])
+    return "$ " + text.replace(shlex.join(MRCCTL), "mrcctl").replace(shlex.join(MRC_PERF), "mrc-perf")
+
+
+def on(host: str, *cmd: str) -> list[str]:
+    return ["fabric", "exec", "-n", NAME, host, "--", *cmd]
+
+
+def mrcctl(*args: str, quiet: bool = False) -> str:
+    print(show(list(args)), flush=True)
+    result = subprocess.run([*MRCCTL, *args], capture_output=True, text=True, timeout=300)
+    if not quiet:
         sys.stdout.write(result.stdout)
     if result.returncode != 0:
         sys.stdout.write(result.stderr)
-        raise SystemExit(f"demo: `{' '.join(cmd)}` failed")
+        raise SystemExit(f"demo: `mrcctl {' '.join(args)}` failed")
+    return result.stdout
 
 
-def iperf(t: Topology, net: Diamond, seconds: int = 3) -> None:
-    server = t.popen(net.B, ["iperf3", "-s", "-1", "-B", net.B6], stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
-        sh(t, net.A, "iperf3", "-c", net.B6, "-t", str(seconds), "-f", "m")
-    finally:
-        if server.poll() is None:
-            server.wait(timeout=15)
+def in_background(*steps) -> threading.Thread:
+    """Run ("sleep", seconds) and mrcctl-argument steps in order, beside
+    the transfer; each command's output is printed when the transfer ends."""
+    def run():
+        start = time.monotonic()
+        for item in steps:
+            if item[0] == "sleep":
+                time.sleep(item[1])
+                continue
+            result = subprocess.run([*MRCCTL, *item], capture_output=True, text=True, timeout=300)
+            done = time.monotonic() - start
+            print(f"   (done at +{done:.1f} s) {show(list(item))}\n"
+                  f"   {(result.stdout + result.stderr).strip()}", flush=True)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 def main() -> None:
-    mrcctl = [sys.executable, "-m", "cli.mrcctl"]
-    with Topology(prefix="mrcdemo") as t:
-        step("four paths between A and B: A --- L1 ===(R1..R4: kernel SRv6 End)=== L2 --- B")
-        net = Diamond(t, n_paths=4)
-        print(f"A {net.A6} SID {net.A_SID} | B {net.B6} SID {net.B_SID} | "
-              f"R1..R4 End SIDs fc00:1:1:: .. fc00:1:4::")
-        for r in net.R:   # finite capacity per path, so queues can form
-            t.exec(r, ["tc", "qdisc", "add", "dev", "rdown", "root", "tbf", "rate", "40mbit",
-                       "burst", "16kb", "latency", "20ms"])
+    try:
+        step("a two-tier fabric: 4 spines x 50 Mbit/s, 2 leaves, one host under each")
+        mrcctl("fabric", "up", NAME, "--spines", "4", "--leaves", "2", "--hosts-per-leaf", "1",
+               "--rate", "50mbit")
+        mrcctl("fabric", "show", NAME)
 
-        step("attach mrc-ebpf on both hosts (TC egress encap + XDP decap, pinned)")
-        sh(t, net.A, *mrcctl, "attach", "a0", "--sid", net.A_SID)
-        sh(t, net.B, *mrcctl, "attach", "b0", "--sid", net.B_SID)
+        step("attach mrc-ebpf on both hosts: one SRv6 path per spine towards the other")
+        mrcctl("fabric", "attach", NAME, "--policy", "rr")
+        mrcctl(*on("h1", *MRCCTL, "status"))
+        mrcctl(*on("h1", *MRCCTL, "path", "list"))
 
-        step("one path per router, each way; spray A's traffic with the adaptive policy")
-        vias = [x for k in range(1, 5) for x in ("--via", net.path_via(k, net.B_SID))]
-        sh(t, net.A, *mrcctl, "path", "add", "fd00:b::/64", *vias)
-        back = [x for k in range(1, 5) for x in ("--via", net.path_via(k, net.A_SID))]
-        sh(t, net.B, *mrcctl, "path", "add", "fd00:a::/64", *back, show=False)
-        sh(t, net.A, *mrcctl, "path", "policy", "fd00:b::/64", "adaptive")
-        sh(t, net.A, *mrcctl, "status")
+        step("one TCP transfer h1 -> h2, sprayed per packet over all 4 spines; spine s2 "
+             "black-holed under it (a gray failure: its links stay up), healed 3 s later")
+        # the fault program is loaded now, dropping (almost) nothing, so that
+        # switching it to a black hole under traffic is one map write
+        mrcctl("fabric", "fail", "-n", NAME, "s2", "--mode", "loss=1e-9")
+        server = subprocess.Popen([*MRCCTL, *on("h2", *MRC_PERF, "-s", "-1")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(1.0)
+            failure = in_background(("sleep", 3), ("fabric", "fail", "-n", NAME, "s2", "--mode", "blackhole"),
+                                    ("sleep", 3), ("fabric", "heal", "-n", NAME, "s2"))
+            mrcctl(*on("h1", *MRC_PERF, "-c", "fd00:0:2::1", "-t", "10", "-i", "1"))
+            failure.join()
+        finally:
+            if server.poll() is None:
+                server.wait(timeout=20)
 
-        step("iperf3 TCP A -> B, sprayed per packet over 4 paths of 40 Mbit/s each")
-        iperf(t, net)
-        sh(t, net.A, *mrcctl, "path", "list")
-
-        step("slow R1 to 10 Mbit/s: adaptive moves traffic off path 0 (see tx pkts)")
-        t.exec(net.R[0], ["tc", "qdisc", "change", "dev", "rdown", "root", "tbf", "rate", "10mbit",
-                          "burst", "16kb", "latency", "20ms"])
-        iperf(t, net)
-        sh(t, net.A, *mrcctl, "path", "list")
-
-        step("what B measured per path of A's: loss, queueing delay, reordering")
-        sh(t, net.B, *mrcctl, "stats", "--paths")
-        sh(t, net.A, *mrcctl, "stats")
-
-        step("detach, and remove the namespaces")
-        sh(t, net.A, *mrcctl, "detach", "a0")
-        sh(t, net.B, *mrcctl, "detach", "b0")
+        step("what the datapath did: per-path counters, and its events (kernel time)")
+        mrcctl(*on("h1", *MRCCTL, "path", "list"))
+        mrcctl(*on("h1", *MRCCTL, "stats", "--events"))
+        mrcctl(*on("h2", *MRCCTL, "stats", "--paths"))
+    finally:
+        step("remove the fabric: namespaces, links, pins")
+        subprocess.run([*MRCCTL, "fabric", "down", NAME], timeout=300)
     print("\ndemo done: nothing left behind")
 
 

@@ -770,9 +770,9 @@ def fail(name: str, targets: list[str], mode_text: str) -> dict:
             existing = [f for f in state["faults"] if f["ns"] == ns and f["dev"] == dev and f["kind"] == kind]
             if kind == "down":
                 _run(["ip", "-n", ns, "link", "set", dev, "down"])
+            elif existing:      # switched in place: instant, no compile
+                faults.rearm(ns, dev, mode, loss=loss)
             else:
-                if existing:
-                    faults.heal(ns, dev)
                 faults.inject(ns, dev, mode, loss=loss)
             state["faults"] = [f for f in state["faults"] if f not in existing]
             entry = {"kind": kind, "mode": mode, "loss": loss if kind == "gray" else None,

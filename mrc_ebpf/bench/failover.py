@@ -62,16 +62,9 @@ def _arm(fab_mod, fab):
 
 def _trigger(fab):
     """Switch the armed fault to blackhole: one write to its pinned config."""
-    import ctypes
-    from .. import bpfsys, faults
-    m = bpfsys.PinnedMap(str(faults._dir(fab.ns("l2"), "s1") / faults.CONFIG), ctypes.c_uint32, faults.Config)
-    try:
-        cfg = m.lookup(ctypes.c_uint32(0))
-        cfg.mode, cfg.loss, cfg.threshold = faults.MODES["blackhole"], 1.0, 1 << 32
-        t = time.monotonic_ns()
-        m.update(ctypes.c_uint32(0), cfg)
-    finally:
-        m.close()
+    from .. import faults
+    t = time.monotonic_ns()
+    faults.rearm(fab.ns("l2"), "s1", "blackhole")
     return t
 
 
