@@ -38,6 +38,9 @@ counters), so any later process reads the counters; the filter keeps the
 program loaded after the injecting process exits.  The config records the
 namespace's cookie and the device's ifindex, so pins left by a deleted
 namespace (or device) are recognised as stale rather than as a live fault.
+`rearm` changes a live fault's mode and loss with one write to that config
+(no compile), so a failure can be armed early and triggered at a known
+instant under traffic.
 """
 from __future__ import annotations
 
@@ -123,6 +126,21 @@ def _check_names(netns: str, dev: str) -> None:
     _check_netns(netns)
     if not isinstance(dev, str) or not _NAME.fullmatch(dev) or len(dev) > 15:
         raise MrcError(f"bad device name {dev!r}")
+
+
+def _check_mode(mode: str, loss) -> float:
+    """The loss to install for MODE (blackhole: 1)."""
+    if mode not in MODES:
+        raise MrcError(f"bad fault mode {mode!r}: blackhole or loss")
+    if mode == "blackhole":
+        return 1.0
+    try:
+        loss = float(loss)
+    except (TypeError, ValueError):
+        raise MrcError(f"bad loss {loss!r}: a probability in (0, 1]")
+    if not (0.0 < loss <= 1.0):
+        raise MrcError(f"bad loss {loss}: a probability in (0, 1]")
+    return loss
 
 
 def _index(ipr: IPRoute, dev: str) -> int | None:
@@ -264,16 +282,7 @@ def inject(netns: str, dev: str, mode: str, loss: float = 1.0) -> dict:
     """Drop what arrives on DEV in NETNS: all of it (blackhole; `loss` is
     ignored) or each packet with probability `loss`."""
     _check_names(netns, dev)
-    if mode not in MODES:
-        raise MrcError(f"bad fault mode {mode!r}: blackhole or loss")
-    try:
-        loss = float(loss)
-    except (TypeError, ValueError):
-        raise MrcError(f"bad loss {loss!r}: a probability in (0, 1]")
-    if mode == "blackhole":
-        loss = 1.0
-    elif not (0.0 < loss <= 1.0):
-        raise MrcError(f"bad loss {loss}: a probability in (0, 1]")
+    loss = _check_mode(mode, loss)
     pins.ensure_bpffs()
     directory = _dir(netns, dev)
     try:
@@ -294,13 +303,14 @@ def rearm(netns: str, dev: str, mode: str, loss: float = 1.0) -> dict:
     config, so a failure can be switched on under traffic at a known
     instant (inject compiles, which takes seconds)."""
     _check_names(netns, dev)
-    if mode not in MODES:
-        raise MrcError(f"bad fault mode {mode!r}: blackhole or loss")
-    loss = 1.0 if mode == "blackhole" else float(loss)
-    if not (0.0 < loss <= 1.0):
-        raise MrcError(f"bad loss {loss}: a probability in (0, 1]")
+    loss = _check_mode(mode, loss)
     directory = _dir(netns, dev)
-    if _read_config(directory) is None:
+    try:
+        with _in_netns(netns):
+            live = _live(_read_config(directory), dev)
+    except _NetnsGone:
+        live = False
+    if not live:
         raise MrcError(f"{dev} in {netns} has no fault to change (inject one first)")
     m = bpfsys.PinnedMap(str(directory / CONFIG), ctypes.c_uint32, Config)
     try:

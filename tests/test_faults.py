@@ -258,6 +258,13 @@ def test_bad_requests_change_nothing(line, monkeypatch):
     with pytest.raises(MrcError, match="already has a fault"):
         faults.inject(line.R, "r1", "blackhole")
     assert faults.status(line.R, "r1")["loss"] == 0.25
+    # switched in place, as a fabric arms a fault and triggers it later
+    faults.rearm(line.R, "r1", "blackhole")
+    assert (faults.status(line.R, "r1")["mode"], faults.status(line.R, "r1")["loss"]) == ("blackhole", 1.0)
+    for args in (("r0", "blackhole", 1.0), ("r1", "loss", 0.0), ("r1", "flaky", 1.0)):
+        with pytest.raises(MrcError):
+            faults.rearm(line.R, *args)
+    assert faults.status(line.R, "r1")["mode"] == "blackhole"
     assert len(ingress_filters(line, line.R, "r1")) == 1
     assert pinned(line.R) == ["faults/" + line.R + "/r1" + s for s in ("", "/config", "/counters", "/prog")]
 
