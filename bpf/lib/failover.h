@@ -56,8 +56,6 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 						__u32 peer_id, __u16 path_id, __u64 now)
 {
 	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
-	__u32 index = peer_id * MRC_MAX_PATHS + path_id;
-	struct mrc_path_health *health;
 	__u64 probe_ns = (__u64)cfg->probe_us * 1000;
 	__u64 window = (__u64)cfg->ack_timeout_us * 1000;
 	__u64 since = live->unacked_since_ns;
@@ -66,13 +64,6 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 
 	if (!acks || !acks->last_ns)
 		return PATH_USE;
-	/* A path with a standing queue delivers later than the others by
-	 * its queueing delay: that much is not a loss (RACK's reordering
-	 * window, from what the peer measured on this path), twice over
-	 * because the reported delay is an average. */
-	health = path_health.lookup(&index);
-	if (health)
-		window += (__u64)health->qdelay_us * 2000;
 	acked = acks->ns[path_id & (MRC_MAX_PATHS - 1)];
 	if (since && acked >= since) {
 		live->unacked_since_ns = 0;
