@@ -111,6 +111,15 @@ class Recorder:
         return self._report(self.first, snap, final=True)
 
 
+
+def _announce(out, mrc, connected: list[dict]) -> None:
+    """iperf3's opening lines, and which datapath this end reads."""
+    if mrc:
+        out.line(f"MRC datapath here: {mrc.device} SID {mrc.sid}; per-path lines follow each interval")
+    for c in connected:
+        out.line(f"[{c['id']:>3}] local {c['local_host']} port {c['local_port']} connected to "
+                 f"{c['remote_host']} port {c['remote_port']}")
+
 def _workers(role, params, streams, udp_feeds, stop, deadline):
     if role == "sender":
         return [threading.Thread(target=s.run, args=(deadline, stop, params.bitrate, params.length),
@@ -302,11 +311,7 @@ def _client_test(csock, params, out, mrc_device, use_mrc) -> dict:
         else:
             _udp_handshake(ctrl, socks)
         t0 = _now()
-        if mrc:
-            out.line(f"MRC datapath here: {mrc.device} SID {mrc.sid}; per-path lines follow each interval")
-        for c in connected:
-            out.line(f"[{c['id']:>3}] local {c['local_host']} port {c['local_port']} connected to "
-                     f"{c['remote_host']} port {c['remote_port']}")
+        _announce(out, mrc, connected)
         role = "receiver" if params.reverse else "sender"
         streams, feeds = _make_streams(role, params, socks)
         local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0)
@@ -447,11 +452,7 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc) -> di
                           "remote_port": a[1]} for i, a in sorted(addrs.items())]
         ctrl.send({"op": "start"})
         t0 = _now()
-        if mrc:
-            out.line(f"MRC datapath here: {mrc.device} SID {mrc.sid}; per-path lines follow each interval")
-        for c in connected:
-            out.line(f"[{c['id']:>3}] local {c['local_host']} port {c['local_port']} connected to "
-                     f"{c['remote_host']} port {c['remote_port']}")
+        _announce(out, mrc, connected)
         role = "sender" if params.reverse else "receiver"
         streams, feeds = _make_streams(role, params, socks, addrs)
         local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0)

@@ -47,6 +47,24 @@ def udp_recv(addr, port, seconds, out):
         log.tofile(fh)
 
 
+def paced(t0, seconds, pps, idle):
+    """Packet numbers 0, 1, ... each at its due time from t0 at `pps`
+    (bursting to catch up after a late wake-up), for `seconds`."""
+    end = t0 + int(float(seconds) * 1e9)
+    sent = 0
+    while True:
+        t = now()
+        if t >= end:
+            return
+        due = int((t - t0) / 1e9 * pps)
+        if sent >= due:
+            time.sleep(idle)
+            continue
+        while sent < due:
+            yield sent
+            sent += 1
+
+
 def udp_send(addr, port, seconds, flows, bps, size):
     flows, bps, size = int(flows), float(bps), int(size)
     socks = [socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) for _ in range(flows)]
@@ -54,30 +72,16 @@ def udp_send(addr, port, seconds, flows, bps, size):
         s.connect((addr, int(port)))
     buf = bytearray(size)
     seqs = [0] * flows
-    pps = bps / (size * 8)
-    t0 = now()
-    end = t0 + int(float(seconds) * 1e9)
-    sent = 0
-    i = 0
     errors = 0
-    while True:
-        t = now()
-        if t >= end:
-            break
-        due = int((t - t0) / 1e9 * pps)
-        if sent >= due:
-            time.sleep(0.0001)
-            continue
-        while sent < due:
-            f = i % flows
-            HDR.pack_into(buf, 0, f, seqs[f], now())
-            try:
-                socks[f].send(buf)
-                seqs[f] += 1
-            except OSError:
-                errors += 1
-            sent += 1
-            i += 1
+    t0 = now()
+    for i in paced(t0, seconds, bps / (size * 8), 0.0001):
+        f = i % flows
+        HDR.pack_into(buf, 0, f, seqs[f], now())
+        try:
+            socks[f].send(buf)
+            seqs[f] += 1
+        except OSError:
+            errors += 1
     print(json.dumps({"sent": seqs, "errors": errors, "t0": t0, "end": now()}), flush=True)
 
 
@@ -139,24 +143,13 @@ def udp_flood(src, addr, port, seconds, bps, size):
     s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     s.bind((src, 0))
     buf = bytes(int(size))
-    pps = float(bps) / (int(size) * 8)
-    t0 = now()
-    end = t0 + int(float(seconds) * 1e9)
     sent = 0
-    while True:
-        t = now()
-        if t >= end:
-            break
-        due = int((t - t0) / 1e9 * pps)
-        if sent >= due:
-            time.sleep(0.0002)
-            continue
-        while sent < due:
-            try:
-                s.sendto(buf, (addr, int(port)))
-            except OSError:
-                pass
-            sent += 1
+    for _ in paced(now(), seconds, float(bps) / (int(size) * 8), 0.0002):
+        try:
+            s.sendto(buf, (addr, int(port)))
+        except OSError:
+            pass
+        sent += 1
     print(json.dumps({"sent": sent}), flush=True)
 
 
