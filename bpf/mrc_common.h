@@ -23,6 +23,10 @@
 #define MRC_SILENCE_FACTOR	16	/* feedback without this path: down after this x ack_timeout */
 #define MRC_FB_MARK		0x4d524346	/* skb->mark of a clone that becomes feedback */
 #define MRC_MAX_DEVICES		8	/* devices (planes) one attachment spans */
+/* skb->mark of a packet `mrcctl probe` sends on one chosen path:
+ * MRC_PROBE_MARK | path id (the low 8 bits; MRC_MAX_PATHS is 256) */
+#define MRC_PROBE_MARK		0x4d525000
+#define MRC_PROBE_MARK_MASK	0xffffff00
 
 /* ---- the MRC TLV, carried in the SRH (RFC 8754 section 2.1) ----------- */
 /*
@@ -359,6 +363,7 @@ enum mrc_counter {
 	MRC_FB_CLONE,			/* RX: a packet cloned to carry feedback back */
 	MRC_RX_DROP_OPTION,		/* outcome: Destination Options header malformed,
 					 * or an option we must not skip */
+	MRC_TX_PINNED_PROBE,		/* sent on the path mrcctl probe named (SO_MARK) */
 	MRC_COUNTER_MAX,
 };
 

@@ -123,7 +123,9 @@ int mrc_tx(struct __sk_buff *skb)
 	if (!peer)
 		return tx_pass();
 
-	if (choose_path(skb, peer, tx_class(inner.tos), cfg, &choice))
+	if ((skb->mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_MARK ?
+	    choose_pinned(peer, skb->mark, cfg, &choice) :
+	    choose_path(skb, peer, tx_class(inner.tos), cfg, &choice))
 		return tx_drop(MRC_TX_DROP_NO_PATH);
 	choice.control = control;
 	path = paths.lookup(&choice.path_index);

@@ -231,6 +231,39 @@ def stats(ctx, device, by_path, show_events, watch):
         click.echo("")
 
 
+@cli.command()
+@click.argument("address")
+@click.option("--path", "path_ids", type=click.IntRange(0, 255), multiple=True, metavar="ID",
+              help="Probe only this path (repeatable; default: every path of the peer).")
+@click.option("--count", "-c", type=click.IntRange(1, 255), default=3, show_default=True,
+              help="Echo requests per path.")
+@click.option("--interval", type=click.FloatRange(0.001, 10), default=0.05, show_default=True,
+              help="Seconds between rounds.")
+@click.option("--timeout", type=click.FloatRange(0.01, 60), default=1.0, show_default=True,
+              help="Seconds to wait for the last replies.")
+@dev_option
+@json_option
+@click.pass_context
+def probe(ctx, address, path_ids, count, interval, timeout, device):
+    """Echo requests to ADDRESS on each path of its peer: for idle paths.
+
+    Each request is pinned to one path; the datapath files its
+    acknowledgement, so an answering path comes back up and a silent one is
+    taken down as with any traffic."""
+    from mrc_ebpf import probe as probe_mod
+    with _attached(device) as att:
+        result = probe_mod.probe(att, address, list(path_ids), count, interval, timeout)
+
+    def human(r):
+        click.echo(f"probe {r['address']} ({r['prefix']}), {count} per path")
+        click.echo(tabulate([(p["path_id"], " > ".join(p["segments"]), f"{p['received']}/{p['sent']}",
+                              *((p["rtt_us"]["min"], p["rtt_us"]["median"], p["rtt_us"]["max"])
+                                if p["rtt_us"] else ("-", "-", "-")), p["state"])
+                             for p in r["paths"]],
+                            headers=["id", "path", "replies", "rtt min us", "median", "max", "state"]))
+    _emit(ctx, result, human)
+
+
 @cli.group()
 def path():
     """Path sets: peer prefixes and the segment lists that reach them."""

@@ -158,3 +158,41 @@ def test_random_loss_lowers_weight_without_flapping(spray):
     # Loss itself takes no path down (it moves weight); under TCP on this
     # machine the acknowledgement clock can still flap paths: reported only.
     print("downs per path:", [r["downs"] for r in rows])
+
+
+def probe(net, *args):
+    return json.loads(mrcctl("probe", net.B6, "-j", *args, netns=net.A).stdout)
+
+
+def test_probe_finds_a_dead_idle_path_and_its_return(spray):
+    """No traffic at all: `mrcctl probe` pins echo requests to each path;
+    the black-holed one answers nothing and the datapath takes it down,
+    and after the heal its probes are answered and bring it back up."""
+    spray.attach("rr", "--ack-timeout-us", "500", "--probe-us", "5000")
+    clean = probe(spray)
+    assert [(p["path_id"], p["received"]) for p in clean["paths"]] == [(k, 3) for k in range(4)]
+    hole = blackhole(spray, BLACKHOLED, BLACKHOLED)
+    try:
+        holed = probe(spray, "--count", "4", "--timeout", "0.3")
+    finally:
+        dropped, _ = heal(hole)
+    by_id = {p["path_id"]: p for p in holed["paths"]}
+    # the hole also ate some of A's feedback-only packets for B's replies
+    assert by_id[BLACKHOLED]["received"] == 0 and dropped >= 4
+    assert all(by_id[k]["received"] == 4 for k in (0, 1, 3)), by_id
+    assert by_id[BLACKHOLED]["state"] == "down"
+    healed = probe(spray, "--path", str(BLACKHOLED))
+    assert healed["paths"][0]["received"] == 3 and healed["paths"][0]["state"] == "up"
+    kinds = [e["type"] for e in events(spray) if e["path_id"] == BLACKHOLED]
+    assert kinds[-2:] == ["down", "up"], kinds
+    b = json.loads(mrcctl("stats", "-j", netns=spray.A).stdout)["counters"]
+    assert b["tx_pinned_probe"] == 4 * 3 + 4 * 4 + 3
+
+
+def test_probe_errors_are_one_line(spray):
+    spray.attach("rr")
+    for args, message in (([spray.B6, "--path", "9"], "has no path 9"),
+                          (["fd00:99::1"], "in no peer prefix"),
+                          (["not-an-address"], "bad address")):
+        r = mrcctl("probe", *args, netns=spray.A, check=False)
+        assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -163,4 +163,39 @@ static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_p
 	return choose_live(list, n, at, peer_id, ptx, cfg, now, choice);
 }
 
+/*
+ * A packet of `mrcctl probe`, marked MRC_PROBE_MARK | path id: it goes on
+ * that path whatever its state or the policy, flagged a probe.  Its
+ * acknowledgement is filed like any other, so a probed path that answers
+ * comes back up and one that does not is taken down by the usual clock:
+ * user space only supplies packets for paths that carry no traffic.
+ */
+static __always_inline int choose_pinned(const struct mrc_peer *peer, __u32 mark,
+					 const struct mrc_config *cfg, struct path_choice *choice)
+{
+	__u32 peer_id = peer->peer_id;
+	__u16 id = mark & ~MRC_PROBE_MARK_MASK;
+	struct mrc_peer_tx *ptx;
+
+	if (peer_id >= MRC_MAX_PEERS || id >= peer->n_paths)
+		return -1;
+	ptx = peer_tx.lookup(&peer_id);
+	if (!ptx)
+		return -1;
+	choice->path_id = id;
+	choice->path_index = peer_id * MRC_MAX_PATHS + id;
+	choice->live = path_live.lookup(&choice->path_index);
+	if (!choice->live)
+		return -1;
+	/* sent whatever the verdict, but the check applies what feedback
+	 * said: an acknowledged probe brings the path up, an overdue one
+	 * takes it down */
+	path_check(choice->live, cfg, peer_id, id, bpf_ktime_get_ns());
+	choice->peer_seq = __sync_fetch_and_add(&ptx->seq, 1);
+	choice->tclass = 0;
+	choice->probe = 1;
+	count(MRC_TX_PINNED_PROBE);
+	return 0;
+}
+
 #endif
