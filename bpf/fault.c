@@ -20,7 +20,9 @@ struct fault_config {
     __u32 pad;
 };
 
-enum { FAULT_DROPPED, FAULT_PASSED, FAULT_DROPPED_SKBS, FAULT_NR_COUNTERS };
+/* FAULT_FIRST_DROP_NS is no counter: per CPU, the kernel time of its first
+ * drop (the earliest over CPUs is when the failure began to bite) */
+enum { FAULT_DROPPED, FAULT_PASSED, FAULT_DROPPED_SKBS, FAULT_FIRST_DROP_NS, FAULT_NR_COUNTERS };
 
 BPF_ARRAY(config, struct fault_config, 1);
 BPF_PERCPU_ARRAY(counters, __u64, FAULT_NR_COUNTERS);
@@ -64,5 +66,9 @@ int fault_ingress(struct __sk_buff *skb)
     n = counters.lookup(&idx);
     if (n)
         *n += 1;
+    idx = FAULT_FIRST_DROP_NS;
+    n = counters.lookup(&idx);
+    if (n && !*n)
+        *n = bpf_ktime_get_ns();
     return TC_ACT_SHOT;
 }

@@ -51,6 +51,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import faults
 from .errors import MrcError
 
 STATE_DIR = Path(os.environ.get("MRC_FABRIC_STATE", "/run/mrc-fabric"))
@@ -567,14 +568,6 @@ def _build(fab: Fabric) -> None:
         _batch(["ip", "-n", d["ns"]], fab.route_cmds(node), f"routes of {node}")
 
 
-def _faults_mod():
-    try:
-        from . import faults
-    except ImportError:
-        return None
-    return faults
-
-
 _CLONE_NEWNET = 0x40000000
 
 
@@ -617,24 +610,21 @@ def _teardown(fab: Fabric, state: dict, quiet: bool = False) -> list[str]:
                                         "--all"] for ns in hosts], limit=4)):
         if r.returncode != 0:
             problems.append(f"detach in {ns}: {r.stderr.strip()}")
-    faults = _faults_mod()
-    if faults is not None:
-        for f in state.get("faults", []):
-            if f.get("kind") == "gray" and f["ns"] in present:
-                with contextlib.suppress(Exception):
-                    faults.heal(f["ns"], f["dev"])
+    for f in state.get("faults", []):
+        if f.get("kind") == "gray" and f["ns"] in present:
+            with contextlib.suppress(Exception):
+                faults.heal(f["ns"], f["dev"])
     mine = [ns for ns in state.get("namespaces", fab.namespaces()) if ns in present]
     if mine:
         r = subprocess.run(["ip", "-force", "-batch", "-"], input="".join(f"netns del {ns}\n" for ns in mine),
                            capture_output=True, text=True, timeout=300)
         if r.returncode != 0 and not quiet:
             problems.append(" ".join(r.stderr.split())[:300])
-    if faults is not None and hasattr(faults, "forget"):
-        for ns in state.get("namespaces", fab.namespaces()):
-            try:
-                faults.forget(ns)
-            except Exception as e:  # noqa: BLE001 - reported, not fatal
-                problems.append(f"fault pins of {ns}: {e}")
+    for ns in state.get("namespaces", fab.namespaces()):
+        try:
+            faults.forget(ns)
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            problems.append(f"fault pins of {ns}: {e}")
     left = sorted(set(mine) & existing_namespaces())
     if left:
         problems.append(f"namespaces left: {', '.join(left)}")
@@ -658,7 +648,6 @@ def describe(name: str) -> dict:
     state = load(name)
     fab = Fabric(state["spec"])
     nodes = fab.nodes()
-    faults = _faults_mod()
     live = state["status"] == "up"
     hosts = []
     for h in fab.hosts():
@@ -691,11 +680,12 @@ def describe(name: str) -> dict:
                     if f["kind"] == "gray":
                         fd["direction"] = f"{other['node']}>{me['node']}"
                         fd["loss"] = f["loss"]
-                        if faults is not None and live:
+                        if live:
                             with contextlib.suppress(Exception):
                                 st = faults.status(f["ns"], f["dev"])
                                 if st:
                                     fd["dropped"], fd["passed"] = st.get("dropped"), st.get("passed")
+                                    fd["first_drop_ns"] = st.get("first_drop_ns")
                     else:
                         fd["down_end"] = me["node"]
                     entry["faults"].append(fd)
@@ -756,11 +746,6 @@ def fail(name: str, targets: list[str], mode_text: str) -> dict:
                 else:
                     for end in ends:
                         plan.append(("gray", end["ns"], end["dev"], t, lk["name"]))
-        faults = None
-        if mode != "down":
-            faults = _faults_mod()
-            if faults is None:
-                raise MrcError("gray failures need mrc_ebpf/faults.py, which this tree does not have yet")
         done = []
         seen = set()
         for kind, ns, dev, t, link in plan:
@@ -800,13 +785,10 @@ def heal(name: str, targets: list[str] | None) -> dict:
             chosen = [f for f in state["faults"] if (f["ns"], f["dev"]) in ends]
         else:
             chosen = list(state["faults"])
-        faults = _faults_mod() if any(f["kind"] == "gray" for f in chosen) else None
         reapply = set()
         healed = []
         for f in chosen:
             if f["kind"] == "gray":
-                if faults is None:
-                    raise MrcError("gray failures need mrc_ebpf/faults.py, which this tree does not have")
                 faults.heal(f["ns"], f["dev"])
             else:
                 _run(["ip", "-n", f["ns"], "link", "set", f["dev"], "up"])

@@ -79,6 +79,7 @@ class Config(ctypes.Structure):
 
 
 COUNTER_NAMES = ("dropped", "passed", "dropped_skbs")   # enum order in fault.c
+FIRST_DROP_NS = len(COUNTER_NAMES)                       # FAULT_FIRST_DROP_NS
 _ZERO = ctypes.c_uint32(0)
 
 
@@ -170,8 +171,10 @@ def _read_config(directory: Path) -> Config | None:
 def _read_counters(directory: Path) -> dict[str, int]:
     m = bpfsys.PinnedMap(str(directory / COUNTERS), ctypes.c_uint32, ctypes.c_uint64, percpu=True)
     try:
-        return {name: sum(m.lookup(ctypes.c_uint32(i)) or [0])
-                for i, name in enumerate(COUNTER_NAMES)}
+        out = {name: sum(m.lookup(ctypes.c_uint32(i)) or [0]) for i, name in enumerate(COUNTER_NAMES)}
+        firsts = [t for t in m.lookup(ctypes.c_uint32(FIRST_DROP_NS)) or [] if t]
+        out["first_drop_ns"] = min(firsts) if firsts else 0    # CLOCK_MONOTONIC
+        return out
     finally:
         m.close()
 

@@ -71,13 +71,21 @@ def test_vm_kernel_encap_into_our_xdp(net):
 
 
 def test_vm_rr_spray_counts(net):
+    """rr alternates A's packets over the two paths.  Under emulation A
+    also makes feedback-only packets for B's feedback (its own data cannot
+    carry it often enough), and those are sprayed too: the split is exact
+    up to them, and the routers' counters agree with the maps."""
     net.udp(4, pps=100)
     before_maps, before_routers = net.sent(), net.router_tx()
+    before_control = counters(net.A)["tx_control"]
     net.udp(400, pps=500)
     maps = {k: v - before_maps[k] for k, v in net.sent().items()}
-    assert sorted(maps.values()) == [200, 200], (maps, diagnosis(net))
+    control = counters(net.A)["tx_control"] - before_control
+    assert sum(maps.values()) == 400 + control, (maps, control, diagnosis(net))
+    assert max(maps.values()) - min(maps.values()) <= control + 1, (maps, control)
     routers = [a - b for a, b in zip(net.router_tx(), before_routers)]
-    assert all(200 <= n <= 203 for n in routers), routers
+    # router k carries path k-1 (plus the odd ND packet)
+    assert all(0 <= r - maps[k] <= 3 for k, r in enumerate(routers)), (routers, maps)
 
 
 def _dropper(net, mod, rem):
