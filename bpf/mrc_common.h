@@ -203,6 +203,14 @@ struct mrc_path_live {
 	__u64	unacked_since_ns;	/* oldest send not yet acknowledged; 0: none */
 	__u64	down_ns;		/* 0: up */
 	__u64	next_probe_ns;		/* down: when a packet may try it again */
+	/* The peer's acknowledgement of a path is often a lower bound (the
+	 * oldest of the paths a report covers), below the very send it
+	 * acknowledges.  What it proves is "a packet sent after this
+	 * arrived": so each state keeps the send that came just before it,
+	 * and an acknowledgement past that one counts. */
+	__u64	last_sent_ns;		/* the latest send on the path */
+	__u64	clock_after_ns;		/* the send before unacked_since_ns */
+	__u64	down_after_ns;		/* the latest send when it went down */
 	__u32	downs;			/* times it went down */
 	__u32	probes;			/* packets sent on it while down */
 };

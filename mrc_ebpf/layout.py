@@ -97,6 +97,7 @@ class RxPeer(ctypes.Structure):
 
 class PathLive(ctypes.Structure):
     _fields_ = [("unacked_since_ns", u64), ("down_ns", u64), ("next_probe_ns", u64),
+                ("last_sent_ns", u64), ("clock_after_ns", u64), ("down_after_ns", u64),
                 ("downs", u32), ("probes", u32)]
 
 

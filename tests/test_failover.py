@@ -70,11 +70,9 @@ def exclusion_us(net, first_drop_ns, path_id=BLACKHOLED):
 
 
 def test_tcp_completes_through_a_blackhole_and_the_path_returns(spray_any):
-    """One path black-holed for 0.5 s under a paced TCP flow: the data
-    arrives intact and the path carries traffic again after the heal.
-    (Not asserted: exclusion within 1 ms.  Under TCP on this 2-core machine
-    the acknowledgement clock also flaps healthy paths, and TCP may stall
-    before the black-holed path is next chosen; see the closing note.)"""
+    """One path black-holed for 0.5 s under a paced TCP flow: the datapath
+    excludes it within 1 ms of the first packet lost, the data arrives
+    intact and the path carries traffic again after the heal."""
     spray = spray_any
     spray.attach("rr", "--ack-timeout-us", "500", "--probe-us", "2000")
     server, client = start_transfer(spray, 256 << 20, mbit=200)   # ~11 s
@@ -85,8 +83,9 @@ def test_tcp_completes_through_a_blackhole_and_the_path_returns(spray_any):
     assert client.poll() is None, "the transfer ended before the failure: make it longer"
     sent, received, code = finish_transfer(server, client, timeout=120)
     assert code == 0 and sent == received and sent.startswith(str(256 << 20))
-    downs = [e for e in events(spray) if e["type"] == "down" and e["path_id"] == BLACKHOLED]
-    print(f"TCP: dropped {dropped}; path {BLACKHOLED} went down {len(downs)} times")
+    took = exclusion_us(spray, first_ns)
+    print(f"TCP: dropped {dropped}; excluded {took:.0f} us after the first loss")
+    assert 0 <= took < 1000
     # healed: a probe is acknowledged and the path carries traffic again
     before = spray.sent()[BLACKHOLED]
     spray.udp(400)
@@ -155,9 +154,12 @@ def test_random_loss_lowers_weight_without_flapping(spray):
     rows = json.loads(mrcctl("path", "list", "-j", netns=spray.A).stdout)
     print("1% loss on path 2: shares", share, "dropped", dropped)
     assert dropped > 0 and share[BLACKHOLED] < 0.2
-    # Loss itself takes no path down (it moves weight); under TCP on this
-    # machine the acknowledgement clock can still flap paths: reported only.
-    print("downs per path:", [r["downs"] for r in rows])
+    # Loss takes no path down (later packets on the path are acknowledged):
+    # it moves weight.  A rare spurious down of a healthy path (a lost
+    # acknowledgement) lasts one probe interval; a handful at most.
+    downs = [r["downs"] for r in rows]
+    print("downs per path:", downs)
+    assert sum(downs) <= 3, downs
 
 
 def probe(net, *args):

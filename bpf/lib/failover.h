@@ -65,12 +65,12 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 	if (!acks || !acks->last_ns)
 		return PATH_USE;
 	acked = acks->ns[path_id & (MRC_MAX_PATHS - 1)];
-	if (since && acked >= since) {
+	if (since && acked > live->clock_after_ns) {
 		live->unacked_since_ns = 0;
 		since = 0;
 	}
 	/* back up on news of a packet sent after it went down */
-	if (down && acked >= down &&
+	if (down && acked > live->down_after_ns &&
 	    __sync_bool_compare_and_swap(&live->down_ns, down, 0)) {
 		event_log(peer_id, path_id, MRC_EV_UP, now, down);
 		down = 0;
@@ -86,6 +86,7 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 		      acks->last_ns > since + window * MRC_SILENCE_FACTOR)) {
 		/* one CPU wins the transition and logs it */
 		if (__sync_bool_compare_and_swap(&live->down_ns, 0, now)) {
+			live->down_after_ns = live->last_sent_ns;
 			live->next_probe_ns = now + probe_ns;
 			live->downs++;
 			event_log(peer_id, path_id, MRC_EV_DOWN, now, since);
@@ -101,12 +102,16 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 static __always_inline void path_sent(struct mrc_path_live *live, __u32 peer_id, __u64 now)
 {
 	struct mrc_peer_acks *acks;
+	__u64 before = live->last_sent_ns;
 
+	live->last_sent_ns = now;
 	if (live->unacked_since_ns)
 		return;
 	acks = peer_acks.lookup(&peer_id);
-	if (acks && acks->last_ns)
+	if (acks && acks->last_ns) {
+		live->clock_after_ns = before;
 		live->unacked_since_ns = now;
+	}
 }
 
 #endif
