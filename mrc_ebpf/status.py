@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import ipaddress
+import time
 
 from pyroute2 import IPRoute
 
-from . import hooks, layout, pins
+from . import hooks, layout, paths, pins
 from .datapath import PROG_RX, PROG_TX, Attachment
 from .errors import MrcError
 from .source import C
@@ -28,7 +29,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
     except MrcError as e:
         row.update(healthy=False, problems=[str(e)], sid=None, xdp_mode=None, xdp_prog_id=0,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
-                   granularity=None, peers=0, paths=0, hooks=[])
+                   granularity=None, peers=0, paths=0, hooks=[], fail_open=[])
         return row
     with att:
         cfg = att.config
@@ -38,7 +39,10 @@ def _one(ipr: IPRoute, device: str) -> dict:
         overhead["usid"] = layout.encap_len(1, usid=True)
         row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
                    peers=len(peers), paths=sum(p.n_paths for p in peers), overhead=overhead,
-                   devices=att.device_names())
+                   devices=att.device_names(), fail_open=_fail_open(att))
+    for f in row["fail_open"]:
+        row["problems"].append(f"every path to {f['prefix']} is down: sending on them anyway, "
+                               f"probed (fail-open) for {f['for_ms']} ms")
     # what the kernel has on each device, against the pinned programs
     row["hooks"] = [_hooks(ipr, name, rx_id, tx_id, row["problems"]) for name in row["devices"]]
     first = row["hooks"][0]
@@ -46,6 +50,17 @@ def _one(ipr: IPRoute, device: str) -> dict:
                                       "tc_ours", "granularity")})
     row["healthy"] = not row["problems"]
     return row
+
+
+def _fail_open(att: Attachment) -> list[dict]:
+    """Peers whose every path is down, which the datapath sends to anyway."""
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    out = []
+    for key, peer in att.maps["peers"].items():
+        since = att.maps["peer_tx"].lookup(layout.Index(peer.peer_id)).fail_open_ns
+        if since:
+            out.append({"prefix": str(paths.key_prefix(key)), "for_ms": round((now - since) / 1e6, 1)})
+    return out
 
 
 def _hooks(ipr: IPRoute, device: str, rx_id: int, tx_id: int, problems: list) -> dict:

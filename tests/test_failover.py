@@ -127,12 +127,15 @@ def test_every_path_down_fails_open(spray):
                            stdout=subprocess.DEVNULL)
     try:
         spray.udp(4000)
+        status = json.loads(mrcctl("status", "-j", netns=spray.A).stdout)[0]
     finally:
         talker.wait(timeout=60)
         for h in holes:
             heal(h)
     evs = events(spray)
     assert any(e["type"] == "fail-open" for e in evs)
+    # status says so, and is not healthy
+    assert [f["prefix"] for f in status["fail_open"]] == ["fd00:b::/64"] and not status["healthy"]
     c = json.loads(mrcctl("stats", "-j", netns=spray.A).stdout)["counters"]
     assert c["tx_fail_open"] > 0 and c["tx_drop_no_path"] == 0
 

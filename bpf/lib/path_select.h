@@ -96,7 +96,8 @@ static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __
 	} else {
 		if (t > 0)
 			count(MRC_TX_REROUTE);
-		if (ptx->fail_open_ns)
+		/* over only when a path is up again, not at each probe */
+		if (ptx->fail_open_ns && use == PATH_USE)
 			ptx->fail_open_ns = 0;
 	}
 	if (use == PATH_PROBE) {
