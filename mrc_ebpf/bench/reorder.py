@@ -1,27 +1,69 @@
 """TCP goodput and reordering as the paths' delays diverge.
 
-There is no netem on this kernel, so the delay is made the honest way: a
-standing queue on one spine link.  On spine s1's link towards leaf l2 (the
-data direction h1 -> h2) the tbf gets a queue limit of `delay_ms` ms
-(`latency`) and a constant background UDP stream, sent by s1 itself to
-l2's link address at `background` x the link rate, keeps that queue full:
-every packet of ours crossing s1 -> l2 waits ~delay_ms behind it (and some
-are dropped at the full queue: this path also loses and has less room;
-the other 3 paths are untouched).  delay_ms 0 = no background, the normal
-20 ms limit.  The delay each path really had is the receiver's MRC
-measurement (queueing delay above the path's minimum, p50/p99 per path).
+There is no netem on this kernel (and no fq/etf to hold packets by
+time), so the extra delay is a standing queue on one spine link, made so
+that it delays without dropping: spine s1's link towards leaf l2 (the
+data direction h1 -> h2, path 0) carries, besides our traffic, one
+background TCP connection whose window is clamped to delay_ms x rate
+bytes.  Its sender is a side namespace NAME-bg hanging off s1 by an
+unlimited veth (fd01:ff:1::/64), its receiver is l2 itself (the s1-l2
+link address), and it runs cubic: with a base RTT of microseconds its
+whole window sits in s1's tbf towards l2, a queue of delay_ms that it
+keeps topped up as the link drains it, whatever rate is left over.  The
+tbf there gets delay_ms + 20 ms of room (the fabric's usual 20 ms on top),
+so neither the background nor our packets are dropped at it; our
+packets on path 0 wait behind the standing queue (and somewhat more: the
+queue they share drains at the link rate, so with our share r of it the
+wait is about delay_ms x rate / (rate - r)).  The other 3 paths are
+untouched.  delay_ms 0 = no background.
+
+Why the first method (tbf latency = delay_ms, kept full by open-loop
+background UDP *from s1 itself*) did not give the intended delay: the
+queue limit was the delay, so the queue was always full and tail-dropped
+a share of our packets as large as the background's excess (12% of
+everything at 1.05 x rate, more with our traffic added): path 0 became
+a lossy path with almost no room, MRC's relative ack timeout (1 ms) took
+it down and it carried little more than probes, and the queueing delay
+of what did cross it was mixed with the queues TCP builds on every path
+(the others' p50 came out as high as path 0's in log2 buckets).  A TCP
+background sent by s1 itself does not work either: TCP small queues keep
+a local socket's backlog in its own qdisc to about a millisecond, and the
+namespaces' default congestion control, bbr, keeps its in-flight near 2 x
+bandwidth x min RTT whatever the window (hence cubic, and the side
+namespace, whose packets s1 forwards and does not own).  And the clamp
+has to be set again after every read: receive autotuning raises it.
+
+The delay actually produced is measured two ways (and the slow link's
+tbf drop count over the transfer says whether it also lost packets):
+  * ping over each spine's link to l2 (from the spine to l2's address on
+    that link, every ping_interval_ms), before our transfer (background
+    only: the delay as made) and during it (what the link's queue is
+    while we use it); extra delay = s1's median RTT - the median of the
+    other spines' medians;
+  * the receiver's (h2) MRC measurement per path: queueing delay above the
+    path's minimum one-way delay (log2 histogram deltas over the run:
+    p50 as a bucket, and a mean from the bucket midpoints).  The minimum
+    is the lowest seen since attach, so the first level run should be 0.
 
 One TCP flow h1 -> h2 (mrc-perf, -t seconds), sprayed `rr` per packet over
 the 4 spines by MRC on both hosts.  Reordering is counted twice: the
 receiver's MRC reorder counter and histogram (distance in packets, log2
 buckets; deltas over the run), and TCP's own counters in the sender's
 namespace (nstat deltas: TcpExtTCPSACKReorder, TcpExtTCPTSReorder,
-TcpExtTCPRenoReorder, TcpRetransSegs, TcpExtTCPSpuriousRtxHostQueues,
-TcpExtTCPDSACKRecv: DSACKs report spurious retransmissions).
+TcpExtTCPRenoReorder, TcpRetransSegs, TcpExtTCPDSACKRecv: DSACKs report
+spurious retransmissions).  Per path the share of packets and how often
+h1's datapath took it down (`path list` downs): with the default
+ack-timeout of 1 ms a path a few ms slower than the others is overdue by
+construction, so MRC keeps taking it down and probing it.
 """
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import statistics
+import subprocess
 import time
 
 from .runner import PY, fmt3, log, mmm
@@ -29,14 +71,20 @@ from .runner import PY, fmt3, log, mmm
 TITLE = "TCP goodput and reordering over 4 sprayed paths as one path's queueing delay grows"
 NSTAT_KEYS = ("TcpExtTCPSACKReorder", "TcpExtTCPTSReorder", "TcpExtTCPRenoReorder", "TcpRetransSegs",
               "TcpExtTCPDSACKRecv", "TcpExtTCPLostRetransmit", "TcpExtTCPTimeouts")
+BG_NET = "fd01:ff:1::"
+MSS = 1428
 
 
 def params(short: bool) -> dict:
     return {"spines": 4, "rate": "50mbit" if short else "100mbit",
-            "delays_ms": [0, 4] if short else [0, 1, 2, 4, 8, 16], "seconds": 2.0 if short else 6.0,
-            "background": 1.05, "background_size": 1200, "policy": "rr", "repeat": 1 if short else 3,
-            "slow_link": "s1 -> l2 (tbf latency = delay_ms, background UDP from s1 to l2)"}
+            "delays_ms": [0, 5] if short else [0, 2, 5, 10], "seconds": 2.0 if short else 6.0,
+            "warmup_s": 0.8, "ping_interval_ms": 20, "idle_pings": 25, "policy": "rr",
+            "repeat": 1 if short else 3,
+            "slow_link": "s1 -> l2: tbf room delay_ms + 20 ms, kept delay_ms full by a window-clamped "
+                         "(delay_ms x rate) cubic TCP from NAME-bg via s1 to l2"}
 
+
+# --------------------------------------------------------------------------- MRC views
 
 def _rx_view(env, fab):
     r = env.mrcctl(fab.ns("h2"), "stats", "--paths", "-j", check=False)
@@ -46,12 +94,29 @@ def _rx_view(env, fab):
         return {"received": [], "reorder": []}
 
 
-def _diff(a, b):
+def _tx_view(env, fab):
+    r = env.mrcctl(fab.ns("h1"), "stats", "--paths", "-j", check=False)
+    try:
+        return {x["path_id"]: x for x in json.loads(r.stdout)["sent"] if x["prefix"] == fab.prefix6(2)}
+    except (ValueError, KeyError):
+        return {}
+
+
+def _hist_mean(hist):
+    """Mean of a log2 histogram (bucket 0: 0; bucket i: [2^(i-1), 2^i)) from midpoints."""
+    n = sum(hist)
+    if not n:
+        return None
+    return round(sum(c * (0 if i == 0 else 1.5 * 2 ** (i - 1)) for i, c in enumerate(hist)) / n)
+
+
+def _diff(a, b, sender_sid):
     from ..stats import percentile
-    sender = fab_sid = None  # noqa: F841
     out = {"paths": [], "reordered": 0, "packets": 0, "reorder_hist": None}
     before = {(x["from"], x["path_id"]): x for x in a["received"]}
     for x in b["received"]:
+        if x["from"] != sender_sid:
+            continue
         y = before.get((x["from"], x["path_id"]))
         hist = [u - (y["qdelay_hist"][i] if y else 0) for i, u in enumerate(x["qdelay_hist"])]
         pk = x["rx_packets"] - (y["rx_packets"] if y else 0)
@@ -59,9 +124,12 @@ def _diff(a, b):
             continue
         out["paths"].append({"path_id": x["path_id"], "packets": pk,
                              "lost": x["lost"] - (y["lost"] if y else 0),
-                             "qdelay_p50_us": percentile(hist, 0.5), "qdelay_p99_us": percentile(hist, 0.99)})
+                             "qdelay_p50_us": percentile(hist, 0.5), "qdelay_p99_us": percentile(hist, 0.99),
+                             "qdelay_mean_us": _hist_mean(hist)})
     rb = {x["from"]: x for x in a["reorder"]}
     for x in b["reorder"]:
+        if x["from"] != sender_sid:
+            continue
         y = rb.get(x["from"])
         out["packets"] += x["packets"] - (y["packets"] if y else 0)
         out["reordered"] += x["reordered"] - (y["reordered"] if y else 0)
@@ -69,6 +137,81 @@ def _diff(a, b):
         out["reorder_hist"] = h if out["reorder_hist"] is None else [p + q for p, q in zip(out["reorder_hist"], h)]
     return out
 
+
+# --------------------------------------------------------------------------- ping
+
+def _ping(env, ns, dst, count, interval_s):
+    return env.popen(ns, ["ping", "-6", "-n", "-D", "-c", str(count), "-i", f"{interval_s:g}", "-W", "1", dst])
+
+
+def _parse(out, since=None, until=None):
+    """RTTs (ms) of `ping -D` replies, optionally only those stamped in [since, until] (epoch s)."""
+    v = []
+    for ts, rtt in re.findall(r"^\[([\d.]+)\].*time=([\d.]+)", out or "", re.M):
+        if (since is None or float(ts) >= since) and (until is None or float(ts) <= until):
+            v.append(float(rtt))
+    return v
+
+
+def _rtts(env, proc, timeout):
+    out, _ = env.wait(proc, timeout=timeout)
+    return _parse(out)
+
+
+def _stop(env, proc):
+    """End a ping with SIGINT (it prints what it has) and return its output."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        out = ""
+    env.end(proc)
+    return out
+
+
+def _summ(v):
+    if not v:
+        return None
+    s = sorted(v)
+    return {"median_ms": round(statistics.median(s), 3), "p10_ms": round(s[int(0.1 * (len(s) - 1))], 3),
+            "p90_ms": round(s[int(0.9 * (len(s) - 1))], 3), "n": len(s)}
+
+
+def _extra(per_spine):
+    """s1's median RTT minus the median of the other spines' medians."""
+    s1 = per_spine.get("s1")
+    others = [v["median_ms"] for k, v in per_spine.items() if k != "s1" and v]
+    if not s1 or not others:
+        return None
+    return round(s1["median_ms"] - statistics.median(others), 3)
+
+
+# --------------------------------------------------------------------------- the side namespace
+
+def _tbf(env, ns, dev):
+    r = env.run(None, ["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev], check=False)
+    try:
+        q = next(x for x in json.loads(r.stdout) if x.get("kind") == "tbf")
+        return {"packets": q["packets"], "drops": q["drops"]}
+    except (ValueError, StopIteration, KeyError):
+        return {"packets": 0, "drops": 0}
+
+
+def _bg_up(env, fab, bgns):
+    s1, l2 = fab.ns("s1"), fab.ns("l2")
+    env.run(None, ["ip", "netns", "add", bgns])
+    env.run(None, ["ip", "-n", bgns, "link", "set", "lo", "up"])
+    env.run(None, ["ip", "link", "add", "bg0", "netns", bgns, "type", "veth", "peer", "name", "bg", "netns", s1])
+    env.run(None, ["ip", "-n", bgns, "addr", "add", f"{BG_NET}2/64", "dev", "bg0", "nodad"])
+    env.run(None, ["ip", "-n", s1, "addr", "add", f"{BG_NET}1/64", "dev", "bg", "nodad"])
+    env.run(None, ["ip", "-n", bgns, "link", "set", "bg0", "up"])
+    env.run(None, ["ip", "-n", s1, "link", "set", "bg", "up"])
+    env.run(None, ["ip", "-n", bgns, "route", "add", "default", "via", f"{BG_NET}1", "dev", "bg0"])
+    env.run(None, ["ip", "-n", l2, "route", "add", f"{BG_NET}/64", "via", f"{fab.link_net(0, 1, 2)}1",
+                   "dev", "s1"])
+
+
+# --------------------------------------------------------------------------- run
 
 def run(p: dict, env) -> dict:
     from .. import fabric as fab_mod
@@ -78,64 +221,123 @@ def run(p: dict, env) -> dict:
     cap = p["spines"] * rate
     burst = max(rate // 8 // 1000, 3200)
     levels = {str(d): [] for d in p["delays_ms"]}
-    port = 5700
-    with fabric("ro", spines=p["spines"], leaves=2, hosts_per_leaf=1, rate=p["rate"]) as fab:
+    port, bg_port = 5700, 9100
+    K = p["spines"]
+    with fabric("ro", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"]) as fab:
         log("reorder: attaching MRC on h1, h2 (rr)")
         fab_mod.attach(fab.name, "h1,h2", p["policy"], [])
-        s1 = fab.ns("s1")
-        link = fab.link_net(0, 1, 2)
-        for rep in range(p["repeat"]):
-            for d in p["delays_ms"]:
-                port += 1
-                log(f"reorder: delay {d} ms, run {rep + 1}/{p['repeat']}")
-                bg = None
-                env.run(None, ["tc", "-n", s1, "qdisc", "replace", "dev", "l2", "root", "tbf", "rate",
-                               f"{rate}bit", "burst", str(burst), "latency", f"{d}ms" if d else QUEUE_LATENCY])
-                try:
-                    if d:
-                        bg = env.popen(s1, [PY, "-m", "mrc_ebpf.bench.flowtool", "udp-flood", f"{link}1",
-                                            f"{link}2", "9", str(p["seconds"] + 3),
-                                            str(p["background"] * rate), str(p["background_size"])])
-                        time.sleep(0.5)
-                    a, n_a = _rx_view(env, fab), env.nstat(fab.ns("h1"))
-                    doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
-                                   ["-t", str(p["seconds"])], p["seconds"])
-                    b, n_b = _rx_view(env, fab), env.nstat(fab.ns("h1"))
-                finally:
-                    if bg is not None:
-                        env.end(bg)
+        cc = env.run(fab.ns("h1"), ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
+        s1, l2 = fab.ns("s1"), fab.ns("l2")
+        link_addr = {f"s{k}": f"{fab.link_net(0, k, 2)}2" for k in range(1, K + 1)}
+        bgns = f"{fab.name}-bg"
+        try:
+            _bg_up(env, fab, bgns)
+            for rep in range(p["repeat"]):
+                for d in p["delays_ms"]:
+                    port += 1
+                    bg_port += 1
+                    log(f"reorder: delay {d} ms, run {rep + 1}/{p['repeat']}")
+                    clamp = int(d * 1e-3 * rate / 8) + 2 * MSS   # the window is a whole number of MSS, rounded down
                     env.run(None, ["tc", "-n", s1, "qdisc", "replace", "dev", "l2", "root", "tbf", "rate",
-                                   f"{rate}bit", "burst", str(burst), "latency", QUEUE_LATENCY])
-                rx = doc["end"]["receiver"]["sum"]["bits_per_second"]
-                view = _diff(a, b)
-                levels[str(d)].append({"goodput_bps": rx, "fraction": rx / cap,
-                                       "nstat": {k: n_b.get(k, 0) - n_a.get(k, 0) for k in NSTAT_KEYS},
-                                       "mrc_reordered": view["reordered"], "mrc_packets": view["packets"],
-                                       "mrc_reorder_fraction": view["reordered"] / max(1, view["packets"]),
-                                       "mrc_reorder_hist": view["reorder_hist"], "paths": view["paths"]})
-                time.sleep(0.3)
+                                   f"{rate}bit", "burst", str(burst), "latency",
+                                   f"{d + 20}ms" if d else QUEUE_LATENCY])
+                    sink = bg = None
+                    pings = []
+                    try:
+                        if d:
+                            total = p["warmup_s"] + p["seconds"] + 6
+                            sink = env.popen(l2, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-sink",
+                                                  link_addr["s1"], str(bg_port), str(total + 2), str(clamp)])
+                            sink.stdout.readline()
+                            bg = env.popen(bgns, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-send", link_addr["s1"],
+                                                  str(bg_port), str(total), "1", "-", "-", "cubic"])
+                            bg.stdout.readline()
+                            time.sleep(p["warmup_s"])
+                        # the delay as made (background only), on s1's link and on s2's
+                        idle = {k: _ping(env, fab.ns(k), link_addr[k], p["idle_pings"], 0.01) for k in ("s1", "s2")}
+                        idle = {k: _summ(_rtts(env, pr, 15)) for k, pr in idle.items()}
+                        # during the transfer, on every spine's link to l2
+                        n_ping = int((p["seconds"] + 60) * 1000 / p["ping_interval_ms"])
+                        pings = {k: _ping(env, fab.ns(k), addr, n_ping, p["ping_interval_ms"] / 1000)
+                                 for k, addr in link_addr.items()}
+                        a, ta, n_a = _rx_view(env, fab), _tx_view(env, fab), env.nstat(fab.ns("h1"))
+                        q_a = _tbf(env, s1, "l2")
+                        doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
+                                       ["-t", str(p["seconds"])], p["seconds"])
+                        t_done = time.time()
+                        # the transfer is the last `seconds` before the client returned
+                        outs = {k: _stop(env, pr) for k, pr in pings.items()}
+                        b, tb, n_b = _rx_view(env, fab), _tx_view(env, fab), env.nstat(fab.ns("h1"))
+                        q_b = _tbf(env, s1, "l2")
+                        during = {k: _summ(_parse(o, t_done - p["seconds"], t_done - 0.1))
+                                  for k, o in outs.items()}
+                    finally:
+                        for pr in ([bg, sink] + (list(pings.values()) if isinstance(pings, dict) else [])):
+                            if pr is not None:
+                                env.end(pr)
+                        env.run(None, ["tc", "-n", s1, "qdisc", "replace", "dev", "l2", "root", "tbf", "rate",
+                                       f"{rate}bit", "burst", str(burst), "latency", QUEUE_LATENCY])
+                    rx = doc["end"]["receiver"]["sum"]["bits_per_second"]
+                    view = _diff(a, b, fab.host_sid(1))
+                    total_pk = sum(x["packets"] for x in view["paths"]) or 1
+                    for x in view["paths"]:
+                        x["share"] = round(x["packets"] / total_pk, 3)
+                        t0, t1 = ta.get(x["path_id"], {}), tb.get(x["path_id"], {})
+                        x["downs"] = t1.get("downs", 0) - t0.get("downs", 0)
+                    levels[str(d)].append({
+                        "goodput_bps": rx, "fraction": rx / cap, "bg_window_clamp_bytes": clamp if d else 0,
+                        "ping_idle": idle, "ping_idle_extra_ms": (round(idle["s1"]["median_ms"] -
+                                                                        idle["s2"]["median_ms"], 3)
+                                                                  if idle["s1"] and idle["s2"] else None),
+                        "ping_during": during, "ping_during_extra_ms": _extra(during),
+                        "slow_link_tbf": {k: q_b[k] - q_a[k] for k in q_a},
+                        "nstat": {k: n_b.get(k, 0) - n_a.get(k, 0) for k in NSTAT_KEYS},
+                        "mrc_reordered": view["reordered"], "mrc_packets": view["packets"],
+                        "mrc_reorder_fraction": view["reordered"] / max(1, view["packets"]),
+                        "mrc_reorder_hist": view["reorder_hist"], "paths": view["paths"]})
+                    time.sleep(0.3)
+        finally:
+            subprocess.run(["ip", "netns", "del", bgns], capture_output=True)
     summary = {}
     for d, rs in levels.items():
-        slow = [next((x["qdelay_p50_us"] for x in r["paths"] if x["path_id"] == 0), None) for r in rs]
-        fast = [max([x["qdelay_p50_us"] or 0 for x in r["paths"] if x["path_id"] != 0], default=None) for r in rs]
+        def path0(r, key):
+            return next((x[key] for x in r["paths"] if x["path_id"] == 0), None)
+
+        def others(r, key):
+            v = [x[key] for x in r["paths"] if x["path_id"] != 0 and x[key] is not None]
+            return statistics.median(v) if v else None
         summary[d] = {"fraction": mmm([r["fraction"] for r in rs]),
+                      "ping_idle_extra_ms": mmm([r["ping_idle_extra_ms"] for r in rs]),
+                      "ping_during_extra_ms": mmm([r["ping_during_extra_ms"] for r in rs]),
+                      "ping_during_s1_ms": mmm([(r["ping_during"].get("s1") or {}).get("median_ms") for r in rs]),
                       "mrc_reorder_fraction": mmm([r["mrc_reorder_fraction"] for r in rs]),
                       "sack_reorder": mmm([r["nstat"]["TcpExtTCPSACKReorder"] for r in rs]),
                       "retransmits": mmm([r["nstat"]["TcpRetransSegs"] for r in rs]),
                       "dsack_recv": mmm([r["nstat"]["TcpExtTCPDSACKRecv"] for r in rs]),
-                      "slow_path_qdelay_p50_us": mmm(slow), "other_paths_qdelay_p50_us_max": mmm(fast),
+                      "slow_path_qdelay_mean_us": mmm([path0(r, "qdelay_mean_us") for r in rs]),
+                      "other_paths_qdelay_mean_us": mmm([others(r, "qdelay_mean_us") for r in rs]),
+                      "slow_path_qdelay_p50_us": mmm([path0(r, "qdelay_p50_us") for r in rs]),
+                      "slow_path_share": mmm([path0(r, "share") for r in rs]),
+                      "slow_path_downs": mmm([path0(r, "downs") for r in rs]),
+                      "slow_link_drops": mmm([r["slow_link_tbf"]["drops"] for r in rs]),
                       "runs": rs}
-    return {"capacity_bps": cap, "delays": summary,
-            "notes": ["path 0 crosses s1 (the slowed link); qdelay is MRC's receiver-side measurement "
-                      "(log2 buckets: within a factor of two)"]}
+    return {"capacity_bps": cap, "tcp_congestion_control": cc, "delays": summary,
+            "notes": ["path 0 crosses s1 (the slowed link s1->l2); 'ping extra' = s1's median RTT on its "
+                      "link to l2 minus the others' (idle: background only; during: with our transfer)",
+                      "MRC qdelay is the receiver's one-way delay above each path's minimum since attach "
+                      "(log2 histogram; mean from bucket midpoints)",
+                      f"TCP congestion control in the namespaces: {cc}"]}
 
 
 def table(results: dict):
-    headers = ["queue ms", "slow path qdelay p50 us", "others' p50 us", "goodput fraction",
-               "MRC reordered frac", "TCPSACKReorder", "retrans", "DSACKs"]
+    headers = ["extra ms (set)", "ping extra idle", "ping extra during", "MRC qdelay mean us path0 / others",
+               "s1->l2 drops", "path0 share", "path0 downs", "goodput frac", "MRC reord frac", "SACKReorder",
+               "retrans", "DSACKs"]
     rows = []
     for d, s in results["delays"].items():
-        rows.append([d, fmt3(s["slow_path_qdelay_p50_us"]), fmt3(s["other_paths_qdelay_p50_us_max"]),
+        rows.append([d, fmt3(s["ping_idle_extra_ms"]), fmt3(s["ping_during_extra_ms"]),
+                     f"{fmt3(s['slow_path_qdelay_mean_us'])} / {fmt3(s['other_paths_qdelay_mean_us'])}",
+                     fmt3(s["slow_link_drops"]), fmt3(s["slow_path_share"]), fmt3(s["slow_path_downs"]),
                      fmt3(s["fraction"]), fmt3(s["mrc_reorder_fraction"]), fmt3(s["sack_reorder"]),
                      fmt3(s["retransmits"]), fmt3(s["dsack_recv"])])
     return headers, rows
@@ -144,12 +346,15 @@ def table(results: dict):
 def plot(results: dict, plt):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ds = list(results["delays"])
-    xs = [float(d) for d in ds]
+    xs = [results["delays"][d]["ping_idle_extra_ms"]["median"] for d in ds]
+    xs = [x if x is not None else float(d) for x, d in zip(xs, ds)]
     g = [results["delays"][d]["fraction"]["median"] for d in ds]
     r = [results["delays"][d]["mrc_reorder_fraction"]["median"] for d in ds]
+    sh = [results["delays"][d]["slow_path_share"]["median"] for d in ds]
     ax1.plot(xs, g, "o-", label="goodput / capacity")
     ax1.plot(xs, r, "s--", label="MRC reordered fraction")
-    ax1.set_xlabel("standing queue on s1->l2 (ms)")
+    ax1.plot(xs, sh, "^:", label="path 0's share of packets")
+    ax1.set_xlabel("extra delay on path 0, ms (ping, background only)")
     ax1.set_ylim(bottom=0)
     ax1.legend(fontsize=8)
     for d in ds:
