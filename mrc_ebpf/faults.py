@@ -48,7 +48,6 @@ import argparse
 import contextlib
 import ctypes
 import json
-import os
 import re
 import socket
 import sys
@@ -58,6 +57,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from . import bpfsys, hooks, pins
+from .netns import NetnsGone, inside
 from .errors import MrcError
 from .source import BPF_DIR
 
@@ -67,7 +67,6 @@ FAULT_PRIO = 0xFA   # before the datapath's ingress filter (hooks.TC_PRIO)
 MODES = {"blackhole": 1, "loss": 2}
 CFG_CLSACT_OURS = 0x1
 ARPHRD_ETHER = 1
-CLONE_NEWNET = 0x40000000
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
 
 
@@ -81,41 +80,6 @@ class Config(ctypes.Structure):
 COUNTER_NAMES = ("dropped", "passed", "dropped_skbs")   # enum order in fault.c
 FIRST_DROP_NS = len(COUNTER_NAMES)                       # FAULT_FIRST_DROP_NS
 _ZERO = ctypes.c_uint32(0)
-
-
-class _NetnsGone(Exception):
-    pass
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-@contextlib.contextmanager
-def _in_netns(name: str):
-    """Run the block in namespace `name` (this thread only), then come back."""
-    try:
-        target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    except FileNotFoundError:
-        raise _NetnsGone(name)
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        try:
-            _setns(target)
-        except OSError:   # a leftover file that is no namespace any more
-            raise _NetnsGone(name)
-        try:
-            yield
-        finally:
-            _setns(home)
-    finally:
-        os.close(target)
-        os.close(home)
 
 
 def _check_netns(netns: str) -> None:
@@ -289,9 +253,9 @@ def inject(netns: str, dev: str, mode: str, loss: float = 1.0) -> dict:
     pins.ensure_bpffs()
     directory = _dir(netns, dev)
     try:
-        with _in_netns(netns), IPRoute() as ipr:
+        with inside(netns), IPRoute() as ipr:
             prog_id = _install(ipr, netns, dev, directory, mode, loss)
-    except _NetnsGone:
+    except NetnsGone:
         raise MrcError(f"network namespace {netns!r} does not exist")
     except (MrcError, KeyboardInterrupt):
         raise
@@ -309,9 +273,9 @@ def rearm(netns: str, dev: str, mode: str, loss: float = 1.0) -> dict:
     loss = _check_mode(mode, loss)
     directory = _dir(netns, dev)
     try:
-        with _in_netns(netns):
+        with inside(netns):
             live = _live(_read_config(directory), dev)
-    except _NetnsGone:
+    except NetnsGone:
         live = False
     if not live:
         raise MrcError(f"{dev} in {netns} has no fault to change (inject one first)")
@@ -338,7 +302,7 @@ def heal(netns: str, dev: str) -> dict:
     if cfg is not None:
         result.update(_describe(netns, dev, cfg, directory))
     try:
-        with _in_netns(netns), IPRoute() as ipr:
+        with inside(netns), IPRoute() as ipr:
             index = _index(ipr, dev)
             if index is not None:
                 live = _live(cfg, dev)
@@ -347,7 +311,7 @@ def heal(netns: str, dev: str) -> dict:
                 # is one whose pins were lost, and goes too
                 removed = _remove_filter(ipr, index, cfg.flags if live else 0)
                 result["filter_removed"], result["clsact_removed"] = removed["filter"], removed["clsact"]
-    except _NetnsGone:
+    except NetnsGone:
         pass
     if not pinned and not result["filter_removed"]:
         raise MrcError(f"no fault on {dev} in {netns}")
@@ -363,10 +327,10 @@ def status(netns: str, dev: str) -> dict | None:
         return None
     cfg = _read_config(directory)
     try:
-        with _in_netns(netns):
+        with inside(netns):
             if not _live(cfg, dev):
                 return None
-    except _NetnsGone:
+    except NetnsGone:
         return None
     return _describe(netns, dev, cfg, directory)
 

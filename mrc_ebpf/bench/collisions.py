@@ -23,18 +23,14 @@ mrc (rr spraying over the K spines on every host).
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
 import socket
 import threading
 import time
 
+from .. import netns
 from .runner import fmt3, log, mmm, percentile
 
 TITLE = "message/round completion in permutation and all-to-all rounds: MRC spraying vs ECMP vs ideal"
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def params(short: bool) -> dict:
@@ -45,27 +41,11 @@ def params(short: bool) -> dict:
             "ideal": "bytes one leaf sends the other per round / (spines x rate)"}
 
 
-@contextlib.contextmanager
-def _in_netns(ns: str):
-    target = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        if _libc.setns(target, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "setns")
-        try:
-            yield
-        finally:
-            _libc.setns(home, CLONE_NEWNET)
-    finally:
-        os.close(target)
-        os.close(home)
-
-
 def _connect_all(fab, pairs, port):
     """(src, dst) -> (sending socket, receiving socket)."""
     listeners = {}
     for h in sorted({d for _, d in pairs}):
-        with _in_netns(fab.ns(fab.host(h))):
+        with netns.inside(fab.ns(fab.host(h))):
             ls = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
             ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             ls.bind((fab.addr6(h), port))
@@ -74,7 +54,7 @@ def _connect_all(fab, pairs, port):
     conns = {}
     try:
         for s, d in pairs:
-            with _in_netns(fab.ns(fab.host(s))):
+            with netns.inside(fab.ns(fab.host(s))):
                 c = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
                 c.bind((fab.addr6(s), 0))
                 c.settimeout(10)

@@ -90,7 +90,8 @@ import socket
 import tempfile
 import time
 
-from .flowtool import in_netns, read_log
+from .. import netns
+from .flowtool import read_log
 from .runner import PY, fmt3, log, mmm
 
 TITLE = "goodput across a far-side black hole of 1 of 4 paths: MRC failover vs kernel ECMP"
@@ -142,7 +143,7 @@ def _probe(fab, proto, sport, dport, n):
     """Send n packets (UDP) or n SYNs (TCP, refused: no listener yet) of the
     flow (h1:sport -> h2:dport) from h1."""
     src, dst = fab.addr6(1), fab.addr6(2)
-    with in_netns(fab.ns("h1")):
+    with netns.inside(fab.ns("h1")):
         for _ in range(n if proto == "tcp" else 1):
             kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
             s = socket.socket(socket.AF_INET6, kind)

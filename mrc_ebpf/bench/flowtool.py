@@ -41,16 +41,14 @@ Senders print "started T0" once connected and about to send, and JSON
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
-import os
 import selectors
 import socket
 import struct
 import sys
 import time
 from array import array
+
 
 HDR = struct.Struct("!IQQ")       # flow, seq, sent_ns
 now = time.monotonic_ns
@@ -289,33 +287,6 @@ def tcp_sink(addr, port, seconds, clamp):
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_WINDOW_CLAMP, clamp)
         c.close()
     print(json.dumps({"received": got}), flush=True)
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNET = 0x40000000
-
-
-def _setns(fd):
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-@contextlib.contextmanager
-def in_netns(name):
-    """Run the block in network namespace `name` (this thread only): a
-    socket made there stays there.  For the calling benchmark process."""
-    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        _setns(target)
-        try:
-            yield
-        finally:
-            _setns(home)
-    finally:
-        os.close(target)
-        os.close(home)
 
 
 def read_log(path, width):
