@@ -21,6 +21,9 @@
 #define MRC_HIST_BUCKETS	16	/* log2 buckets of the receiver's histograms */
 #define MRC_REROUTE_TRIES	4	/* other list entries tried when a path is down */
 #define MRC_SILENCE_FACTOR	16	/* feedback without this path: down after this x ack_timeout */
+/* A peer's widened acknowledgement window halves after this long without
+ * a late packet (see struct mrc_peer_acks) */
+#define MRC_REORDER_HOLD_NS	1000000000ULL
 #define MRC_FB_MARK		0x4d524346	/* skb->mark of a clone that becomes feedback */
 #define MRC_MAX_DEVICES		8	/* devices (planes) one attachment spans */
 /* skb->mark of a packet `mrcctl probe` sends on one chosen path:
@@ -59,14 +62,14 @@ struct mrc_tlv {
 	 * receiver of this one sends us is doing, as we measured it. */
 	__be16	fb_path_id;
 	__be16	fb_qdelay_us;	/* queueing delay (one-way delay above its minimum) */
-	__be32	fb_lost;	/* packets lost on that path so far */
+	__be32	fb_lost;	/* packets lost on that path so far (gaps not filled late) */
 	__be64	fb_heard;	/* bit i: we heard from path 64*fb_block+i since we last said */
-	/* ...and the latest packet heard on each path in fb_heard was
+	/* ...and the newest packet heard on each path in fb_heard was
 	 * stamped by its sender (tx_ns, low 32 bits) at or after this: an
 	 * acknowledgement in the sender's own clock, so it can tell which of
 	 * its sends arrived */
 	__be32	fb_since_ns32;
-	/* exactly: the latest packet heard on fb_path_id was stamped this */
+	/* exactly: the newest packet heard on fb_path_id was stamped this */
 	__be32	fb_path_tx32;
 } __attribute__((packed));
 
@@ -211,6 +214,7 @@ struct mrc_path_live {
 	__u64	last_sent_ns;		/* the latest send on the path */
 	__u64	clock_after_ns;		/* the send before unacked_since_ns */
 	__u64	down_after_ns;		/* the latest send when it went down */
+	__u64	late_ns;		/* down: when a send from before the down was acknowledged */
 	__u32	downs;			/* times it went down */
 	__u32	probes;			/* packets sent on it while down */
 };
@@ -228,6 +232,13 @@ struct mrc_peer_acks {
 	__u64	ns[MRC_MAX_PATHS];	/* a packet sent at or after this arrived */
 	__u64	max_ns;		/* the latest of ns[]: how far the peer has heard us */
 	__u64	last_ns;	/* any feedback from this peer (0: never: no failover) */
+	/* The window learnt from late packets, as RACK learns its reordering
+	 * window from spurious retransmissions: a path taken down whose
+	 * packets from before the down are then acknowledged was late, not
+	 * dead, so the peer's paths differ in delay by more than the window.
+	 * 0: ack_timeout as configured.  Never above reorder_max_us. */
+	__u64	window_ns;
+	__u64	window_hold_ns;	/* until then window_ns holds, then halves */
 };
 
 /* events: a circular log of path state changes, MRC_EVENTS entries */
@@ -235,6 +246,7 @@ struct mrc_peer_acks {
 #define MRC_EV_DOWN		1	/* not acknowledged within ack_timeout */
 #define MRC_EV_UP		2	/* a probe (or late packet) was acknowledged */
 #define MRC_EV_FAIL_OPEN	3	/* every path of the peer is down: sending anyway */
+#define MRC_EV_LATE		4	/* up: its packets from before the down arrived late */
 
 struct mrc_event {
 	__u64	seq;		/* 1, 2, ...: position in the log (0: empty slot) */
@@ -279,10 +291,11 @@ struct mrc_rx_peer {
 	__u64	packets;
 	__u64	reordered;	/* arrived with peer_seq below the highest seen */
 	__u64	heard[MRC_MAX_PATHS / 64];	/* paths heard from, not yet reported */
-	__u64	latest_tx[MRC_MAX_PATHS];	/* per path: the sender's tx_ns of the latest arrival */
+	__u64	loss_news[MRC_MAX_PATHS / 64];	/* paths with a loss not yet reported */
+	__u64	latest_tx[MRC_MAX_PATHS];	/* per path: the newest sender tx_ns that arrived */
 	__u64	fb_sent_ns;	/* when our last feedback to this sender left */
 	__u32	max_peer_seq;
-	__u16	last_path_id;	/* reported in feedback */
+	__u16	last_path_id;	/* reported in feedback when nothing is new */
 	__u8	fb_block;	/* next block of `heard` to report */
 	__u8	pad;
 	__u32	reorder_hist[MRC_HIST_BUCKETS];	/* log2 of (highest - peer_seq) */
@@ -325,6 +338,7 @@ struct mrc_config {
 	__u32	ack_timeout_us;	/* a path unacknowledged this long goes down */
 	__u32	probe_us;	/* a down path is tried once per this */
 	__u32	fb_interval_us;	/* one-way traffic: feedback at least this often */
+	__u32	reorder_max_us;	/* late packets widen ack_timeout up to this */
 	__u32	n_devices;
 	struct mrc_device devices[MRC_MAX_DEVICES];
 };

@@ -172,10 +172,11 @@ int mrc_rx(struct xdp_md *ctx)
 		return rx_drop(reason);
 	if (mrc) {
 		__u64 now = bpf_ktime_get_ns();
+		int gap;
 
 		count(MRC_RX_MRC_TLV);
-		rx_track_path(ip6->saddr.s6_addr, mrc, inner_len, now);
-		rx_track_peer(ip6->saddr.s6_addr, mrc);
+		gap = rx_track_path(ip6->saddr.s6_addr, mrc, inner_len, now);
+		rx_track_peer(ip6->saddr.s6_addr, mrc, gap);
 		feedback_file(ip6->saddr.s6_addr, mrc, now);
 		if (mrc->flags & MRC_F_CONTROL) {
 			count(MRC_RX_CONTROL);	/* it carried feedback only */

@@ -157,12 +157,13 @@ int mrc_tx(struct __sk_buff *skb)
 	if (!path_seq)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
 	choice.path_seq = __sync_fetch_and_add(&path_seq->seq, 1);
+	choice.tx_ns = bpf_ktime_get_ns();
 
 	if (usid ? usid_write_encap(skb, cfg, path, inner.proto, inner.tos, &choice)
 		 : srh_write_encap(skb, cfg, path, nseg, inner.proto, inner.tos, &choice))
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
-	path_sent(choice.live, peer->peer_id, bpf_ktime_get_ns());
+	path_sent(choice.live, peer->peer_id, choice.tx_ns);
 	if (control)
 		count(MRC_TX_CONTROL);
 	pstats = path_stats.lookup(&choice.path_index);

@@ -112,10 +112,12 @@ def cli(ctx, json_, netns_name):
               help="A down path is tried with one packet this often.")
 @click.option("--fb-interval-us", type=click.IntRange(10, 10_000_000), default=100, show_default=True,
               help="One-way traffic: the receiver sends feedback at least this often.")
+@click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=16000, show_default=True,
+              help="Late packets widen --ack-timeout-us up to this (at most --ack-timeout-us: never).")
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
-           fb_interval_us):
+           fb_interval_us, reorder_max_us):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
@@ -123,7 +125,7 @@ def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, p
     from mrc_ebpf import datapath
     result = datapath.attach(list(devices), sid, mode, granularity, loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
-                             fb_interval_us=fb_interval_us)
+                             fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us)
     _emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
         f"{r['granularity']}; pinned at {r['pins']}"))
@@ -168,6 +170,9 @@ def status(ctx):
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
                      ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
                      ("pins", r["pins"])]
+            for w in r["ack_windows"]:
+                items.append(("ack window", f"{w['prefix']}: {w['window_us']} us, widened from "
+                                            f"{w['ack_timeout_us']} us by late packets"))
             for problem in r["problems"]:
                 items.append(("problem", problem))
             click.echo(tabulate(items, tablefmt="plain"))

@@ -166,7 +166,8 @@ def resolve_device(device: str | None) -> str:
 
 
 # Defaults for a datacenter: round trips of tens of microseconds.
-TIMERS = {"loss_hold_us": 20000, "ack_timeout_us": 1000, "probe_us": 5000, "fb_interval_us": 100}
+TIMERS = {"loss_hold_us": 20000, "ack_timeout_us": 1000, "probe_us": 5000, "fb_interval_us": 100,
+          "reorder_max_us": 16000}
 
 
 def _check_free(ipr: IPRoute, devices: list[str]) -> list[int]:

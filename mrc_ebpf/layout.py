@@ -60,7 +60,8 @@ class Device(ctypes.Structure):
 
 class Config(ctypes.Structure):
     _fields_ = [("sid", Addr), ("mtu", u32), ("loss_hold_us", u32), ("ack_timeout_us", u32),
-                ("probe_us", u32), ("fb_interval_us", u32), ("n_devices", u32),
+                ("probe_us", u32), ("fb_interval_us", u32), ("reorder_max_us", u32),
+                ("n_devices", u32),
                 ("devices", Device * C["MRC_MAX_DEVICES"])]
 
 
@@ -91,6 +92,7 @@ class RxPath(ctypes.Structure):
 
 class RxPeer(ctypes.Structure):
     _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
+                ("loss_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("latest_tx", u64 * C["MRC_MAX_PATHS"]), ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
                 ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist)]
 
@@ -98,11 +100,13 @@ class RxPeer(ctypes.Structure):
 class PathLive(ctypes.Structure):
     _fields_ = [("unacked_since_ns", u64), ("down_ns", u64), ("next_probe_ns", u64),
                 ("last_sent_ns", u64), ("clock_after_ns", u64), ("down_after_ns", u64),
+                ("late_ns", u64),
                 ("downs", u32), ("probes", u32)]
 
 
 class PeerAcks(ctypes.Structure):
-    _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("max_ns", u64), ("last_ns", u64)]
+    _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("max_ns", u64), ("last_ns", u64),
+                ("window_ns", u64), ("window_hold_ns", u64)]
 
 
 class Event(ctypes.Structure):

@@ -29,7 +29,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
     except MrcError as e:
         row.update(healthy=False, problems=[str(e)], sid=None, xdp_mode=None, xdp_prog_id=0,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
-                   granularity=None, peers=0, paths=0, hooks=[], fail_open=[])
+                   granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[])
         return row
     with att:
         cfg = att.config
@@ -39,7 +39,8 @@ def _one(ipr: IPRoute, device: str) -> dict:
         overhead["usid"] = layout.encap_len(1, usid=True)
         row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
                    peers=len(peers), paths=sum(p.n_paths for p in peers), overhead=overhead,
-                   devices=att.device_names(), fail_open=_fail_open(att))
+                   devices=att.device_names(), fail_open=_fail_open(att),
+                   ack_windows=_ack_windows(att))
     for f in row["fail_open"]:
         row["problems"].append(f"every path to {f['prefix']} is down: sending on them anyway, "
                                f"probed (fail-open) for {f['for_ms']} ms")
@@ -60,6 +61,20 @@ def _fail_open(att: Attachment) -> list[dict]:
         since = att.maps["peer_tx"].lookup(layout.Index(peer.peer_id)).fail_open_ns
         if since:
             out.append({"prefix": str(paths.key_prefix(key)), "for_ms": round((now - since) / 1e6, 1)})
+    return out
+
+
+def _ack_windows(att: Attachment) -> list[dict]:
+    """Peers whose acknowledgement window late packets have widened past
+    --ack-timeout-us (lib/failover.h): a black hole on their paths now
+    takes that long to be seen."""
+    base_us = att.config.ack_timeout_us
+    out = []
+    for key, peer in att.maps["peers"].items():
+        acks = att.maps["peer_acks"].lookup(layout.Index(peer.peer_id))
+        if acks.window_ns > base_us * 1000:
+            out.append({"prefix": str(paths.key_prefix(key)), "window_us": acks.window_ns // 1000,
+                        "ack_timeout_us": base_us})
     return out
 
 

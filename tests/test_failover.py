@@ -160,11 +160,55 @@ def test_random_loss_lowers_weight_without_flapping(spray):
     print("1% loss on path 2: shares", share, "dropped", dropped)
     assert dropped > 0 and share[BLACKHOLED] < 0.2
     # Loss takes no path down (later packets on the path are acknowledged):
-    # it moves weight.  A rare spurious down of a healthy path (a lost
-    # acknowledgement) lasts one probe interval; a handful at most.
+    # it moves weight.  Packets overtaken on a path (two CPUs) are neither
+    # loss nor lateness; a burst of truly late packets widens the window
+    # (test_late_packets_widen_the_window), so downs are rare.
     downs = [r["downs"] for r in rows]
     print("downs per path:", downs)
     assert sum(downs) <= 3, downs
+
+
+def _bursts_over_a_slow_path(spray, *options) -> tuple[int, list, dict]:
+    """Bursts of one-way UDP sprayed rr while path 2 crosses a 50 Mbit/s
+    tbf with room to queue: its share of each burst waits milliseconds
+    there (not lost), while the other paths deliver at once.  Returns
+    path 2's downs, the events and A's status."""
+    spray.attach("rr", "--ack-timeout-us", "500", *options)
+    spray.udp(300)                            # feedback flowing, no queue yet
+    spray.t.exec(spray.R[BLACKHOLED], ["tc", "qdisc", "replace", "dev", "rdown", "root", "tbf",
+                                       "rate", "50mbit", "burst", "4000", "latency", "200ms"])
+    try:
+        for _ in range(10):
+            spray.udp(400, pps=100000, size=1200)
+            time.sleep(0.05)
+        status = json.loads(mrcctl("status", "-j", netns=spray.A).stdout)[0]
+        rows = json.loads(mrcctl("path", "list", "-j", netns=spray.A).stdout)
+        evs = events(spray)
+    finally:
+        spray.t.exec(spray.R[BLACKHOLED], ["tc", "qdisc", "del", "dev", "rdown", "root"], check=False)
+        mrcctl("detach", "--all", netns=spray.A)
+        mrcctl("detach", "--all", netns=spray.B)
+    tbf_drops = 0
+    return next(r["downs"] for r in rows if r["path_id"] == BLACKHOLED), evs, status
+
+
+def test_late_packets_widen_the_window(spray):
+    """A path that is slow, not dead, is taken down while its packets wait
+    in a queue; when they arrive the down was false, and the peer's
+    window doubles (RACK's reordering window, learnt the same way).
+    Measured side by side: the same bursts with learning off
+    (--reorder-max-us 0) take the slow path down every burst."""
+    fixed_downs, fixed_events, _ = _bursts_over_a_slow_path(spray, "--reorder-max-us", "0")
+    learnt_downs, learnt_events, status = _bursts_over_a_slow_path(spray)
+    late = [e for e in learnt_events if e["type"] == "late"]
+    for e in learnt_events: print("EV", e["type"], e["path_id"], e["after_us"], e["ns"])
+    print(f"slow path downs: {fixed_downs} with a fixed window, {learnt_downs} learning;"
+          f" windows: {status['ack_windows']}")
+    assert fixed_downs >= 5 and any(e["type"] == "late" for e in fixed_events)
+    # at most log2(16 ms / 0.5 ms) + 1 = 6 doublings' worth of false downs
+    assert 1 <= len(late) and learnt_downs <= 6 and learnt_downs * 2 <= fixed_downs
+    (window,) = status["ack_windows"]
+    assert window["prefix"] == "fd00:b::/64" and 500 < window["window_us"] <= 16000
 
 
 def probe(net, *args):

@@ -40,13 +40,55 @@ enum path_use {
 };
 
 /*
+ * How long a path's packet may trail the peer's acknowledgements of
+ * later ones on other paths: ack_timeout, or the wider window late
+ * packets taught (struct mrc_peer_acks), which halves back once it has
+ * held MRC_REORDER_HOLD_NS without a late packet.
+ */
+static __always_inline __u64 ack_window(struct mrc_peer_acks *acks, const struct mrc_config *cfg,
+					__u64 now)
+{
+	__u64 base = (__u64)cfg->ack_timeout_us * 1000;
+	__u64 wide = acks->window_ns;
+
+	if (!wide)
+		return base;
+	if (now > acks->window_hold_ns) {
+		wide = wide / 2 > base ? wide / 2 : 0;
+		acks->window_ns = wide;
+		acks->window_hold_ns = now + MRC_REORDER_HOLD_NS;
+	}
+	return wide > base ? wide : base;
+}
+
+/*
+ * A path taken down turned out late, not dead: double the window, up to
+ * reorder_max_us.  Doubling, as a backoff: paths whose delays differ by D
+ * cost at most log2(D / ack_timeout) + 1 false downs before the window
+ * covers D, and a hold later it halves back, so a black hole is again
+ * seen within ack_timeout once the paths agree again.
+ */
+static __always_inline void ack_window_widen(struct mrc_peer_acks *acks,
+					     const struct mrc_config *cfg, __u64 now)
+{
+	__u64 max = (__u64)cfg->reorder_max_us * 1000;
+	__u64 wide = 2 * ack_window(acks, cfg, now);
+
+	if (wide > max)
+		wide = max;
+	if (wide > acks->window_ns)
+		acks->window_ns = wide;
+	acks->window_hold_ns = now + MRC_REORDER_HOLD_NS;
+}
+
+/*
  * May this packet take the path?  Applies what feedback said since the
  * last look (acknowledged: the clock stops, a down path comes back up),
  * and takes the path down when it is overdue.  Overdue is relative, as
- * RACK is for TCP: packets sent on the other paths ack_timeout *after* the
+ * RACK is for TCP: packets sent on the other paths a window *after* the
  * oldest unacknowledged one on this path have been acknowledged, so this
  * one is not merely slow, everything is not; or the peer has gone on
- * sending feedback for MRC_SILENCE_FACTOR times that without naming this
+ * sending feedback for MRC_SILENCE_FACTOR windows without naming this
  * path.  A peer that stops talking altogether takes no path down (there is
  * nothing to compare with), and one that never sent feedback (no mrc-ebpf
  * there) has no clock at all.
@@ -57,10 +99,9 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 {
 	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
 	__u64 probe_ns = (__u64)cfg->probe_us * 1000;
-	__u64 window = (__u64)cfg->ack_timeout_us * 1000;
 	__u64 since = live->unacked_since_ns;
 	__u64 down = live->down_ns;
-	__u64 acked;
+	__u64 acked, window;
 
 	if (!acks || !acks->last_ns)
 		return PATH_USE;
@@ -69,10 +110,17 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 		live->unacked_since_ns = 0;
 		since = 0;
 	}
-	/* back up on news of a packet sent after it went down */
-	if (down && acked > live->down_after_ns &&
+	/* back up on news of the last packet before the down, or a later one;
+	 * late if that came first (feedback_late) */
+	if (down && acked >= live->down_after_ns &&
 	    __sync_bool_compare_and_swap(&live->down_ns, down, 0)) {
-		event_log(peer_id, path_id, MRC_EV_UP, now, down);
+		if (live->late_ns > down) {
+			/* sent before the down: the path was late, not dead */
+			ack_window_widen(acks, cfg, now);
+			event_log(peer_id, path_id, MRC_EV_LATE, now, down);
+		} else {
+			event_log(peer_id, path_id, MRC_EV_UP, now, down);
+		}
 		down = 0;
 	}
 	if (down) {
@@ -82,8 +130,10 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 			return PATH_SKIP;
 		return PATH_PROBE;
 	}
-	if (since && (acks->max_ns > since + window ||
-		      acks->last_ns > since + window * MRC_SILENCE_FACTOR)) {
+	if (!since)
+		return PATH_USE;
+	window = ack_window(acks, cfg, now);
+	if (acks->max_ns > since + window || acks->last_ns > since + window * MRC_SILENCE_FACTOR) {
 		/* one CPU wins the transition and logs it */
 		if (__sync_bool_compare_and_swap(&live->down_ns, 0, now)) {
 			live->down_after_ns = live->last_sent_ns;

@@ -41,38 +41,101 @@ static __always_inline void feedback_due(const __u8 *src_sid, const struct mrc_c
 		*due = 1;
 }
 
-/* The earliest of the latest send times of the paths in `heard`. */
-static __always_inline __u64 heard_since(const struct mrc_rx_peer *peer, __u32 block, __u64 heard)
+/* The index of the lowest set bit of w (w != 0), without branches: the
+ * number of ones below it. */
+static __always_inline __u32 lowest_bit(__u64 w)
 {
-	__u64 since = ~0ULL, tx;
-	__u32 bit, base = (block & (MRC_MAX_PATHS / 64 - 1)) * 64;
+	__u64 x = (w & -w) - 1;
 
-#pragma unroll
-	for (bit = 0; bit < 64; bit++) {
-		tx = peer->latest_tx[(base + bit) & (MRC_MAX_PATHS - 1)];
-		if ((heard & (1ULL << bit)) && tx < since)
-			since = tx;
-	}
-	return since;
+	x = x - ((x >> 1) & 0x5555555555555555ULL);
+	x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+	x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0FULL;
+	return (__u32)((x * 0x0101010101010101ULL) >> 56);
 }
 
-/* TX: report the next block of path ids with news (rotating), and clear it. */
-static __always_inline void feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_rx_peer *peer)
+/*
+ * TX: a path with a loss not yet reported, and forget that it has one;
+ * -1 if none.  The sender's adaptive policy should hear of a loss with
+ * our next packet, so such a path is the one reported exactly.
+ */
+static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer)
 {
-	__u32 i, block;
+	__u32 i, bit;
+
+#pragma unroll
+	for (i = 0; i < MRC_MAX_PATHS / 64; i++) {
+		if (peer->loss_news[i]) {
+			bit = lowest_bit(peer->loss_news[i]);
+			peer->loss_news[i] &= ~(1ULL << bit);
+			return i * 64 + bit;
+		}
+	}
+	return -1;
+}
+
+/* Paths one feedback covers at most; more stay for the next one. */
+#define FB_PATHS_PER_REPORT	8
+
+/*
+ * TX: report up to FB_PATHS_PER_REPORT paths with news from the next
+ * block of them (rotating), and clear those.  The block's figure is a
+ * lower bound for all its paths: the oldest of their newest sends.  One
+ * slow path would drag it below what the others need to stop their
+ * clocks, so the path with the oldest send is reported exactly instead
+ * and left out of the bound (unless a path with a loss, `lossy`, takes
+ * the exact report).  Returns the path to report exactly (its send is
+ * filled in when known here), -1 when nothing is new.
+ */
+static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_rx_peer *peer,
+					       int lossy)
+{
+	__u64 heard, left, tx, first = ~0ULL, second = ~0ULL;
+	__u32 i, bit, oldest = 0, block, base;
 
 #pragma unroll
 	for (i = 0; i < MRC_MAX_PATHS / 64; i++) {
 		block = (peer->fb_block + i) & (MRC_MAX_PATHS / 64 - 1);
-		if (peer->heard[block]) {
-			tlv->fb_block = block;
-			tlv->fb_heard = mrc_htonll(peer->heard[block]);
-			tlv->fb_since_ns32 = bpf_htonl((__u32)heard_since(peer, block, peer->heard[block]));
-			peer->heard[block] = 0;
-			peer->fb_block = block + 1;
-			return;
+		left = peer->heard[block];
+		if (left)
+			break;
+	}
+	if (!left)
+		return lossy;
+	base = block * 64;
+	heard = 0;
+#pragma unroll
+	for (i = 0; i < FB_PATHS_PER_REPORT; i++) {
+		if (!left)
+			break;
+		bit = lowest_bit(left);
+		left &= left - 1;
+		heard |= 1ULL << (bit & 63);
+		tx = peer->latest_tx[(base + bit) & (MRC_MAX_PATHS - 1)];
+		if (tx < first) {
+			second = first;
+			first = tx;
+			oldest = bit;
+		} else if (tx < second) {
+			second = tx;
 		}
 	}
+	peer->heard[block] = left;
+	if (!left)
+		peer->fb_block = block + 1;
+	tlv->fb_block = block;
+	if (lossy < 0 && second != ~0ULL) {
+		/* the oldest exactly; the others at or above the next oldest */
+		tlv->fb_heard = mrc_htonll(heard & ~(1ULL << (oldest & 63)));
+		tlv->fb_since_ns32 = bpf_htonl((__u32)second);
+		tlv->fb_path_tx32 = bpf_htonl((__u32)first);
+		return base + oldest;
+	}
+	tlv->fb_heard = mrc_htonll(heard);
+	tlv->fb_since_ns32 = bpf_htonl((__u32)first);
+	if (lossy >= 0)
+		return lossy;
+	tlv->fb_path_tx32 = bpf_htonl((__u32)first);	/* it was alone */
+	return base + oldest;
 }
 
 /* TX: fill fb_* with what we saw from the peer whose SID is `peer_sid`. */
@@ -81,22 +144,28 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 	struct mrc_rx_key key = {};
 	struct mrc_rx_peer *peer;
 	struct mrc_rx_path *path;
+	__u64 lost;
+	int exact;
 
 	peer = rx_peers.lookup((struct mrc_sid *)peer_sid);
 	if (!peer)
 		return;
-	__builtin_memcpy(key.sid, peer_sid->addr, 16);
-	key.path_id = peer->last_path_id;
-	path = rx_paths.lookup(&key);
-	if (!path)
-		return;
 	tlv->flags |= MRC_F_FEEDBACK;
-	feedback_fill_heard(tlv, peer);
+	exact = feedback_fill_heard(tlv, peer, feedback_take_loss(peer));
+	__builtin_memcpy(key.sid, peer_sid->addr, 16);
+	key.path_id = exact >= 0 ? exact : peer->last_path_id;
+	if (!tlv->fb_path_tx32)
+		tlv->fb_path_tx32 = bpf_htonl((__u32)peer->latest_tx[key.path_id & (MRC_MAX_PATHS - 1)]);
 	peer->fb_sent_ns = bpf_ktime_get_ns();
 	tlv->fb_path_id = bpf_htons(key.path_id);
-	tlv->fb_path_tx32 = bpf_htonl((__u32)peer->latest_tx[key.path_id & (MRC_MAX_PATHS - 1)]);
+	path = rx_paths.lookup(&key);
+	if (!path)
+		return;		/* forgotten (LRU): no qdelay or loss to tell */
 	tlv->fb_qdelay_us = bpf_htons(path->qdelay_us > 0xffff ? 0xffff : path->qdelay_us);
-	tlv->fb_lost = bpf_htonl((__u32)path->lost);
+	/* gaps that late packets have not filled: reordering on one path
+	 * (two CPUs) is not loss */
+	lost = path->lost > path->late ? path->lost - path->late : 0;
+	tlv->fb_lost = bpf_htonl((__u32)lost);
 }
 
 /*
@@ -107,6 +176,25 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 static __always_inline __u64 widen_ns(__u32 low, __u64 now)
 {
 	return now - (__u32)((__u32)now - low);
+}
+
+/*
+ * A down path whose send from before the down (at or after the last one
+ * before it) is acknowledged now was late, not dead: noted here, where the
+ * exact send time is known (a probe's acknowledgement would hide it),
+ * and acted on by the next path_check.
+ */
+static __always_inline void feedback_late(__u32 peer_id, __u16 path_id, __u64 exact, __u64 now)
+{
+	__u32 index = peer_id * MRC_MAX_PATHS + (path_id & (MRC_MAX_PATHS - 1));
+	struct mrc_path_live *live = path_live.lookup(&index);
+	__u64 down;
+
+	if (!live)
+		return;
+	down = live->down_ns;
+	if (down && exact >= live->down_after_ns && exact < down)
+		live->late_ns = now;
 }
 
 static __always_inline void feedback_ack(__u32 peer_id, __u32 block, __u64 heard, __u32 since32,
@@ -124,6 +212,8 @@ static __always_inline void feedback_ack(__u32 peer_id, __u32 block, __u64 heard
 	ns = &acks->ns[path_id & (MRC_MAX_PATHS - 1)];
 	if (path_tx32 && *ns < exact)
 		*ns = exact;
+	if (path_tx32)
+		feedback_late(peer_id, path_id, exact, now);
 	if (exact > acks->max_ns && path_tx32)
 		acks->max_ns = exact;
 	if (!heard)
@@ -158,7 +248,7 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 	if (!health)
 		return;
 	lost = bpf_ntohl(tlv->fb_lost);
-	if (lost != health->lost)
+	if ((__s32)(lost - health->lost) > 0)
 		health->loss_ns = now;
 	health->lost = lost;
 	health->qdelay_us = bpf_ntohs(tlv->fb_qdelay_us);

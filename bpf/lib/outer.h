@@ -43,7 +43,7 @@ static __always_inline void mrc_tlv_init(struct mrc_tlv *tlv, __u8 type, const s
 	tlv->peer_seq = bpf_htonl((__u32)choice->peer_seq);
 	tlv->tclass = choice->tclass;
 	tlv->flags = (choice->probe ? MRC_F_PROBE : 0) | (choice->control ? MRC_F_CONTROL : 0);
-	tlv->tx_ns = mrc_htonll(bpf_ktime_get_ns());
+	tlv->tx_ns = mrc_htonll(choice->tx_ns);
 	feedback_fill(tlv, &path->peer_sid);
 }
 

@@ -22,6 +22,9 @@ struct path_choice {
 	struct mrc_path_live *live;
 	__u64	peer_seq;
 	__u64	path_seq;
+	/* The send time, stamped in the TLV and kept as the path's last send:
+	 * acknowledgements echo it, so the two must be the same number. */
+	__u64	tx_ns;
 };
 
 /*

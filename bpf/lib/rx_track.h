@@ -28,14 +28,16 @@ static __always_inline __u32 log2_bucket(__u64 v)
 	return bucket;
 }
 
-static __always_inline void rx_track_path(const __u8 *src_sid, const struct mrc_tlv *tlv,
-					  __u32 bytes, __u64 now)
+/* Returns whether the packet skipped sequence numbers (a new loss). */
+static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_tlv *tlv,
+					 __u32 bytes, __u64 now)
 {
 	struct mrc_rx_key key = {};
 	struct mrc_rx_path *p;
 	__u32 seq = bpf_ntohl(tlv->path_seq);
 	__s64 owd = (__s64)(now - mrc_ntohll(tlv->tx_ns));
 	__u64 qdelay_us;
+	int gap = 0;
 
 	__builtin_memcpy(key.sid, src_sid, 16);
 	key.path_id = bpf_ntohs(tlv->path_id);
@@ -46,12 +48,13 @@ static __always_inline void rx_track_path(const __u8 *src_sid, const struct mrc_
 		rx_paths.update(&key, &fresh);
 		p = rx_paths.lookup(&key);
 		if (!p)
-			return;
+			return 0;
 	}
 	p->packets++;
 	p->bytes += bytes;
 	p->last_ns = now;
 	if ((__s32)(seq - p->next_seq) >= 0) {
+		gap = seq != p->next_seq;
 		p->lost += seq - p->next_seq;	/* 0 when in order */
 		p->next_seq = seq + 1;
 	} else {
@@ -62,13 +65,15 @@ static __always_inline void rx_track_path(const __u8 *src_sid, const struct mrc_
 	qdelay_us = (__u64)(owd - (__s64)p->min_owd_ns) / 1000;	/* >= 0 */
 	p->qdelay_us = (p->qdelay_us * 7 + qdelay_us) / 8;
 	p->qdelay_hist[log2_bucket(qdelay_us) & (MRC_HIST_BUCKETS - 1)]++;
+	return gap;
 }
 
-static __always_inline void rx_track_peer(const __u8 *src_sid, const struct mrc_tlv *tlv)
+static __always_inline void rx_track_peer(const __u8 *src_sid, const struct mrc_tlv *tlv, int gap)
 {
 	struct mrc_sid sid;
 	struct mrc_rx_peer *peer;
 	__u32 peer_seq = bpf_ntohl(tlv->peer_seq);
+	__u64 *tx;
 
 	__builtin_memcpy(sid.addr, src_sid, 16);
 	peer = rx_peers.lookup(&sid);
@@ -89,7 +94,14 @@ static __always_inline void rx_track_peer(const __u8 *src_sid, const struct mrc_
 	peer->last_path_id = bpf_ntohs(tlv->path_id);
 	peer->heard[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
 		1ULL << (peer->last_path_id & 63);
-	peer->latest_tx[peer->last_path_id & (MRC_MAX_PATHS - 1)] = mrc_ntohll(tlv->tx_ns);
+	if (gap)
+		peer->loss_news[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
+			1ULL << (peer->last_path_id & 63);
+	/* the newest send, not the latest arrival: a packet overtaken on
+	 * its path (two CPUs) must not make the acknowledgement go back */
+	tx = &peer->latest_tx[peer->last_path_id & (MRC_MAX_PATHS - 1)];
+	if (*tx < mrc_ntohll(tlv->tx_ns))
+		*tx = mrc_ntohll(tlv->tx_ns);
 	if ((__s32)(peer_seq - peer->max_peer_seq) > 0) {
 		peer->max_peer_seq = peer_seq;
 	} else if (peer_seq != peer->max_peer_seq) {
