@@ -103,15 +103,19 @@ def test_one_way_udp_fails_over_with_receiver_made_feedback(spray_any):
     hole = blackhole(spray, BLACKHOLED, BLACKHOLED)
     try:
         spray.udp(4000)                       # 0.2 s of one-way traffic
-        on_path_during = spray.sent()[BLACKHOLED]
+        on_paths = spray.sent()
         spray.udp(4000)
-        probes = spray.sent()[BLACKHOLED] - on_path_during
+        during = {k: v - on_paths[k] for k, v in spray.sent().items()}
+        probes = during.pop(BLACKHOLED)
     finally:
         dropped, first_ns = heal(hole)
     took = exclusion_us(spray, first_ns)
     print(f"one-way: excluded after {took:.0f} us, {probes} probes in 0.2 s")
     assert 0 <= took < 1000
     assert probes <= 0.2 / 0.005 + 5          # only probes, one per probe interval
+    # its turns spread over the other three (rr's next path does not get them all)
+    print("while it is out, the others carry", during)
+    assert max(during.values()) < 1.3 * min(during.values())
     b = json.loads(mrcctl("stats", "-j", netns=spray.B).stdout)["counters"]
     assert b["fb_clone"] > 0 and b["tx_control"] == b["fb_clone"]
 

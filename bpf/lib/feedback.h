@@ -74,23 +74,27 @@ static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer)
 }
 
 /* Paths one feedback covers at most; more stay for the next one. */
-#define FB_PATHS_PER_REPORT	8
+#define FB_PATHS_PER_REPORT	4
+/* A path whose newest send trails the others' by more is reported alone */
+#define FB_SLOW_PATH_NS		100000
 
 /*
  * TX: report up to FB_PATHS_PER_REPORT paths with news from the next
  * block of them (rotating), and clear those.  The block's figure is a
  * lower bound for all its paths: the oldest of their newest sends.  One
  * slow path would drag it below what the others need to stop their
- * clocks, so the path with the oldest send is reported exactly instead
- * and left out of the bound (unless a path with a loss, `lossy`, takes
- * the exact report).  Returns the path to report exactly (its send is
- * filled in when known here), -1 when nothing is new.
+ * clocks, so a path whose send trails the rest by FB_SLOW_PATH_NS is
+ * reported exactly instead and left out of the bound; otherwise the
+ * newest is (it tells the sender how far we have heard it: the sooner a
+ * black hole elsewhere is seen).  A path with a loss, `lossy`, takes the
+ * exact report before either.  Returns the path to report exactly (its
+ * send is filled in when known here), -1 when nothing is new.
  */
 static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_rx_peer *peer,
 					       int lossy)
 {
-	__u64 heard, left, tx, first = ~0ULL, second = ~0ULL;
-	__u32 i, bit, oldest = 0, block, base;
+	__u64 heard, left, tx, first = ~0ULL, second = ~0ULL, newest = 0;
+	__u32 i, bit, oldest = 0, latest = 0, block, base;
 
 #pragma unroll
 	for (i = 0; i < MRC_MAX_PATHS / 64; i++) {
@@ -118,13 +122,17 @@ static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_r
 		} else if (tx < second) {
 			second = tx;
 		}
+		if (tx > newest) {
+			newest = tx;
+			latest = bit;
+		}
 	}
 	peer->heard[block] = left;
 	if (!left)
 		peer->fb_block = block + 1;
 	tlv->fb_block = block;
-	if (lossy < 0 && second != ~0ULL) {
-		/* the oldest exactly; the others at or above the next oldest */
+	if (lossy < 0 && second != ~0ULL && second - first > FB_SLOW_PATH_NS) {
+		/* the slow one exactly; the others at or above the next oldest */
 		tlv->fb_heard = mrc_htonll(heard & ~(1ULL << (oldest & 63)));
 		tlv->fb_since_ns32 = bpf_htonl((__u32)second);
 		tlv->fb_path_tx32 = bpf_htonl((__u32)first);
@@ -134,8 +142,8 @@ static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_r
 	tlv->fb_since_ns32 = bpf_htonl((__u32)first);
 	if (lossy >= 0)
 		return lossy;
-	tlv->fb_path_tx32 = bpf_htonl((__u32)first);	/* it was alone */
-	return base + oldest;
+	tlv->fb_path_tx32 = bpf_htonl((__u32)newest);
+	return base + latest;
 }
 
 /* TX: fill fb_* with what we saw from the peer whose SID is `peer_sid`. */

@@ -66,7 +66,9 @@ static __always_inline struct mrc_path_live *live_at(const struct mrc_spray *lis
 
 /*
  * From the policy's pick at list position `at`: the first path that is
- * up (or due a probe) among it and the next MRC_REROUTE_TRIES entries.
+ * up (or due a probe) among it and MRC_REROUTE_TRIES more entries, the
+ * first of them at random and then in order: a down path's turns spread
+ * over the others (in order, under rr its successor would carry double).
  * If all of them are down the packet fails open: it goes on the pick,
  * which is being probed, rather than being dropped.
  */
@@ -77,16 +79,17 @@ static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __
 {
 	enum path_use use = PATH_SKIP;
 	struct mrc_path_live *live = NULL;
-	__u32 t, index = 0;
+	__u32 t, pos, index = 0;
 	__u16 id = 0;
 
-	for (t = 0; t <= MRC_REROUTE_TRIES; t++) {
-		live = live_at(list, (at + t) % n, peer_id, &id, &index);
+	for (t = 0, pos = at; t <= MRC_REROUTE_TRIES; t++) {
+		live = live_at(list, pos, peer_id, &id, &index);
 		if (!live)
 			return -1;
 		use = path_check(live, cfg, peer_id, id, now);
 		if (use != PATH_SKIP)
 			break;
+		pos = (pos + 1 + (t == 0 && n > 1 ? bpf_get_prandom_u32() % (n - 1) : 0)) % n;
 	}
 	if (use == PATH_SKIP) {
 		live = live_at(list, at, peer_id, &id, &index);
