@@ -30,6 +30,10 @@
  * MRC_PROBE_MARK | path id (the low 8 bits; MRC_MAX_PATHS is 256) */
 #define MRC_PROBE_MARK		0x4d525000
 #define MRC_PROBE_MARK_MASK	0xffffff00
+/* skb->mark of the header-only copy of a data packet that mrc_tx sends
+ * to test a down path, while the packet itself takes a live one:
+ * MRC_PROBE_COPY_MARK | path id (under MRC_PROBE_MARK_MASK) */
+#define MRC_PROBE_COPY_MARK	0x4d525100
 
 /* ---- the MRC TLV, carried in the SRH (RFC 8754 section 2.1) ----------- */
 /*
@@ -386,6 +390,7 @@ enum mrc_counter {
 	MRC_RX_DROP_OPTION,		/* outcome: Destination Options header malformed,
 					 * or an option we must not skip */
 	MRC_TX_PINNED_PROBE,		/* sent on the path mrcctl probe named (SO_MARK) */
+	MRC_TX_PROBE_COPY,		/* a header-only copy of a data packet tested a down path */
 	MRC_COUNTER_MAX,
 };
 

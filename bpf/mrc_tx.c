@@ -102,7 +102,7 @@ int mrc_tx(struct __sk_buff *skb)
 	struct mrc_path_tx *path_seq;
 	struct mrc_path_stats *pstats;
 	struct path_choice choice;
-	__u32 zero = 0, nseg, encap_len;
+	__u32 zero = 0, nseg, encap_len, mark = skb->mark, copy_mark;
 	__u8 control = 0, usid;
 
 	count(MRC_TX_SEEN);
@@ -110,9 +110,11 @@ int mrc_tx(struct __sk_buff *skb)
 	cfg = config.lookup(&zero);
 	if (!cfg)
 		return tx_pass();
-	if (skb->mark == MRC_FB_MARK) {
-		/* a clone mrc_fb made of a received packet: becomes feedback */
-		if (control_from_clone(skb))
+	if (mark == MRC_FB_MARK ||
+	    (mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_COPY_MARK) {
+		/* a clone mrc_fb made of a received packet: becomes feedback;
+		 * or one made below of a data packet: becomes a probe copy */
+		if (control_from_clone(skb, mark == MRC_FB_MARK))
 			return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 		control = 1;
 	}
@@ -123,10 +125,20 @@ int mrc_tx(struct __sk_buff *skb)
 	if (!peer)
 		return tx_pass();
 
-	if ((skb->mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_MARK ?
-	    choose_pinned(peer, skb->mark, cfg, &choice) :
-	    choose_path(skb, peer, tx_class(inner.tos), cfg, &choice))
+	if ((mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_MARK ?
+	    choose_pinned(peer, mark, cfg, MRC_TX_PINNED_PROBE, &choice) :
+	    (mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_COPY_MARK ?
+	    choose_pinned(peer, mark, cfg, MRC_TX_PROBE_COPY, &choice) :
+	    choose_path(skb, peer, tx_class(inner.tos), cfg, !control, &choice))
 		return tx_drop(MRC_TX_DROP_NO_PATH);
+	if (choice.probe_copy) {
+		/* the copy comes back through this hook (marked), is cut to
+		 * its headers and leaves on the path it tests */
+		copy_mark = MRC_PROBE_COPY_MARK | ((choice.probe_copy - 1) & ~MRC_PROBE_MARK_MASK);
+		skb->mark = copy_mark;
+		bpf_clone_redirect(skb, skb->ifindex, 0);
+		skb->mark = mark;
+	}
 	choice.control = control;
 	path = paths.lookup(&choice.path_index);
 	if (!path || path->state != MRC_PATH_UP)

@@ -39,7 +39,11 @@ static __always_inline int control_cut(struct __sk_buff *skb, __u32 l3_end)
 	return bpf_skb_adjust_room(skb, -(__s32)(skb->len - l3_end), BPF_ADJ_ROOM_NET, 0) ? -1 : 0;
 }
 
-static __always_inline int control_from_clone(struct __sk_buff *skb)
+/*
+ * The clone becomes an empty packet: back to its sender (`reply`: the
+ * feedback mrc_fb asked for), or on to its destination (a probe copy).
+ */
+static __always_inline int control_from_clone(struct __sk_buff *skb, int reply)
 {
 
 	void *data = (void *)(long)skb->data;
@@ -57,8 +61,8 @@ static __always_inline int control_from_clone(struct __sk_buff *skb)
 		out.version = 6;
 		out.nexthdr = IPPROTO_NONE_;
 		out.hop_limit = MRC_HOP_LIMIT;
-		out.saddr = in->daddr;
-		out.daddr = in->saddr;
+		out.saddr = reply ? in->daddr : in->saddr;
+		out.daddr = reply ? in->saddr : in->daddr;
 		if (control_cut(skb, ETH_HLEN + sizeof(out)) ||
 		    bpf_skb_store_bytes(skb, ETH_HLEN, &out, sizeof(out), 0))
 			return -1;
@@ -74,8 +78,8 @@ static __always_inline int control_from_clone(struct __sk_buff *skb)
 		out.frag_off = bpf_htons(0x4000);	/* DF */
 		out.ttl = MRC_HOP_LIMIT;
 		out.protocol = IPPROTO_NONE_;
-		out.saddr = in->daddr;
-		out.daddr = in->saddr;
+		out.saddr = reply ? in->daddr : in->saddr;
+		out.daddr = reply ? in->saddr : in->daddr;
 		out.tot_len = bpf_htons(sizeof(out));
 		out.check = ipv4_csum((const __u16 *)&out);
 		if (control_cut(skb, ETH_HLEN + sizeof(out)) ||

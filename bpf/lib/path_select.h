@@ -18,7 +18,8 @@ struct path_choice {
 	__u16	path_id;	/* index within the peer's set, sent in the TLV */
 	__u8	tclass;
 	__u8	probe;		/* the path is down and this packet tests it */
-	__u8	control;	/* feedback only (made from a clone by mrc_fb) */
+	__u8	control;	/* header only: feedback (mrc_fb's clone) or a probe copy */
+	__u16	probe_copy;	/* 1 + id of a down path to test with a copy of this packet */
 	struct mrc_path_live *live;
 	__u64	peer_seq;
 	__u64	path_seq;
@@ -66,32 +67,51 @@ static __always_inline struct mrc_path_live *live_at(const struct mrc_spray *lis
 
 /*
  * From the policy's pick at list position `at`: the first path that is
- * up (or due a probe) among it and MRC_REROUTE_TRIES more entries, the
- * first of them at random and then in order: a down path's turns spread
- * over the others (in order, under rr its successor would carry double).
- * If all of them are down the packet fails open: it goes on the pick,
- * which is being probed, rather than being dropped.
+ * up among it and MRC_REROUTE_TRIES more entries, the first of them at
+ * random and then in order: a down path's turns spread over the others
+ * (in order, under rr its successor would carry double).
+ * A down path due a probe is not tested with a data packet (into a black
+ * hole that would be a lost segment for TCP): with `may_copy`, the packet
+ * goes on looking and a header-only copy of it tests the path
+ * (choice->probe_copy).  If nothing is up the packet itself takes the
+ * path due a probe, or else fails open: it goes on the pick, which is
+ * being probed, rather than being dropped.
  */
 static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __u32 at,
 				       __u32 peer_id, struct mrc_peer_tx *ptx,
-				       const struct mrc_config *cfg, __u64 now,
+				       const struct mrc_config *cfg, __u64 now, int may_copy,
 				       struct path_choice *choice)
 {
 	enum path_use use = PATH_SKIP;
 	struct mrc_path_live *live = NULL;
-	__u32 t, pos, index = 0;
-	__u16 id = 0;
+	__u32 t, pos, copy_pos = 0, index = 0;
+	__u16 id = 0, copy = 0;
 
 	for (t = 0, pos = at; t <= MRC_REROUTE_TRIES; t++) {
 		live = live_at(list, pos, peer_id, &id, &index);
 		if (!live)
 			return -1;
 		use = path_check(live, cfg, peer_id, id, now);
+		if (use == PATH_PROBE && may_copy && !copy) {
+			count(MRC_TX_PROBE);
+			live->probes++;
+			copy = id + 1;
+			copy_pos = pos;
+			use = PATH_SKIP;
+		}
 		if (use != PATH_SKIP)
 			break;
 		pos = (pos + 1 + (t == 0 && n > 1 ? bpf_get_prandom_u32() % (n - 1) : 0)) % n;
 	}
-	if (use == PATH_SKIP) {
+	if (use == PATH_SKIP && copy) {
+		/* nothing else is up: the packet is the probe itself */
+		live = live_at(list, copy_pos, peer_id, &id, &index);
+		if (!live)
+			return -1;
+		copy = 0;
+		use = PATH_USE;		/* counted as a probe above */
+		choice->probe = 1;
+	} else if (use == PATH_SKIP) {
 		live = live_at(list, at, peer_id, &id, &index);
 		if (!live)
 			return -1;
@@ -112,7 +132,8 @@ static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __
 	}
 	choice->path_id = id;
 	choice->path_index = index;
-	choice->probe = use == PATH_PROBE;
+	choice->probe |= use == PATH_PROBE;
+	choice->probe_copy = copy;
 	choice->live = live;
 	return 0;
 }
@@ -122,7 +143,7 @@ static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __
  * O(1) for every policy: one list lookup, then one or two entries of it.
  */
 static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_peer *peer,
-				       __u8 tclass, const struct mrc_config *cfg,
+				       __u8 tclass, const struct mrc_config *cfg, int may_copy,
 				       struct path_choice *choice)
 {
 	__u32 peer_id = peer->peer_id;
@@ -146,6 +167,7 @@ static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_p
 	 * by a packet that is dropped later does no harm. */
 	choice->peer_seq = __sync_fetch_and_add(&ptx->seq, 1);
 	choice->tclass = tclass;
+	choice->probe = 0;
 
 	switch (peer->policy) {
 	case MRC_POLICY_RANDOM:
@@ -167,18 +189,20 @@ static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_p
 	default:	/* MRC_POLICY_RR, MRC_POLICY_WEIGHTED (its list repeats by weight) */
 		at = choice->peer_seq % n;
 	}
-	return choose_live(list, n, at, peer_id, ptx, cfg, now, choice);
+	return choose_live(list, n, at, peer_id, ptx, cfg, now, may_copy, choice);
 }
 
 /*
- * A packet of `mrcctl probe`, marked MRC_PROBE_MARK | path id: it goes on
+ * A packet of `mrcctl probe`, marked MRC_PROBE_MARK | path id, or a probe
+ * copy (MRC_PROBE_COPY_MARK | path id, counted as `counter`): it goes on
  * that path whatever its state or the policy, flagged a probe.  Its
  * acknowledgement is filed like any other, so a probed path that answers
  * comes back up and one that does not is taken down by the usual clock:
  * user space only supplies packets for paths that carry no traffic.
  */
 static __always_inline int choose_pinned(const struct mrc_peer *peer, __u32 mark,
-					 const struct mrc_config *cfg, struct path_choice *choice)
+					 const struct mrc_config *cfg, __u32 counter,
+					 struct path_choice *choice)
 {
 	__u32 peer_id = peer->peer_id;
 	__u16 id = mark & ~MRC_PROBE_MARK_MASK;
@@ -201,7 +225,8 @@ static __always_inline int choose_pinned(const struct mrc_peer *peer, __u32 mark
 	choice->peer_seq = __sync_fetch_and_add(&ptx->seq, 1);
 	choice->tclass = 0;
 	choice->probe = 1;
-	count(MRC_TX_PINNED_PROBE);
+	choice->probe_copy = 0;
+	count(counter);
 	return 0;
 }
 
