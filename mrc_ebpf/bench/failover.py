@@ -283,7 +283,11 @@ def _udp(env, fab, p, port, mode, sports, flow_spines, trigger):
         snd = env.popen(h1, [PY, "-m", "mrc_ebpf.bench.flowtool", "udp-send", fab.addr6(2), str(port),
                              str(p["seconds"]), str(p["udp_flows"]), str(p["load"] * cap_all),
                              str(p["udp_size"]), ",".join(map(str, sports)), spath, fab.addr6(1)])
-        t_start = int(snd.stdout.readline().split()[1])
+        line = snd.stdout.readline()
+        if not line.startswith("started"):
+            snd.wait(timeout=30)
+            raise RuntimeError(f"tcp-send did not start: {snd.stderr.read().strip()[-300:]}")
+        t_start = int(line.split()[1])
         time.sleep(max(0.0, (t_start + p["fail_at"] * 1e9 - time.monotonic_ns()) / 1e9))
         t_fail, trigger_us = trigger()
         out, _ = env.wait(snd, timeout=p["seconds"] + 30)
@@ -374,7 +378,11 @@ def _tcp(env, fab, p, port, mode, sports, conn_spines, trigger):
         before = env.nstat(h1)
         snd = env.popen(h1, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-send", fab.addr6(2), str(port),
                              str(p["seconds"]), str(p["conns"]), ",".join(map(str, sports)), fab.addr6(1)])
-        t_start = int(snd.stdout.readline().split()[1])
+        line = snd.stdout.readline()
+        if not line.startswith("started"):
+            snd.wait(timeout=30)
+            raise RuntimeError(f"tcp-send did not start: {snd.stderr.read().strip()[-300:]}")
+        t_start = int(line.split()[1])
         time.sleep(max(0.0, (t_start + p["fail_at"] * 1e9 - time.monotonic_ns()) / 1e9))
         t_fail, trigger_us = trigger()
         out, _ = env.wait(snd, timeout=p["seconds"] + 30)

@@ -209,6 +209,8 @@ def tcp_recv(addr, port, seconds, conns, out):
                 data, anc, _, _ = key.fileobj.recvmsg(64 << 10, 64)
             except BlockingIOError:
                 continue
+            except ConnectionResetError:
+                data = b""        # tcp-send ends with a reset (see there)
             if not data:
                 sel.unregister(key.fileobj)
                 open_ -= 1
@@ -248,6 +250,10 @@ def tcp_send(addr, port, seconds, conns, sports=None, src=None, cc=None):
                 pass
     sports_used = [s.getsockname()[1] for s in socks]
     for s in socks:
+        # abortive: a connection through a black hole could not finish
+        # its close, and would hold its (calibrated) source port for the
+        # next repetition; the measurement is over by now
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
     print(json.dumps({"sent": sent, "t0": t0, "end": now(), "sports": sports_used}), flush=True)
 
