@@ -37,8 +37,11 @@ def send(addr, port, nbytes, mbit=0.0):
     digest = hashlib.sha256()
     with socket.create_connection((addr, port), timeout=20) as s:
         left = nbytes
+        # paced: small writes, so TCP sends a steady stream and not a
+        # 64 KiB burst every few milliseconds
+        size = 8 << 10 if mbit else 1 << 16
         while left:
-            chunk = rng.randbytes(min(left, 1 << 16))
+            chunk = rng.randbytes(min(left, size))
             s.sendall(chunk)
             digest.update(chunk)
             left -= len(chunk)
