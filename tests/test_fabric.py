@@ -628,7 +628,7 @@ def test_one_way_udp_leaves_a_blackholed_spine_within_1ms(make_fabric):
     the drop and of the event), and takes it back after the heal."""
     net = make_fabric("--spines", "4", "--leaves", "2")
     # the configured window: late packets could widen it (--reorder-max-us)
-    fabric("attach", net.name, "--policy", "rr", "--", "--ack-timeout-us", "500",
+    fabric("attach", net.name, "--policy", "rr", "--", "--ack-timeout-us", "300",
            "--reorder-max-us", "0")
     sink = net.popen("h2", SINK, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -121,7 +121,7 @@ def test_tcp_completes_through_a_blackhole_and_the_path_returns(spray_any):
 
 def test_one_way_udp_fails_over_with_receiver_made_feedback(spray_any):
     spray = spray_any
-    spray.attach("rr", "--ack-timeout-us", "500", *FIXED_WINDOW, "--probe-us", "5000")
+    spray.attach("rr", "--ack-timeout-us", "300", *FIXED_WINDOW, "--probe-us", "5000")
     spray.udp(2000)                           # feedback flowing, nothing down
     assert not [e for e in events(spray) if e["type"] == "down"]
     hole = blackhole(spray, BLACKHOLED, BLACKHOLED)
