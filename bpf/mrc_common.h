@@ -226,9 +226,9 @@ struct mrc_path_live {
 /*
  * peer_acks: array by peer_id: for each of our paths, the send time (our
  * clock) from which on the peer has heard a packet of it.  Each feedback
- * reports one block of 64 path ids (the receiver rotates over the blocks
- * with news); filing is one store per bit, and the TX side reads one entry
- * when it checks a path.  A peer
+ * acknowledges a few paths of one block of 64 path ids (the receiver
+ * rotates over the blocks with news, lib/feedback.h); filing is one store
+ * per bit, and the TX side reads one entry when it checks a path.  A peer
  * that never sent feedback (no mrc-ebpf there, e.g. the kernel's own
  * End.DT6) has no acknowledgement clock: its paths never time out.
  */

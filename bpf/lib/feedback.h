@@ -4,11 +4,13 @@
  * MRC TLV of the packets they send each other anyway (TCP's ACKs, the
  * reverse half of a request/response):
  *   the receiver measures each of the sender's paths (rx_paths) and, in
- *   each packet it sends back, reports on the path the sender's latest
- *   packet came over; the sender files that in path_health, which the
- *   adaptive policy reads.
- * Reporting the latest arrival's path reports each path as often as it is
- * used, with no per-packet walk.
+ *   each packet it sends back, reports on one path exactly (delay, loss,
+ *   newest send heard: see feedback_fill_heard for which) and
+ *   acknowledges up to FB_PATHS_PER_REPORT more it heard from; the
+ *   sender files that in path_health, which the adaptive policy reads,
+ *   and in peer_acks, which failover reads (lib/failover.h).
+ * Paths are reported as often as they are used, with a walk over at most
+ * FB_PATHS_PER_REPORT of them.
  */
 #ifndef MRC_LIB_FEEDBACK_H
 #define MRC_LIB_FEEDBACK_H

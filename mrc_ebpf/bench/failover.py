@@ -267,6 +267,18 @@ def _capacity(p, mode, payload, wire, spines):
     return spines * p["rate_bps"] * payload / wire
 
 
+def _fail_when_due(snd, p, trigger) -> tuple[int, float]:
+    """Wait for the sender's "started T0" line, then fail the path at
+    T0 + fail_at: returns what trigger() returns (fail time, its cost)."""
+    line = snd.stdout.readline()
+    if not line.startswith("started"):
+        snd.wait(timeout=30)
+        raise RuntimeError(f"the sender did not start: {snd.stderr.read().strip()[-300:]}")
+    t_start = int(line.split()[1])
+    time.sleep(max(0.0, (t_start + p["fail_at"] * 1e9 - time.monotonic_ns()) / 1e9))
+    return trigger()
+
+
 def _udp(env, fab, p, port, mode, sports, flow_spines, trigger):
     h1, h2 = fab.ns("h1"), fab.ns("h2")
     paths = []
@@ -283,13 +295,7 @@ def _udp(env, fab, p, port, mode, sports, flow_spines, trigger):
         snd = env.popen(h1, [PY, "-m", "mrc_ebpf.bench.flowtool", "udp-send", fab.addr6(2), str(port),
                              str(p["seconds"]), str(p["udp_flows"]), str(p["load"] * cap_all),
                              str(p["udp_size"]), ",".join(map(str, sports)), spath, fab.addr6(1)])
-        line = snd.stdout.readline()
-        if not line.startswith("started"):
-            snd.wait(timeout=30)
-            raise RuntimeError(f"tcp-send did not start: {snd.stderr.read().strip()[-300:]}")
-        t_start = int(line.split()[1])
-        time.sleep(max(0.0, (t_start + p["fail_at"] * 1e9 - time.monotonic_ns()) / 1e9))
-        t_fail, trigger_us = trigger()
+        t_fail, trigger_us = _fail_when_due(snd, p, trigger)
         out, _ = env.wait(snd, timeout=p["seconds"] + 30)
         rout, _ = env.wait(rcv, timeout=p["seconds"] + 30)
         sent = json.loads(out.strip().splitlines()[-1])
@@ -378,13 +384,7 @@ def _tcp(env, fab, p, port, mode, sports, conn_spines, trigger):
         before = env.nstat(h1)
         snd = env.popen(h1, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-send", fab.addr6(2), str(port),
                              str(p["seconds"]), str(p["conns"]), ",".join(map(str, sports)), fab.addr6(1)])
-        line = snd.stdout.readline()
-        if not line.startswith("started"):
-            snd.wait(timeout=30)
-            raise RuntimeError(f"tcp-send did not start: {snd.stderr.read().strip()[-300:]}")
-        t_start = int(line.split()[1])
-        time.sleep(max(0.0, (t_start + p["fail_at"] * 1e9 - time.monotonic_ns()) / 1e9))
-        t_fail, trigger_us = trigger()
+        t_fail, trigger_us = _fail_when_due(snd, p, trigger)
         out, _ = env.wait(snd, timeout=p["seconds"] + 30)
         after = env.nstat(h1)
         rout, _ = env.wait(rcv, timeout=p["seconds"] + 30)
