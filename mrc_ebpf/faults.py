@@ -187,8 +187,14 @@ def _remove_filter(ipr: IPRoute, index: int, flags: int) -> dict:
 
 def _drop_pins(directory: Path) -> None:
     pins.remove_tree(directory)
-    with contextlib.suppress(OSError):
-        directory.parent.rmdir()   # the namespace's, once empty
+    _drop_empty(directory.parent)
+
+
+def _drop_empty(netns_dir: Path) -> None:
+    """The namespace's directory, then the faults root, once empty."""
+    for d in (netns_dir, netns_dir.parent):
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def _install(ipr: IPRoute, netns: str, dev: str, directory: Path, mode: str, loss: float) -> int:
@@ -357,8 +363,7 @@ def forget(netns: str) -> list[str]:
         if p.is_dir():
             heal(netns, p.name)
             cleared.append(p.name)
-    with contextlib.suppress(OSError):
-        d.rmdir()
+    _drop_empty(d)
     return cleared
 
 
