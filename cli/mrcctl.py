@@ -113,7 +113,7 @@ def cli(ctx, json_, netns_name):
 @click.option("--fb-interval-us", type=click.IntRange(10, 10_000_000), default=100, show_default=True,
               help="One-way traffic: the receiver sends feedback at least this often.")
 @click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=16000, show_default=True,
-              help="Late packets widen --ack-timeout-us up to this (at most --ack-timeout-us: never).")
+              help="Late packets widen --ack-timeout-us up to this; 0 keeps it fixed.")
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,

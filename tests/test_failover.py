@@ -216,7 +216,6 @@ def _bursts_over_a_slow_path(spray, *options) -> tuple[int, list, dict]:
         spray.t.exec(spray.R[BLACKHOLED], ["tc", "qdisc", "del", "dev", "rdown", "root"], check=False)
         mrcctl("detach", "--all", netns=spray.A)
         mrcctl("detach", "--all", netns=spray.B)
-    tbf_drops = 0
     return next(r["downs"] for r in rows if r["path_id"] == BLACKHOLED), evs, status
 
 
