@@ -7,7 +7,7 @@ import json
 
 import click
 
-from mrc_ebpf.bench.runner import SCENARIOS
+from mrc_ebpf.bench.runner import DEFAULT_CC, SCENARIOS
 
 
 @click.command()
@@ -17,12 +17,15 @@ from mrc_ebpf.bench.runner import SCENARIOS
               help="Where <scenario>.json and <scenario>.png go.")
 @click.option("--repeat", type=click.IntRange(1, 100), metavar="N",
               help="Repetitions of every measurement (default: the scenario's own).")
+@click.option("-C", "--congestion", default=DEFAULT_CC, show_default=True, metavar="ALGO",
+              help="TCP congestion control of every flow the scenarios start (fixed, so results do "
+                   "not depend on the host's default, which the namespaces inherit).")
 @click.option("-j", "--json", "json_", is_flag=True, help="Print the JSON document(s) instead of tables.")
-def bench(scenario, short, out, repeat, json_):
+def bench(scenario, short, out, repeat, congestion, json_):
     """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):
     JSON + PNG under --out and a table of min/median/max."""
     from mrc_ebpf.bench import runner
     names = list(SCENARIOS) if scenario == "all" else [scenario]
-    docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_)
+    docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_, congestion=congestion)
     if json_:
         click.echo(json.dumps(docs if scenario == "all" else docs[0], indent=2, sort_keys=True))

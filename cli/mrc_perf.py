@@ -3,7 +3,7 @@ datapath's per-path view (throughput, loss, reordering, queueing delay)
 on both ends.
 
     mrc-perf -s [-p PORT] [-1] [-B ADDR]
-    mrc-perf -c HOST [-p PORT] [-t SECS] [-P N] [-u] [-b RATE] [-l LEN] [-i SECS] [-R] [-J]
+    mrc-perf -c HOST [-p PORT] [-t SECS] [-P N] [-u] [-b RATE] [-l LEN] [-i SECS] [-R] [-C ALGO] [-J]
 
 Errors are one line on stderr and exit status 1.
 """
@@ -45,15 +45,17 @@ def _fail(message: str, code: int = EXIT_ERROR):
 @click.option("-i", "--interval", type=float, default=1.0, show_default=True,
               help="Seconds between interval reports; 0 = one report for the whole test.")
 @click.option("-R", "--reverse", is_flag=True, help="The server sends, the client receives.")
+@click.option("-C", "--congestion", metavar="ALGO",
+              help="TCP congestion control of the data streams, on both ends (default: each end's own).")
 @click.option("-J", "--json", "json_mode", is_flag=True, help="Print one JSON document at the end.")
 @click.option("--mrc-dev", metavar="DEV", help="The attached device to read (default: the only one).")
 @click.option("--no-mrc", is_flag=True, help="Do not read the MRC datapath's maps.")
 def main(server, host, port, one_off, bind, duration, streams, udp, bitrate, length, interval,
-         reverse, json_mode, mrc_dev, no_mrc):
+         reverse, congestion, json_mode, mrc_dev, no_mrc):
     """iperf3-like benchmark with the MRC datapath's per-path view."""
     try:
         sys.exit(_run(server, host, port, one_off, bind, duration, streams, udp, bitrate, length,
-                      interval, reverse, json_mode, mrc_dev, no_mrc))
+                      interval, reverse, congestion, json_mode, mrc_dev, no_mrc))
     except MrcError as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -69,7 +71,7 @@ def main(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
 
 
 def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, length, interval,
-         reverse, json_mode, mrc_dev, no_mrc) -> int:
+         reverse, congestion, json_mode, mrc_dev, no_mrc) -> int:
     from mrc_ebpf import perf
     from mrc_ebpf.perf_control import UDP_RATE
     from mrc_ebpf.perf_units import parse_rate, parse_size
@@ -77,6 +79,8 @@ def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
     if server == bool(host):
         raise MrcError("give -s (server) or -c HOST (client)")
     out = perf.Output(json_mode)
+    if server and congestion:
+        raise MrcError("-C is a client option: the client asks for it and both ends apply it")
     if server:
         def on_doc(doc):
             if json_mode:
@@ -89,7 +93,7 @@ def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
     rate = parse_rate(bitrate) if bitrate is not None else (UDP_RATE if udp else 0)
     params = perf.Params(protocol="udp" if udp else "tcp", streams=streams, duration=duration,
                          bitrate=rate, length=parse_size(length) if length else 0,
-                         interval=interval, reverse=reverse).check()
+                         interval=interval, reverse=reverse, congestion=congestion).check()
     doc = perf.run_client(host, port, params, out, bind=bind, mrc_device=mrc_dev, use_mrc=not no_mrc)
     if json_mode:
         click.echo(json.dumps(doc, indent=2))

@@ -16,7 +16,8 @@ import threading
 import time
 
 from .errors import MrcError
-from .perf_control import (DEFAULT_PORT, TCP_LENGTH, UDP_RATE, VERSION, Control, Params, PeerGone)
+from .perf_control import (DEFAULT_PORT, TCP_LENGTH, UDP_RATE, VERSION, Control, Params, PeerGone,
+                           congestion_of, set_congestion)
 from .perf_mrc import MrcView
 from .perf_report import header, interval_lines, mrc_summary_lines, summary_lines
 from .perf_tcp import DATA_HELLO, DATA_MAGIC, TcpReceiver, TcpSender
@@ -131,8 +132,10 @@ def _workers(role, params, streams, udp_feeds, stop, deadline):
             for sock, feed in udp_feeds]
 
 
-def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc, out, t0) -> tuple:
-    """Run this side of a started test; returns (local results, remote results)."""
+def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc, out, t0,
+              congestion: str | None) -> tuple:
+    """Run this side of a started test; returns (local results, remote results).
+    `congestion`: the TCP congestion control this end's data streams run."""
     stop = threading.Event()
     recorder = Recorder(streams, params, role, mrc, out)
     deadline = t0 + int(params.duration * 1e9)
@@ -146,7 +149,7 @@ def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc,
                 t.join()
             summary = recorder.finish(_now())
             local = _results(role, mrc, recorder, summary,
-                             next((s.error for s in streams if s.error), None))
+                             next((s.error for s in streams if s.error), None), congestion)
             ctrl.send({"op": "end", "results": local})
             remote = ctrl.expect("results", TCP_DRAIN_MAX + 30, "the receiver")["results"]
             return local, remote
@@ -162,7 +165,7 @@ def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc,
         last = max(s.end_ns for s in streams)
         summary = recorder.finish(last or _now())
         local = _results(role, mrc, recorder, summary,
-                         next((s.error for s in streams if s.error), None))
+                         next((s.error for s in streams if s.error), None), congestion)
         ctrl.send({"op": "results", "results": local})
         return local, remote
     finally:
@@ -187,9 +190,12 @@ def _drain(params, streams, threads) -> None:
         time.sleep(UDP_IDLE / 5)
 
 
-def _results(role, mrc, recorder, summary, error) -> dict:
-    return {"role": role, "mrc": mrc.info() if mrc else None, "intervals": recorder.intervals,
-            "summary": summary, "error": error}
+def _results(role, mrc, recorder, summary, error, congestion) -> dict:
+    return {"role": role, "mrc": mrc.info() if mrc else None, "tcp_congestion": congestion,
+            "intervals": recorder.intervals, "summary": summary, "error": error}
+
+
+SIDE_KEYS = ("role", "mrc", "tcp_congestion", "intervals")
 
 
 def _document(who, ctrl_sock, params, connected, local, remote, timestamp) -> dict:
@@ -202,8 +208,8 @@ def _document(who, ctrl_sock, params, connected, local, remote, timestamp) -> di
         "start": {"timestamp": timestamp, "role": who, "local_host": lh, "local_port": lp,
                   "remote_host": rh, "remote_port": rp, "test": params.to_json(),
                   "connected": connected},
-        "local": {k: local[k] for k in ("role", "mrc", "intervals")},
-        "remote": {k: remote[k] for k in ("role", "mrc", "intervals")},
+        "local": {k: local.get(k) for k in SIDE_KEYS},
+        "remote": {k: remote.get(k) for k in SIDE_KEYS},
         "end": {"sender": by_role["sender"]["summary"], "receiver": by_role["receiver"]["summary"]},
         "error": errors[0] if errors else None,
     }
@@ -212,6 +218,9 @@ def _document(who, ctrl_sock, params, connected, local, remote, timestamp) -> di
 def _print_end(out: Output, doc: dict, params: Params) -> None:
     for text in summary_lines(doc["end"], params.protocol, params.streams > 1):
         out.line(text)
+    if params.protocol == "tcp":    # iperf3's snd_tcp_congestion / rcv_tcp_congestion
+        cc = {doc[k]["role"]: doc[k]["tcp_congestion"] for k in ("local", "remote")}
+        out.line(f"TCP congestion control: sender {cc['sender']}, receiver {cc['receiver']}")
     if doc["local"]["mrc"] or doc["remote"]["mrc"]:
         for text in mrc_summary_lines(doc["end"], doc["local"], doc["remote"]):
             out.line(text)
@@ -265,6 +274,9 @@ def _connect(host: str, port: int, bind: str | None) -> socket.socket:
 def run_client(host: str, port: int, params: Params, out: Output, bind: str | None = None,
                mrc_device: str | None = None, use_mrc: bool = True) -> dict:
     params.check()
+    if params.congestion is not None:      # refused here, before the server hears of it
+        with socket.socket() as probe:
+            set_congestion(probe, params.congestion)
     out.line(f"Connecting to host {host}, port {port}")
     csock = _connect(host, port, bind)
     try:
@@ -296,6 +308,8 @@ def _client_test(csock, params, out, mrc_device, use_mrc) -> dict:
             s.bind((local_addr[0], 0))
             if params.protocol == "udp":
                 big_buffers(s)
+            else:
+                set_congestion(s, params.congestion)
             s.settimeout(SETUP_TIMEOUT)
             try:
                 s.connect(remote_addr[:2])
@@ -314,7 +328,8 @@ def _client_test(csock, params, out, mrc_device, use_mrc) -> dict:
         _announce(out, mrc, connected)
         role = "receiver" if params.reverse else "sender"
         streams, feeds = _make_streams(role, params, socks)
-        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0)
+        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0,
+                                  congestion_of(socks[0]) if params.protocol == "tcp" else None)
         doc = _document("client", csock, params, connected, local, remote, timestamp)
         _print_end(out, doc, params)
         out.line("")
@@ -442,6 +457,12 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc) -> di
         timestamp = time.time()
         if params.protocol == "tcp":
             socks = _accept_streams(listener, cookie, params.streams)
+            try:
+                for s in socks:
+                    set_congestion(s, params.congestion)
+            except MrcError as e:
+                ctrl.error(str(e))
+                raise
             connected = [_conn_info(i, s) for i, s in enumerate(socks, 1)]
             addrs = None
         else:
@@ -455,7 +476,8 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc) -> di
         _announce(out, mrc, connected)
         role = "sender" if params.reverse else "receiver"
         streams, feeds = _make_streams(role, params, socks, addrs)
-        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0)
+        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0,
+                                  congestion_of(socks[0]) if params.protocol == "tcp" else None)
         doc = _document("server", conn, params, connected, local, remote, timestamp)
         _print_end(out, doc, params)
         return doc

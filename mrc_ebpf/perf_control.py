@@ -9,6 +9,7 @@ side sends `end` with its results; the receiving side drains, then sends
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -32,6 +33,7 @@ class Params:
     length: int = 0             # 0: the default for the protocol
     interval: float = 1.0       # 0: one report for the whole test
     reverse: bool = False
+    congestion: str | None = None   # TCP congestion control for the data streams; None: each end's own
 
     def check(self) -> "Params":
         if self.protocol not in ("tcp", "udp"):
@@ -48,6 +50,11 @@ class Params:
             raise MrcError(f"bad length {self.length}: UDP datagrams are {MIN_LENGTH}..{MAX_LENGTH} bytes")
         if self.protocol == "tcp" and self.length and not 1 <= self.length <= 64 << 20:
             raise MrcError(f"bad length {self.length}: 1 byte .. 64 MBytes")
+        if self.congestion is not None:
+            if self.protocol != "tcp":
+                raise MrcError("a congestion control (-C) applies to TCP only")
+            if not re.fullmatch(r"[a-z0-9_]{1,15}", self.congestion):
+                raise MrcError(f"bad congestion control name {self.congestion!r}")
         return self
 
     def to_json(self) -> dict:
@@ -59,9 +66,25 @@ class Params:
             return cls(protocol=str(data["protocol"]), streams=int(data["streams"]),
                        duration=float(data["duration"]), bitrate=int(data["bitrate"]),
                        length=int(data["length"]), interval=float(data["interval"]),
-                       reverse=bool(data["reverse"])).check()
+                       reverse=bool(data["reverse"]),
+                       congestion=None if data.get("congestion") is None else str(data["congestion"])).check()
         except (KeyError, TypeError, ValueError):
             raise MrcError("malformed test parameters")
+
+
+def set_congestion(sock: socket.socket, name: str | None) -> None:
+    """Run sock with TCP congestion control `name` (None: leave the default)."""
+    if name is None:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+    except OSError as e:
+        why = "not available on this host" if e.errno == 2 else (e.strerror or str(e))
+        raise MrcError(f"cannot use TCP congestion control {name!r}: {why}")
+
+
+def congestion_of(sock: socket.socket) -> str:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
 
 
 class PeerGone(MrcError):

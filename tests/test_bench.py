@@ -57,6 +57,8 @@ def _load(runs, name):
     for prefix in doc["namespace_prefixes"]:
         assert prefix not in left, f"namespace {prefix}* left behind"
     assert "median (min-max)" in o
+    # every TCP flow runs the congestion control the run names, not the host's default
+    assert doc["params"].get("tcp_congestion") == (None if name == "cost" else "cubic")
     return doc["results"]
 
 
@@ -70,6 +72,16 @@ def test_spray_vs_ecmp(runs):
     for by_n in r["modes"].values():
         for s in by_n.values():
             _sane_fraction(s["fraction"])
+    # headers' ceiling: 1500-byte frames, 72 bytes of IPv6+TCP (timestamps)
+    # and 14 of Ethernet; MRC's route MTU leaves room for the encapsulation
+    ceiling = r["ceiling"]
+    assert ceiling["ecmp"] == round((1500 - 72) / 1514, 4)
+    assert ceiling["rr"] == ceiling["adaptive"] == ceiling["single"] < ceiling["ecmp"]
+    # nothing can beat it: a ceiling computed wrong would show here
+    for m, by_n in r["modes"].items():
+        for s in by_n.values():
+            assert s["fraction"]["max"] <= ceiling[m] * 1.03, (m, s["fraction"], ceiling[m])
+            assert s["of_ceiling"]["median"] == pytest.approx(s["fraction"]["median"] / ceiling[m])
 
 
 def test_cost(runs):

@@ -46,7 +46,8 @@ def test_formatting_like_iperf3():
 def test_params_checked():
     Params(protocol="udp", length=24).check()
     for bad in (dict(streams=0), dict(duration=0), dict(interval=0.01), dict(protocol="sctp"),
-                dict(protocol="udp", length=10), dict(bitrate=-1)):
+                dict(protocol="udp", length=10), dict(bitrate=-1),
+                dict(protocol="udp", congestion="cubic"), dict(congestion="cubic;reboot")):
         with pytest.raises(MrcError):
             Params(**bad).check()
     with pytest.raises(MrcError, match="malformed"):
@@ -95,6 +96,10 @@ def test_bad_arguments_one_line():
     _one_line_error(_cli("-c", "fd00:99::1", "-u", "-l", "8"), "bad length 8")
     _one_line_error(_cli("-c", "fd00:99::1", "-P", "0"), "bad number of streams")
     _one_line_error(_cli("-s", "-c", "fd00:99::1"), "give -s (server) or -c HOST")
+    _one_line_error(_cli("-c", "fd00:99::1", "-C", "nosuch"),
+                    "cannot use TCP congestion control 'nosuch': not available on this host")
+    _one_line_error(_cli("-c", "fd00:99::1", "-u", "-C", "reno"), "applies to TCP only")
+    _one_line_error(_cli("-s", "-C", "reno"), "-C is a client option")
 
 
 # ------------------------------------------------------------ namespaces
@@ -226,7 +231,7 @@ def test_tcp_and_udp_agree_with_iperf3(topo, tmp_path):
 def test_json_valid_and_consistent(topo, tmp_path):
     net = Line(topo)
     with perf_server(topo, net.B, tmp_path, name="tcp"):
-        doc = perf_client(topo, net.A, net.B6, "-t", "2.5", "-P", "2", "-i", "0.5")
+        doc = tcp_doc = perf_client(topo, net.A, net.B6, "-t", "2.5", "-P", "2", "-i", "0.5")
     sender, receiver = _check_arithmetic(doc)
     # TCP's receiver counts what arrived before the sender's end (as iperf3)
     assert receiver["bytes"] > 0.8 * sender["bytes"]
@@ -238,17 +243,26 @@ def test_json_valid_and_consistent(topo, tmp_path):
     assert all(i["mrc"] is None for i in doc["local"]["intervals"] + doc["remote"]["intervals"])
 
     with perf_server(topo, net.B, tmp_path, name="udp4"):
-        doc = perf_client(topo, net.A, net.B4, "-u", "-b", "20M", "-t", "2", "-P", "2")
+        doc = doc_udp = perf_client(topo, net.A, net.B4, "-u", "-b", "20M", "-t", "2", "-P", "2")
     sender, receiver = _check_arithmetic(doc)
     assert receiver["packets"] + receiver["lost"] == sender["packets"]
     for s, r in zip(doc["end"]["sender"]["streams"], doc["end"]["receiver"]["streams"]):
         assert r["packets"] + r["lost"] == s["packets"] and r["bytes"] <= s["bytes"]
     assert doc["start"]["remote_host"] == net.B4
 
+    default = topo.exec(net.A, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
+    other = "cubic" if default == "reno" else "reno"
     with perf_server(topo, net.B, tmp_path, name="rev"):
-        doc = perf_client(topo, net.A, net.B6, "-t", "2", "-R")
+        doc = perf_client(topo, net.A, net.B6, "-t", "2", "-R", "-C", other)
     sender, receiver = _check_arithmetic(doc)
     assert doc["local"]["role"] == "receiver" and receiver["bytes"] > 0.8 * sender["bytes"]
+    # -C reaches both ends' data streams (here the server sends); without it
+    # each end runs its namespace's default
+    assert doc["start"]["test"]["congestion"] == other
+    assert doc["local"]["tcp_congestion"] == doc["remote"]["tcp_congestion"] == other
+    assert tcp_doc["start"]["test"]["congestion"] is None
+    assert tcp_doc["local"]["tcp_congestion"] == tcp_doc["remote"]["tcp_congestion"] == default
+    assert doc_udp["local"]["tcp_congestion"] is None
 
 
 @root

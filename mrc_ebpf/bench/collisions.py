@@ -41,7 +41,7 @@ def params(short: bool) -> dict:
             "ideal": "bytes one leaf sends the other per round / (spines x rate)"}
 
 
-def _connect_all(fab, pairs, port):
+def _connect_all(fab, pairs, port, cc: str | None):
     """(src, dst) -> (sending socket, receiving socket)."""
     listeners = {}
     for h in sorted({d for _, d in pairs}):
@@ -57,6 +57,8 @@ def _connect_all(fab, pairs, port):
             with netns.inside(fab.ns(fab.host(s))):
                 c = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
                 c.bind((fab.addr6(s), 0))
+                if cc:
+                    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
                 c.settimeout(10)
                 c.connect((fab.addr6(d), port))
             a, _ = listeners[d].accept()
@@ -122,7 +124,7 @@ def run(p: dict, env) -> dict:
                 log("collisions: attaching MRC on every host (rr)")
                 fab_mod.attach(fab.name, None, "rr", [])
                 time.sleep(0.5)
-            conns = _connect_all(fab, pairs, 5600 + mi)
+            conns = _connect_all(fab, pairs, 5600 + mi, env.cc)
             try:
                 per = {}
                 for kind, n_rounds in p["rounds"].items():

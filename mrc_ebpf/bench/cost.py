@@ -110,6 +110,7 @@ def _measure(module, tx, rx, runs, policies) -> list[dict]:
 
 # --------------------------------------------------------------------------- the scenario
 
+USES_TCP = False
 TITLE = "per-packet cost (BPF_PROG_TEST_RUN) and 64-byte UDP throughput: none vs mrc vs kernel SRv6"
 SETUPS = ("none", "mrc", "kernel")
 A_LINK, B_LINK = "fd01::a", "fd01::b"

@@ -383,7 +383,8 @@ def _tcp(env, fab, p, port, mode, sports, conn_spines, trigger):
         rcv.stdout.readline()
         before = env.nstat(h1)
         snd = env.popen(h1, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-send", fab.addr6(2), str(port),
-                             str(p["seconds"]), str(p["conns"]), ",".join(map(str, sports)), fab.addr6(1)])
+                             str(p["seconds"]), str(p["conns"]), ",".join(map(str, sports)), fab.addr6(1),
+                             env.cc or "-"])
         t_fail, trigger_us = _fail_when_due(snd, p, trigger)
         out, _ = env.wait(snd, timeout=p["seconds"] + 30)
         after = env.nstat(h1)

@@ -226,7 +226,7 @@ def run(p: dict, env) -> dict:
     with fabric("ro", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"]) as fab:
         log("reorder: attaching MRC on h1, h2 (rr)")
         fab_mod.attach(fab.name, "h1,h2", p["policy"], [])
-        cc = env.run(fab.ns("h1"), ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
+        cc = env.cc or env.run(fab.ns("h1"), ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
         s1, l2 = fab.ns("s1"), fab.ns("l2")
         link_addr = {f"s{k}": f"{fab.link_net(0, k, 2)}2" for k in range(1, K + 1)}
         bgns = f"{fab.name}-bg"

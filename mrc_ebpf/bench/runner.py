@@ -7,6 +7,11 @@ Each scenario is a module of this package with
     run(p, env) -> dict       measures; builds and always removes its own fabric
     table(results) -> (headers, rows)
     plot(results, plt) -> figure
+    USES_TCP = False          optional: the scenario starts no TCP flow
+
+Every TCP flow a scenario starts runs the congestion control the run names
+(`--congestion`, default cubic, Linux's default): the namespaces would
+otherwise inherit the host's default, and results would depend on it.
 
 The runner adds the repetitions' min/median/max (`summary`), writes
 `<out>/<scenario>.json` and `<out>/<scenario>.png`, and prints a table.
@@ -69,9 +74,10 @@ def percentile(values, q: float):
 class Env:
     """What a scenario runs with: processes it starts are ended (by pid) on exit."""
 
-    def __init__(self, repeat: int | None = None):
+    def __init__(self, repeat: int | None = None, congestion: str | None = None):
         self.procs: list[subprocess.Popen] = []
         self.repeat = repeat
+        self.cc = congestion        # TCP congestion control for every benchmark flow
 
     def run(self, ns: str | None, cmd: list[str], check: bool = True, timeout: float = 120,
             input: str | None = None) -> subprocess.CompletedProcess:
@@ -120,6 +126,8 @@ class Env:
     def perf_client(self, ns: str, host: str, port: int, args: list[str], timeout: float) -> dict:
         """Run mrc-perf -c, retrying while the server is not yet listening."""
         deadline = time.monotonic() + 10
+        if self.cc and "-u" not in args:
+            args = [*args, "-C", self.cc]
         while True:
             r = self.run(ns, [PY, "-m", "cli.mrc_perf", "-c", host, "-p", str(port), "-J", "-i", "0",
                               *args], check=False, timeout=timeout)
@@ -251,8 +259,21 @@ def _plt():
     return plt
 
 
+DEFAULT_CC = "cubic"
+
+
+def check_congestion(name: str) -> None:
+    """Refuse an algorithm this kernel does not have before building anything."""
+    import socket
+    with socket.socket() as s:
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+        except OSError as e:
+            raise MrcError(f"TCP congestion control {name!r} is not available here: {e.strerror}")
+
+
 def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-results",
-                 repeat: int | None = None, quiet: bool = False) -> dict:
+                 repeat: int | None = None, quiet: bool = False, congestion: str = DEFAULT_CC) -> dict:
     mod = module(scenario)
     plt = _plt()                      # fail before measuring, not after
     if os.geteuid() != 0:
@@ -264,8 +285,11 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
         if repeat < 1:
             raise MrcError("--repeat must be at least 1")
         p["repeat"] = repeat
+    if getattr(mod, "USES_TCP", True):
+        check_congestion(congestion)
+        p["tcp_congestion"] = congestion
     old = signal.signal(signal.SIGTERM, _sigterm)
-    env = Env(p.get("repeat"))
+    env = Env(p.get("repeat"), p.get("tcp_congestion"))
     del MADE[:]
     started, t0 = time.time(), time.monotonic()
     log(f"{scenario}: {mod.TITLE} ({'short' if short else 'full'}, repeat {p.get('repeat')})")

@@ -15,6 +15,12 @@ Goodput is mrc-perf's receiver-side byte count over the test (-J, one
 interval), for 1..16 parallel TCP flows (-P).  The ACK direction is
 sprayed the same way.  Linux TCP's default reordering tolerance is left
 as it is (net.ipv4.tcp_reordering 3, RACK on).
+
+Headers bound every mode below 1: the ceiling is the TCP payload of a
+full-size segment over the bytes it takes on a link (tbf counts the
+Ethernet header), (advmss - 12 for timestamps) / (link MTU + 14), from
+the routes h1 uses: the plain one for ECMP, MRC's (MTU reduced by the
+SRv6 encapsulation) for the others.  `of_ceiling` is fraction / ceiling.
 """
 from __future__ import annotations
 
@@ -50,6 +56,19 @@ def _configure(env, fab, mode: str, K: int) -> None:
                   (h2, ["path", "del", fab.prefix6(1), "--id", str(i)]))
 
 
+def _ceilings(env, fab, modes) -> dict:
+    """mode -> the goodput fraction headers leave when every link is busy
+    (the MRC modes' route exists only while MRC is attached)."""
+    import json
+    h1 = fab.ns("h1")
+    link_mtu = json.loads(env.run(h1, ["ip", "-j", "link", "show", "eth0"]).stdout)[0]["mtu"]
+    route = json.loads(env.run(h1, ["ip", "-j", "-6", "route", "show", fab.prefix6(2)]).stdout)
+    metrics = {k: v for m in (route[0].get("metrics", []) if route else []) for k, v in m.items()}
+    mrc_mss = metrics.get("advmss", metrics.get("mtu", link_mtu) - 60)
+    payload = {"ecmp": link_mtu - 60 - 12, "mrc": mrc_mss - 12}
+    return {m: round(payload["ecmp" if m == "ecmp" else "mrc"] / (link_mtu + 14), 4) for m in modes}
+
+
 def run(p: dict, env) -> dict:
     from .. import fabric as fab_mod
     from .runner import fabric
@@ -77,7 +96,10 @@ def run(p: dict, env) -> dict:
                     raw[mode][str(n)].append({"goodput_bps": rx, "fraction": rx / capacity,
                                               "retransmits": tx.get("retransmits"),
                                               "sender_bps": tx["bits_per_second"]})
+        ceiling = _ceilings(env, fab, p["modes"])
     summary = {m: {n: {"fraction": mmm([r["fraction"] for r in runs]),
+                       "of_ceiling": (mmm([r["fraction"] / ceiling[m] for r in runs])
+                                      if ceiling.get(m) else None),
                        "goodput_bps": mmm([r["goodput_bps"] for r in runs]),
                        "retransmits": mmm([r["retransmits"] for r in runs]),
                        "runs": runs} for n, runs in by_n.items()} for m, by_n in raw.items()}
@@ -86,7 +108,9 @@ def run(p: dict, env) -> dict:
     if all(one in summary[m] for m in p["modes"]):
         notes.append(f"{one} flow: " + ", ".join(f"{m} {summary[m][one]['fraction']['median']:.2f}"
                                                  for m in p["modes"]) + " of capacity (median)")
-    return {"capacity_bps": capacity, "modes": summary, "notes": notes}
+    notes.append("header ceiling (full-size segments, every link busy): "
+                 + ", ".join(f"{m} {c:.3f}" for m, c in ceiling.items() if c))
+    return {"capacity_bps": capacity, "ceiling": ceiling, "modes": summary, "notes": notes}
 
 
 def table(results: dict):
@@ -97,6 +121,9 @@ def table(results: dict):
     for n in flows:
         rows.append([n, *[fmt3(results["modes"][m][n]["fraction"]) for m in modes],
                      *[fmt3(results["modes"][m][n]["retransmits"]) for m in modes]])
+    ceiling = results.get("ceiling", {})
+    rows.append(["header ceiling", *[f"{ceiling[m]:.3f}" if ceiling.get(m) else "" for m in modes],
+                 *["" for _ in modes]])
     return headers, rows
 
 
@@ -115,5 +142,8 @@ def plot(results: dict, plt):
     ax.set_ylabel("goodput / (K x rate)")
     ax.set_ylim(0, 1.1)
     ax.axhline(1.0, color="grey", lw=0.5)
+    for c in sorted({c for c in results.get("ceiling", {}).values() if c}):
+        ax.axhline(c, color="grey", lw=0.5, ls="--")
+        ax.annotate(f"header ceiling {c:.2f}", (len(flows) - 0.4, c), fontsize=6, va="bottom", ha="right")
     ax.legend(fontsize=8)
     return fig
