@@ -130,6 +130,8 @@ def test_collisions(runs):
             assert s["ideal_ms"] > 0 and s["round_ms"]["min"] > 0
             assert s["message_ms"]["p50"] <= s["message_ms"]["p99"] <= s["message_ms"]["max"]
             assert s["round_p99_over_ideal"] >= 0.8
+            # the hosts' own TCP counters: something was sent, and counted
+            assert s["retransmits"] >= 0 and 0 <= s["rtos"] <= s["retransmits"]
 
 
 def test_reorder(runs):

@@ -19,7 +19,10 @@ ideal = the bytes one leaf sends to the other in the round / (K x rate):
 every message of the round sharing the spines perfectly (headers and the
 SRv6 encapsulation not counted, so real transfers cannot reach it).
 Modes: ecmp (no MRC: the leaves hash each connection onto one spine) and
-mrc (rr spraying over the K spines on every host).
+mrc (rr spraying over the K spines on every host).  The hosts' TCP
+retransmissions and RTOs over each kind's rounds (nstat deltas summed
+over the hosts) say what the tail is made of: one 200 ms RTO is more
+than twice the ideal round of the full run.
 """
 from __future__ import annotations
 
@@ -109,6 +112,18 @@ def _round(conns, transfers, size):
     return times
 
 
+TCP_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts")
+
+
+def _tcp_counters(env, fab, hosts) -> dict:
+    totals = dict.fromkeys(TCP_KEYS, 0)
+    for h in hosts:
+        got = env.nstat(fab.ns(fab.host(h)))
+        for k in TCP_KEYS:
+            totals[k] += got.get(k, 0)
+    return totals
+
+
 def run(p: dict, env) -> dict:
     from .. import fabric as fab_mod
     from ..fabric import parse_rate
@@ -130,6 +145,7 @@ def run(p: dict, env) -> dict:
                 for kind, n_rounds in p["rounds"].items():
                     n_rounds *= p["repeat"]
                     msgs, rounds = [], []
+                    before = _tcp_counters(env, fab, left + right)
                     for r in range(n_rounds):
                         if kind == "permutation":
                             tr = [(left[i], right[(i + r) % H]) for i in range(H)]
@@ -142,12 +158,15 @@ def run(p: dict, env) -> dict:
                         times = _round(conns, tr, p["size"])
                         msgs += times
                         rounds.append(max(times))
+                    after = _tcp_counters(env, fab, left + right)
                     ideal = per_dir * p["size"] * 8 / cap * 1e3
                     per[kind] = {"ideal_ms": ideal, "messages_per_round": len(tr),
                                  "message_ms": {"p50": percentile(msgs, 0.5), "p99": percentile(msgs, 0.99),
                                                 "max": max(msgs)},
                                  "round_ms": mmm(rounds), "round_p99_ms": percentile(rounds, 0.99),
                                  "round_p99_over_ideal": percentile(rounds, 0.99) / ideal,
+                                 "retransmits": after["TcpRetransSegs"] - before["TcpRetransSegs"],
+                                 "rtos": after["TcpExtTCPTimeouts"] - before["TcpExtTCPTimeouts"],
                                  "message_times_ms": [round(x, 3) for x in msgs], "round_times_ms": rounds}
                 results[mode] = per
             finally:
@@ -161,14 +180,14 @@ def run(p: dict, env) -> dict:
 
 def table(results: dict):
     headers = ["mode", "round kind", "msgs/round", "msg p50 ms", "msg p99 ms", "msg max ms",
-               "round ms", "round p99 ms", "ideal ms", "p99/ideal"]
+               "round ms", "round p99 ms", "ideal ms", "p99/ideal", "retrans", "RTOs"]
     rows = []
     for mode, per in results["modes"].items():
         for kind, s in per.items():
             rows.append([mode, kind, s["messages_per_round"], f"{s['message_ms']['p50']:.1f}",
                          f"{s['message_ms']['p99']:.1f}", f"{s['message_ms']['max']:.1f}",
                          fmt3(s["round_ms"]), f"{s['round_p99_ms']:.1f}", f"{s['ideal_ms']:.1f}",
-                         f"{s['round_p99_over_ideal']:.2f}"])
+                         f"{s['round_p99_over_ideal']:.2f}", s.get("retransmits", ""), s.get("rtos", "")])
     return headers, rows
 
 

@@ -15,13 +15,11 @@ is switched back to loss=1e-9 the same way (one compile per scenario);
 healed at the end.
 
 UDP load: `load` x K x rate of payload (0.3: 60 Mbit/s on 4 x 50), 16
-flows.  Why not more: after MRC excludes a path, rr gives the excluded
-path's turns to the next path of the spray list (choose_live in
-bpf/lib/path_select.h), so that one path carries 2/K of the load, not
-1/(K-1); at 0.4 (92.7 Mbit/s on the wire with MRC's 128 bytes) s2's
-50 Mbit/s link ran full and dropped ~600 datagrams after the failure,
-which is a load-balancing matter, not failover.  At 0.3 it carries
-~35 Mbit/s.  ECMP keeps 3/4 of the load whatever it is: 75% < 90%.
+flows.  It was chosen when rr gave an excluded path's turns all to the
+next path of the spray list (2/K of the load on one path: at 0.4 that
+link ran full and dropped); they now go to the others in turn
+(choose_live in bpf/lib/path_select.h), and 0.3 is kept so runs compare.
+ECMP keeps 3/4 of the load whatever it is: 75% < 90%.
 
 ECMP flows are not left to chance: before the runs, source ports are
 picked by probing (a few packets or SYNs per candidate port from h1,
