@@ -136,14 +136,19 @@ def test_collisions(runs):
 
 def test_reorder(runs):
     r = _load(runs, "reorder")
-    for d, s in r["delays"].items():
-        _sane_fraction(s["fraction"])
-        assert s["runs"][0]["mrc_packets"] > 0
-    # the extra delay on path 0 is real (ping on s1's link vs the others'),
-    # absent at 0, and made without dropping at the slow link
-    top = max(r["delays"], key=float)
-    assert float(top) > 0
-    assert r["delays"][top]["ping_idle_extra_ms"]["median"] >= 0.5 * float(top)
-    assert abs(r["delays"]["0"]["ping_idle_extra_ms"]["median"]) < 0.25 * float(top)
-    for run in r["delays"][top]["runs"]:
-        assert run["slow_link_tbf"]["drops"] <= 0.02 * max(1, run["slow_link_tbf"]["packets"])
+    assert set(r["policies"]) == {"rr", "adaptive"}
+    for delays in r["policies"].values():
+        for d, s in delays.items():
+            _sane_fraction(s["fraction"])
+            assert s["runs"][0]["mrc_packets"] > 0
+        # the extra delay on path 0 is real (ping on s1's link vs the
+        # others'), absent at 0, and made without dropping at the slow link
+        top = max(delays, key=float)
+        assert float(top) > 0
+        assert delays[top]["ping_idle_extra_ms"]["median"] >= 0.5 * float(top)
+        assert abs(delays["0"]["ping_idle_extra_ms"]["median"]) < 0.25 * float(top)
+        for run in delays[top]["runs"]:
+            assert run["slow_link_tbf"]["drops"] <= 0.02 * max(1, run["slow_link_tbf"]["packets"])
+    # rr is blind to the delay; adaptive hears of the queue and moves off it
+    rr, adaptive = (r["policies"][p][top]["slow_path_share"]["median"] for p in ("rr", "adaptive"))
+    assert rr > 0.2 and adaptive < 0.7 * rr, (rr, adaptive)

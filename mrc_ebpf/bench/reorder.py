@@ -45,8 +45,11 @@ tbf drop count over the transfer says whether it also lost packets):
     p50 as a bucket, and a mean from the bucket midpoints).  The minimum
     is the lowest seen since attach, so the first level run should be 0.
 
-One TCP flow h1 -> h2 (mrc-perf, -t seconds), sprayed `rr` per packet over
-the 4 spines by MRC on both hosts.  Reordering is counted twice: the
+One TCP flow h1 -> h2 (mrc-perf, -t seconds), sprayed per packet over
+the 4 spines by MRC on both hosts, once per policy: `rr` (blind: path 0
+keeps its quarter of the packets whatever its delay) and `adaptive`
+(path 0 loses its turns while the receiver reports its queue well above
+the others').  Reordering is counted twice: the
 receiver's MRC reorder counter and histogram (distance in packets, log2
 buckets; deltas over the run), and TCP's own counters in the sender's
 namespace (nstat deltas: TcpExtTCPSACKReorder, TcpExtTCPTSReorder,
@@ -78,7 +81,7 @@ MSS = 1428
 def params(short: bool) -> dict:
     return {"spines": 4, "rate": "50mbit" if short else "100mbit",
             "delays_ms": [0, 5] if short else [0, 2, 5, 10], "seconds": 2.0 if short else 6.0,
-            "warmup_s": 0.8, "ping_interval_ms": 20, "idle_pings": 25, "policy": "rr",
+            "warmup_s": 0.8, "ping_interval_ms": 20, "idle_pings": 25, "policies": ["rr", "adaptive"],
             "repeat": 1 if short else 3,
             "slow_link": "s1 -> l2: tbf room delay_ms + 20 ms, kept delay_ms full by a window-clamped "
                          "(delay_ms x rate) cubic TCP from NAME-bg via s1 to l2"}
@@ -220,12 +223,12 @@ def run(p: dict, env) -> dict:
     rate = parse_rate(p["rate"])
     cap = p["spines"] * rate
     burst = max(rate // 8 // 1000, 3200)
-    levels = {str(d): [] for d in p["delays_ms"]}
+    levels = {pol: {str(d): [] for d in p["delays_ms"]} for pol in p["policies"]}
     port, bg_port = 5700, 9100
     K = p["spines"]
     with fabric("ro", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"]) as fab:
-        log("reorder: attaching MRC on h1, h2 (rr)")
-        fab_mod.attach(fab.name, "h1,h2", p["policy"], [])
+        log("reorder: attaching MRC on h1, h2")
+        fab_mod.attach(fab.name, "h1,h2", p["policies"][0], [])
         cc = env.cc or env.run(fab.ns("h1"), ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
         s1, l2 = fab.ns("s1"), fab.ns("l2")
         link_addr = {f"s{k}": f"{fab.link_net(0, k, 2)}2" for k in range(1, K + 1)}
@@ -233,10 +236,12 @@ def run(p: dict, env) -> dict:
         try:
             _bg_up(env, fab, bgns)
             for rep in range(p["repeat"]):
-                for d in p["delays_ms"]:
+                for pol, d in ((pol, d) for pol in p["policies"] for d in p["delays_ms"]):
                     port += 1
                     bg_port += 1
-                    log(f"reorder: delay {d} ms, run {rep + 1}/{p['repeat']}")
+                    log(f"reorder: {pol}, delay {d} ms, run {rep + 1}/{p['repeat']}")
+                    env.mrcctl(fab.ns("h1"), "path", "policy", fab.prefix6(2), pol)
+                    env.mrcctl(fab.ns("h2"), "path", "policy", fab.prefix6(1), pol)
                     clamp = int(d * 1e-3 * rate / 8) + 2 * MSS   # the window is a whole number of MSS, rounded down
                     env.run(None, ["tc", "-n", s1, "qdisc", "replace", "dev", "l2", "root", "tbf", "rate",
                                    f"{rate}bit", "burst", str(burst), "latency",
@@ -284,7 +289,7 @@ def run(p: dict, env) -> dict:
                         x["share"] = round(x["packets"] / total_pk, 3)
                         t0, t1 = ta.get(x["path_id"], {}), tb.get(x["path_id"], {})
                         x["downs"] = t1.get("downs", 0) - t0.get("downs", 0)
-                    levels[str(d)].append({
+                    levels[pol][str(d)].append({
                         "goodput_bps": rx, "fraction": rx / cap, "bg_window_clamp_bytes": clamp if d else 0,
                         "ping_idle": idle, "ping_idle_extra_ms": (round(idle["s1"]["median_ms"] -
                                                                         idle["s2"]["median_ms"], 3)
@@ -298,6 +303,16 @@ def run(p: dict, env) -> dict:
                     time.sleep(0.3)
         finally:
             subprocess.run(["ip", "netns", "del", bgns], capture_output=True)
+    return {"capacity_bps": cap, "tcp_congestion_control": cc,
+            "policies": {pol: _summary(by_delay) for pol, by_delay in levels.items()},
+            "notes": ["path 0 crosses s1 (the slowed link s1->l2); 'ping extra' = s1's median RTT on its "
+                      "link to l2 minus the others' (idle: background only; during: with our transfer)",
+                      "MRC qdelay is the receiver's one-way delay above each path's minimum since attach "
+                      "(log2 histogram; mean from bucket midpoints)",
+                      f"TCP congestion control of the transfer: {cc}"]}
+
+
+def _summary(levels: dict) -> dict:
     summary = {}
     for d, rs in levels.items():
         def path0(r, key):
@@ -321,21 +336,16 @@ def run(p: dict, env) -> dict:
                       "slow_path_downs": mmm([path0(r, "downs") for r in rs]),
                       "slow_link_drops": mmm([r["slow_link_tbf"]["drops"] for r in rs]),
                       "runs": rs}
-    return {"capacity_bps": cap, "tcp_congestion_control": cc, "delays": summary,
-            "notes": ["path 0 crosses s1 (the slowed link s1->l2); 'ping extra' = s1's median RTT on its "
-                      "link to l2 minus the others' (idle: background only; during: with our transfer)",
-                      "MRC qdelay is the receiver's one-way delay above each path's minimum since attach "
-                      "(log2 histogram; mean from bucket midpoints)",
-                      f"TCP congestion control in the namespaces: {cc}"]}
+    return summary
 
 
 def table(results: dict):
-    headers = ["extra ms (set)", "ping extra idle", "ping extra during", "MRC qdelay mean us path0 / others",
+    headers = ["policy", "extra ms (set)", "ping extra idle", "ping extra during", "MRC qdelay mean us path0 / others",
                "s1->l2 drops", "path0 share", "path0 downs", "goodput frac", "MRC reord frac", "SACKReorder",
                "retrans", "DSACKs"]
     rows = []
-    for d, s in results["delays"].items():
-        rows.append([d, fmt3(s["ping_idle_extra_ms"]), fmt3(s["ping_during_extra_ms"]),
+    for pol, d, s in ((pol, d, s) for pol, by_d in results["policies"].items() for d, s in by_d.items()):
+        rows.append([pol, d, fmt3(s["ping_idle_extra_ms"]), fmt3(s["ping_during_extra_ms"]),
                      f"{fmt3(s['slow_path_qdelay_mean_us'])} / {fmt3(s['other_paths_qdelay_mean_us'])}",
                      fmt3(s["slow_link_drops"]), fmt3(s["slow_path_share"]), fmt3(s["slow_path_downs"]),
                      fmt3(s["fraction"]), fmt3(s["mrc_reorder_fraction"]), fmt3(s["sack_reorder"]),
@@ -345,22 +355,24 @@ def table(results: dict):
 
 def plot(results: dict, plt):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ds = list(results["delays"])
-    xs = [results["delays"][d]["ping_idle_extra_ms"]["median"] for d in ds]
-    xs = [x if x is not None else float(d) for x, d in zip(xs, ds)]
-    g = [results["delays"][d]["fraction"]["median"] for d in ds]
-    r = [results["delays"][d]["mrc_reorder_fraction"]["median"] for d in ds]
-    sh = [results["delays"][d]["slow_path_share"]["median"] for d in ds]
-    ax1.plot(xs, g, "o-", label="goodput / capacity")
-    ax1.plot(xs, r, "s--", label="MRC reordered fraction")
-    ax1.plot(xs, sh, "^:", label="path 0's share of packets")
+    for pol, by_d in results["policies"].items():
+        ds = list(by_d)
+        xs = [by_d[d]["ping_idle_extra_ms"]["median"] for d in ds]
+        xs = [x if x is not None else float(d) for x, d in zip(xs, ds)]
+        line = ax1.plot(xs, [by_d[d]["fraction"]["median"] for d in ds], "o-",
+                        label=f"{pol}: goodput / capacity")[0]
+        ax1.plot(xs, [by_d[d]["mrc_reorder_fraction"]["median"] for d in ds], "s--", color=line.get_color(),
+                 label=f"{pol}: MRC reordered fraction")
+        ax1.plot(xs, [by_d[d]["slow_path_share"]["median"] for d in ds], "^:", color=line.get_color(),
+                 label=f"{pol}: path 0's share of packets")
     ax1.set_xlabel("extra delay on path 0, ms (ping, background only)")
     ax1.set_ylim(bottom=0)
-    ax1.legend(fontsize=8)
-    for d in ds:
-        h = results["delays"][d]["runs"][0]["mrc_reorder_hist"] or []
+    ax1.legend(fontsize=7)
+    first = next(iter(results["policies"]))
+    for d, s in results["policies"][first].items():
+        h = s["runs"][0]["mrc_reorder_hist"] or []
         if h:
-            ax2.plot(range(len(h)), h, marker=".", label=f"{d} ms")
+            ax2.plot(range(len(h)), h, marker=".", label=f"{first}, {d} ms")
     ax2.set_yscale("symlog")
     ax2.set_xlabel("reorder distance bucket (log2 packets)")
     ax2.set_ylabel("packets")
