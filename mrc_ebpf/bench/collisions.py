@@ -31,6 +31,7 @@ import threading
 import time
 
 from .. import netns
+from ..perf_control import set_congestion
 from .runner import fmt3, log, mmm, percentile
 
 TITLE = "message/round completion in permutation and all-to-all rounds: MRC spraying vs ECMP vs ideal"
@@ -60,8 +61,7 @@ def _connect_all(fab, pairs, port, cc: str | None):
             with netns.inside(fab.ns(fab.host(s))):
                 c = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
                 c.bind((fab.addr6(s), 0))
-                if cc:
-                    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+                set_congestion(c, cc)
                 c.settimeout(10)
                 c.connect((fab.addr6(d), port))
             a, _ = listeners[d].accept()

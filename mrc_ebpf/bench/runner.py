@@ -265,11 +265,9 @@ DEFAULT_CC = "cubic"
 def check_congestion(name: str) -> None:
     """Refuse an algorithm this kernel does not have before building anything."""
     import socket
+    from ..perf_control import set_congestion
     with socket.socket() as s:
-        try:
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
-        except OSError as e:
-            raise MrcError(f"TCP congestion control {name!r} is not available here: {e.strerror}")
+        set_congestion(s, name)
 
 
 def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-results",
