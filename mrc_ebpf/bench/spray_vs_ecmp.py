@@ -129,8 +129,9 @@ def table(results: dict):
 
 def plot(results: dict, plt):
     fig, ax = plt.subplots(figsize=(7, 4))
-    modes = list(results["modes"])
-    flows = list(next(iter(results["modes"].values())))
+    # in run order also when re-plotted from the JSON (written with sorted keys)
+    modes = sorted(results["modes"], key=lambda m: MODES.index(m) if m in MODES else len(MODES))
+    flows = sorted(next(iter(results["modes"].values())), key=int)
     width = 0.8 / len(modes)
     for i, m in enumerate(modes):
         med = [results["modes"][m][n]["fraction"]["median"] for n in flows]
@@ -140,10 +141,10 @@ def plot(results: dict, plt):
     ax.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(flows))])
     ax.set_xticklabels([f"{n} flow(s)" for n in flows])
     ax.set_ylabel("goodput / (K x rate)")
-    ax.set_ylim(0, 1.1)
+    ax.set_ylim(0, 1.2)
     ax.axhline(1.0, color="grey", lw=0.5)
     for c in sorted({c for c in results.get("ceiling", {}).values() if c}):
         ax.axhline(c, color="grey", lw=0.5, ls="--")
         ax.annotate(f"header ceiling {c:.2f}", (len(flows) - 0.4, c), fontsize=6, va="bottom", ha="right")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncol=len(modes), loc="upper left")
     return fig
