@@ -17,7 +17,7 @@ healed at the end.
 UDP load: `load` x K x rate of payload (0.3: 60 Mbit/s on 4 x 50), 16
 flows.  It was chosen when rr gave an excluded path's turns all to the
 next path of the spray list (2/K of the load on one path: at 0.4 that
-link ran full and dropped); they now go to the others in turn
+link ran full and dropped); they now spread over the others at random
 (choose_live in bpf/lib/path_select.h), and 0.3 is kept so runs compare.
 ECMP keeps 3/4 of the load whatever it is: 75% < 90%.
 
