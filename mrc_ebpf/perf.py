@@ -17,7 +17,7 @@ import time
 
 from .errors import MrcError
 from .perf_control import (DEFAULT_PORT, TCP_LENGTH, UDP_RATE, VERSION, Control, Params, PeerGone,
-                           congestion_of, set_congestion)
+                           check_congestion, congestion_of, set_congestion)
 from .perf_mrc import MrcView
 from .perf_report import header, interval_lines, mrc_summary_lines, summary_lines
 from .perf_tcp import DATA_HELLO, DATA_MAGIC, TcpReceiver, TcpSender
@@ -275,8 +275,7 @@ def run_client(host: str, port: int, params: Params, out: Output, bind: str | No
                mrc_device: str | None = None, use_mrc: bool = True) -> dict:
     params.check()
     if params.congestion is not None:      # refused here, before the server hears of it
-        with socket.socket() as probe:
-            set_congestion(probe, params.congestion)
+        check_congestion(params.congestion)
     out.line(f"Connecting to host {host}, port {port}")
     csock = _connect(host, port, bind)
     try:

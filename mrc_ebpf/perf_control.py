@@ -83,6 +83,12 @@ def set_congestion(sock: socket.socket, name: str | None) -> None:
         raise MrcError(f"cannot use TCP congestion control {name!r}: {why}")
 
 
+def check_congestion(name: str) -> None:
+    """Refuse an algorithm this host does not have, before anything is set up."""
+    with socket.socket() as probe:
+        set_congestion(probe, name)
+
+
 def congestion_of(sock: socket.socket) -> str:
     return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
 

@@ -262,14 +262,6 @@ def _plt():
 DEFAULT_CC = "cubic"
 
 
-def check_congestion(name: str) -> None:
-    """Refuse an algorithm this kernel does not have before building anything."""
-    import socket
-    from ..perf_control import set_congestion
-    with socket.socket() as s:
-        set_congestion(s, name)
-
-
 def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-results",
                  repeat: int | None = None, quiet: bool = False, congestion: str = DEFAULT_CC) -> dict:
     mod = module(scenario)
@@ -284,7 +276,8 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
             raise MrcError("--repeat must be at least 1")
         p["repeat"] = repeat
     if getattr(mod, "USES_TCP", True):
-        check_congestion(congestion)
+        from ..perf_control import check_congestion
+        check_congestion(congestion)       # before any fabric is built
         p["tcp_congestion"] = congestion
     old = signal.signal(signal.SIGTERM, _sigterm)
     env = Env(p.get("repeat"), p.get("tcp_congestion"))

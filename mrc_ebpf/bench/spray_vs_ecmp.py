@@ -24,6 +24,8 @@ SRv6 encapsulation) for the others.  `of_ceiling` is fraction / ceiling.
 """
 from __future__ import annotations
 
+import json
+
 from .runner import fmt3, log, mmm
 
 TITLE = "TCP goodput, fraction of K x rate: MRC spraying vs kernel ECMP vs one path"
@@ -59,7 +61,6 @@ def _configure(env, fab, mode: str, K: int) -> None:
 def _ceilings(env, fab, modes) -> dict:
     """mode -> the goodput fraction headers leave when every link is busy
     (the MRC modes' route exists only while MRC is attached)."""
-    import json
     h1 = fab.ns("h1")
     link_mtu = json.loads(env.run(h1, ["ip", "-j", "link", "show", "eth0"]).stdout)[0]["mtu"]
     route = json.loads(env.run(h1, ["ip", "-j", "-6", "route", "show", fab.prefix6(2)]).stdout)
