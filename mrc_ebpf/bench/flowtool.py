@@ -49,6 +49,8 @@ import sys
 import time
 from array import array
 
+from ..perf_control import set_congestion
+
 
 HDR = struct.Struct("!IQQ")       # flow, seq, sent_ns
 now = time.monotonic_ns
@@ -228,8 +230,7 @@ def tcp_send(addr, port, seconds, conns, sports=None, src=None, cc=None):
     socks = []
     for i in range(int(conns)):
         s = _bound(socket.SOCK_STREAM, None if src in (None, "-") else src, ports[i] if ports else None)
-        if cc and cc != "-":
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+        set_congestion(s, None if cc in (None, "-") else cc)
         s.settimeout(10)
         s.connect((addr, int(port)))
         s.setblocking(False)
