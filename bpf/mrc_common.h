@@ -118,6 +118,7 @@ struct mrc_peer_key {
 #define MRC_POLICY_RANDOM	2	/* uniform random */
 #define MRC_POLICY_HASH		3	/* per flow (ECMP-like): the baseline MRC replaces */
 #define MRC_POLICY_ADAPTIVE	4	/* best of two random paths by measured health */
+#define MRC_POLICY_BYTES	5	/* round robin by bytes: each turn carries a quantum */
 
 struct mrc_peer {
 	__u32	peer_id;	/* row in the paths/peer_tx/spray maps */
@@ -134,6 +135,10 @@ struct mrc_peer {
  */
 struct mrc_spray {
 	__u32	n;		/* entries in use */
+	/* bytes policy: the bytes one turn carries, the largest packet the
+	 * peer route lets through (route MTU + Ethernet header), so full-size
+	 * packets go one per turn as under rr and smaller ones share a turn */
+	__u32	quantum;
 	__u16	ids[MRC_SPRAY_SLOTS];
 };
 
@@ -308,6 +313,7 @@ struct mrc_rx_peer {
 /* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */
 struct mrc_peer_tx {
 	__u64	seq;		/* next per-peer sequence number */
+	__u64	bytes;		/* bytes policy: bytes sprayed so far (all classes) */
 	__u64	fail_open_ns;	/* since when every path is down (0: not) */
 };
 

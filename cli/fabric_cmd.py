@@ -13,8 +13,9 @@ from tabulate import tabulate
 
 from mrc_ebpf import fabric as fab_mod
 from mrc_ebpf.errors import MrcError
+from mrc_ebpf.source import prefixed
 
-POLICIES = ["rr", "weighted", "random", "hash", "adaptive"]
+POLICIES = prefixed("MRC_POLICY_")      # rr, weighted, ...: bpf/mrc_common.h
 
 
 def _json_opt(f):

@@ -15,12 +15,11 @@ import click
 from tabulate import tabulate
 
 from mrc_ebpf.errors import MrcError
-from mrc_ebpf.source import C
+from mrc_ebpf.source import prefixed
 
 EXIT_ERROR = 1
-# rr, weighted, random, hash, adaptive: the MRC_POLICY_* of bpf/mrc_common.h
-POLICY_NAMES = [n[len("MRC_POLICY_"):].lower()
-                for n, _ in sorted(C.items(), key=lambda kv: kv[1]) if n.startswith("MRC_POLICY_")]
+# rr, weighted, random, hash, adaptive, bytes: the MRC_POLICY_* of bpf/mrc_common.h
+POLICY_NAMES = prefixed("MRC_POLICY_")
 
 
 def _enter_netns(name: str) -> None:

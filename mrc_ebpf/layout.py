@@ -43,7 +43,7 @@ class Path(ctypes.Structure):
 
 
 class PeerTx(ctypes.Structure):
-    _fields_ = [("seq", u64), ("fail_open_ns", u64)]
+    _fields_ = [("seq", u64), ("bytes", u64), ("fail_open_ns", u64)]
 
 
 class PathTx(ctypes.Structure):
@@ -66,7 +66,7 @@ class Config(ctypes.Structure):
 
 
 class Spray(ctypes.Structure):
-    _fields_ = [("n", u32), ("ids", u16 * C["MRC_SPRAY_SLOTS"])]
+    _fields_ = [("n", u32), ("quantum", u32), ("ids", u16 * C["MRC_SPRAY_SLOTS"])]
 
 
 class ClassName(ctypes.Structure):

@@ -26,6 +26,7 @@ POLICIES = {name[len("MRC_POLICY_"):].lower(): value
             for name, value in C.items() if name.startswith("MRC_POLICY_")}
 POLICY_NAMES = {v: k for k, v in POLICIES.items()}
 MAX_WEIGHT = 1000
+ETH_HLEN = 14       # TC egress counts the Ethernet header in skb->len
 
 
 def parse_prefix(text: str) -> ipaddress._BaseNetwork:
@@ -204,6 +205,7 @@ def _rebuild(att: Attachment, peer: layout.Peer) -> None:
     Class k sprays over the paths reserved for it, or the shared paths
     (class 0) when it has none; class 0 only over the shared ones."""
     used = [(i, p) for i, p in _used(att, peer) if p.state == UP]
+    quantum = _route_mtu(att, peer) + ETH_HLEN if used else 0
     shared = [(i, p) for i, p in used if p.tclass == 0]
     for tclass in range(MAX_CLASSES):
         members = [(i, p) for i, p in used if p.tclass == tclass] if tclass else []
@@ -212,7 +214,7 @@ def _rebuild(att: Attachment, peer: layout.Peer) -> None:
             ids = smooth_weighted({i: p.weight for i, p in members})
         else:
             ids = [i for i, _ in members]
-        spray = layout.Spray(n=len(ids))
+        spray = layout.Spray(n=len(ids), quantum=quantum)
         spray.ids[:len(ids)] = ids
         att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
     by_sid = att.maps["peer_by_sid"]

@@ -79,3 +79,10 @@ def counter_names() -> list[str]:
 
 
 C = constants()
+
+
+def prefixed(prefix: str) -> list[str]:
+    """The names of C's `PREFIX*` constants, lower case, by value
+    (`prefixed("MRC_POLICY_")` -> ["rr", "weighted", ...])."""
+    return [n[len(prefix):].lower() for n, _ in sorted(C.items(), key=lambda kv: kv[1])
+            if n.startswith(prefix)]
