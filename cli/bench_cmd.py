@@ -7,7 +7,7 @@ import json
 
 import click
 
-from mrc_ebpf.bench.runner import DEFAULT_CC, SCENARIOS
+from mrc_ebpf.bench.runner import DEFAULT_CC, DEFAULT_HOST_SYSCTLS, SCENARIOS
 
 
 @click.command()
@@ -20,12 +20,17 @@ from mrc_ebpf.bench.runner import DEFAULT_CC, SCENARIOS
 @click.option("-C", "--congestion", default=DEFAULT_CC, show_default=True, metavar="ALGO",
               help="TCP congestion control of every flow the scenarios start (fixed, so results do "
                    "not depend on the host's default, which the namespaces inherit).")
+@click.option("--host-sysctl", "host_sysctls", multiple=True, metavar="net.KEY=VALUE",
+              help="Sysctls for every fabric host, in place of the default "
+                   f"({' '.join(DEFAULT_HOST_SYSCTLS)}: TCP's reordering window on the current RTT); "
+                   "net.ipv4.tcp_min_rtt_wlen=300 runs with the kernel's own.")
 @click.option("-j", "--json", "json_", is_flag=True, help="Print the JSON document(s) instead of tables.")
-def bench(scenario, short, out, repeat, congestion, json_):
+def bench(scenario, short, out, repeat, congestion, host_sysctls, json_):
     """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):
     JSON + PNG under --out and a table of min/median/max."""
     from mrc_ebpf.bench import runner
     names = list(SCENARIOS) if scenario == "all" else [scenario]
-    docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_, congestion=congestion)
+    docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_, congestion=congestion,
+                          host_sysctls=list(host_sysctls) or None)
     if json_:
         click.echo(json.dumps(docs if scenario == "all" else docs[0], indent=2, sort_keys=True))

@@ -70,14 +70,21 @@ def fabric():
 @click.option("--host-rate", default=None, help="tbf rate on host links (default: unlimited).")
 @click.option("--encoding", type=click.Choice(fab_mod.ENCODINGS), default="srh", show_default=True,
               help="srh: spine End + host SID as two segments; usid: one NEXT-C-SID container.")
+@click.option("--mtu", type=int, default=fab_mod.DEFAULT_MTU, show_default=True,
+              help="MTU of every link (hosts running the datapath: at most 3506, veth XDP "
+                   "without multi-buffer).")
+@click.option("--host-sysctl", "host_sysctls", multiple=True, metavar="net.KEY=VALUE",
+              help="A sysctl for every host's namespace (repeatable), e.g. "
+                   "net.ipv4.tcp_min_rtt_wlen=0 for TCP over sprayed paths.")
 @_json_opt
-def up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, json_):
+def up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls, json_):
     """Build fabric NAME (default mrc)."""
-    r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding)
+    r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
+                   list(host_sysctls))
     _emit(json_, r, lambda r: click.echo(
         f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
         f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
-        f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'} ({r['build_s']} s)"))
+        f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']} ({r['build_s']} s)"))
 
 
 @fabric.command()
@@ -90,7 +97,9 @@ def show(name, json_):
     def human(d):
         click.echo(f"fabric {d['name']} ({d['status']}): {d['planes']} plane(s), {d['spines']} spines, "
                    f"{d['leaves']} leaves, {d['hosts_per_leaf']} host(s)/leaf, encoding {d['encoding']}, "
-                   f"rate {d['rate'] or 'unlimited'}, host rate {d['host_rate'] or 'unlimited'}")
+                   f"rate {d['rate'] or 'unlimited'}, host rate {d['host_rate'] or 'unlimited'}, "
+                   f"MTU {d.get('mtu', fab_mod.DEFAULT_MTU)}"
+                   + "".join(f", {kv}" for kv in d.get("host_sysctls", [])))
         click.echo("\nhosts")
         click.echo(tabulate([(h["name"], h["ns"], h["sid"], h["addr6"], h["addr4"],
                               " ".join(f"{n['dev']}->{n['leaf']}" for n in h["nics"]),

@@ -59,6 +59,11 @@ DEFAULT_NAME = "mrc"
 DEFAULT_RATE = "100mbit"
 ENCODINGS = ("srh", "usid")
 QUEUE_LATENCY = "20ms"
+DEFAULT_MTU = 1500
+# A host's XDP program on a veth takes frames up to a page less headroom
+# and skb_shared_info without multi-buffer support: 3506 bytes of MTU.
+MIN_MTU, MAX_MTU = 1280, 9000
+SYSCTL_RE = re.compile(r"^net\.[A-Za-z0-9_.]+=\S+$")
 ROOT = Path(__file__).resolve().parent.parent
 
 MAX_PLANES, MAX_SPINES, MAX_LEAVES, MAX_HOSTS = 8, 255, 255, 4000
@@ -122,6 +127,8 @@ class Fabric:
         self.N = self.L * self.H
         self.encoding = spec["encoding"]
         self.rate, self.host_rate = spec["rate"], spec["host_rate"]
+        self.mtu = spec.get("mtu", DEFAULT_MTU)
+        self.host_sysctls = spec.get("host_sysctls", [])
 
     # -- names
     @staticmethod
@@ -259,7 +266,9 @@ class Fabric:
                 "net.ipv4.conf.all.ignore_routes_with_linkdown=1",
                 "net.ipv4.conf.default.ignore_routes_with_linkdown=1",
                 "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"]
-        if info["kind"] != "host":
+        if info["kind"] == "host":
+            keys += self.host_sysctls
+        else:
             # ECMP on the 5-tuple as a switch computes it from the headers:
             # policy 3 with fields src,dst,proto,sport,dport (0x37).  Policy 1
             # would reuse skb->hash when the skb has an L4 hash, and a veth
@@ -298,7 +307,7 @@ class Fabric:
             cmds += [f"addr replace {self.addr6(h)}/128 dev lo nodad",
                      f"addr replace {self.addr4(h)}/32 dev lo"]
         for lk, me, _ in self.ends(node):
-            cmds.append(f"link set {me['dev']} up")
+            cmds.append(f"link set {me['dev']} mtu {self.mtu} up")
             cmds.append(f"addr replace {me['addr']}/64 dev {me['dev']} nodad")
         return cmds
 
@@ -349,7 +358,7 @@ class Fabric:
         for lk, me, _ in self.ends(node):
             rate = parse_rate(lk["rate"])
             if rate:
-                burst = max(rate // 8 // 1000, 3200)   # 1 ms worth, at least two frames
+                burst = max(rate // 8 // 1000, 2 * (self.mtu + 14))   # 1 ms worth, at least two frames
                 cmds.append(f"qdisc replace dev {me['dev']} root tbf rate {rate}bit burst {burst} "
                             f"latency {QUEUE_LATENCY}")
             else:
@@ -507,7 +516,8 @@ def _parallel(jobs: list[list[str]], limit: int = 8) -> list[subprocess.Complete
 
 
 def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1,
-       rate: str | None = DEFAULT_RATE, host_rate: str | None = None, encoding: str = "srh") -> dict:
+       rate: str | None = DEFAULT_RATE, host_rate: str | None = None, encoding: str = "srh",
+       mtu: int = DEFAULT_MTU, host_sysctls: list[str] = ()) -> dict:
     check_name(name)
     for what, v, hi in (("--spines", spines, MAX_SPINES), ("--leaves", leaves, MAX_LEAVES),
                         ("--hosts-per-leaf", hosts_per_leaf, MAX_HOSTS), ("--planes", planes, MAX_PLANES)):
@@ -517,10 +527,16 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
         raise MrcError(f"{leaves * hosts_per_leaf} hosts: at most {MAX_HOSTS}")
     if encoding not in ENCODINGS:
         raise MrcError(f"bad encoding {encoding!r}: srh or usid")
+    if not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_MTU:
+        raise MrcError(f"--mtu {mtu}: must be {MIN_MTU}..{MAX_MTU}")
+    for kv in host_sysctls:
+        if not SYSCTL_RE.match(kv):
+            raise MrcError(f"bad --host-sysctl {kv!r}: net.KEY=VALUE")
     rate_bits, host_bits = parse_rate(rate), parse_rate(host_rate)
     spec = {"name": name, "planes": planes, "spines": spines, "leaves": leaves,
             "hosts_per_leaf": hosts_per_leaf, "encoding": encoding,
-            "rate": rate if rate_bits else None, "host_rate": host_rate if host_bits else None}
+            "rate": rate if rate_bits else None, "host_rate": host_rate if host_bits else None,
+            "mtu": mtu, "host_sysctls": list(host_sysctls)}
     fab = Fabric(spec)
     planned = fab.namespaces()
     if state_path(name).exists():

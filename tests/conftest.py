@@ -121,20 +121,20 @@ class Spray(Diamond):
     def policy(self, name, ns=None):
         mrcctl("path", "policy", "fd00:b::/64", name, netns=ns or self.A)
 
-    def sent(self, ns=None, prefix="fd00:b::/64") -> dict[int, int]:
-        """Packets sent per path id towards PREFIX (path ids are per peer)."""
+    def sent(self, ns=None, prefix="fd00:b::/64", what="tx_packets") -> dict[int, int]:
+        """Packets (or tx_bytes) sent per path id towards PREFIX (path ids are per peer)."""
         rows = json.loads(mrcctl("path", "list", "-j", netns=ns or self.A).stdout)
-        return {r["path_id"]: r["tx_packets"] for r in rows if r["prefix"] == prefix}
+        return {r["path_id"]: r[what] for r in rows if r["prefix"] == prefix}
 
     def stats(self, ns):
         return json.loads(mrcctl("stats", "--paths", "-j", netns=ns).stdout)
 
-    def router_tx(self) -> list[int]:
-        """Packets each router sent towards B: the routers' own counters."""
+    def router_tx(self, what="packets") -> list[int]:
+        """Packets (or bytes) each router sent towards B: the routers' own counters."""
         out = []
         for r in self.R:
             link = json.loads(self.t.exec(r, ["ip", "-j", "-s", "link", "show", "rdown"]).stdout)
-            out.append(link[0]["stats64"]["tx"]["packets"])
+            out.append(link[0]["stats64"]["tx"][what])
         return out
 
     def udp(self, count, **opts):

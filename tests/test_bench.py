@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mrc_ebpf.bench.runner import SCENARIOS
+from mrc_ebpf.bench.runner import DEFAULT_HOST_SYSCTLS, SCENARIOS
 
 pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +59,8 @@ def _load(runs, name):
     assert "median (min-max)" in o
     # every TCP flow runs the congestion control the run names, not the host's default
     assert doc["params"].get("tcp_congestion") == (None if name == "cost" else "cubic")
+    # and every fabric host the run's sysctls (the default set here)
+    assert doc["params"].get("host_sysctls") == (None if name == "cost" else list(DEFAULT_HOST_SYSCTLS))
     return doc["results"]
 
 
@@ -67,8 +69,10 @@ def _sane_fraction(s):
 
 
 def test_spray_vs_ecmp(runs):
-    r = _load(runs, "spray-vs-ecmp")
-    assert set(r["modes"]) == {"ecmp", "rr", "adaptive", "single"}
+    doc = _load(runs, "spray-vs-ecmp")
+    assert list(doc["mtus"]) == ["1500"]            # short mode: the 1500-byte fabric only
+    r = doc["mtus"]["1500"]
+    assert set(r["modes"]) == {"ecmp", "rr", "bytes", "adaptive", "single"}
     for by_n in r["modes"].values():
         for s in by_n.values():
             _sane_fraction(s["fraction"])
@@ -76,7 +80,7 @@ def test_spray_vs_ecmp(runs):
     # and 14 of Ethernet; MRC's route MTU leaves room for the encapsulation
     ceiling = r["ceiling"]
     assert ceiling["ecmp"] == round((1500 - 72) / 1514, 4)
-    assert ceiling["rr"] == ceiling["adaptive"] == ceiling["single"] < ceiling["ecmp"]
+    assert ceiling["rr"] == ceiling["bytes"] == ceiling["adaptive"] == ceiling["single"] < ceiling["ecmp"]
     # nothing can beat it: a ceiling computed wrong would show here
     for m, by_n in r["modes"].items():
         for s in by_n.values():

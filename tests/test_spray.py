@@ -31,6 +31,26 @@ def test_rr_splits_exactly_and_routers_agree(spray_any):
     assert sum(r["rx_packets"] for r in rx) == 4010 and sum(r["lost"] for r in rx) == 0
 
 
+def test_bytes_balances_bytes_where_rr_balances_packets(spray):
+    """Datagrams of 1000, 100, 100, 100 bytes in turn: rr hands every big
+    one to the same path; `bytes` gives each path a quarter of the bytes.
+    The routers' own byte counters are the witness."""
+    spray.attach("rr", "--ack-timeout-us", "5000000")
+    spray.udp(10, pps=1000)
+    shares = {}
+    for policy in ("rr", "bytes"):
+        spray.policy(policy)
+        before_maps, before_routers = spray.sent(what="tx_bytes"), spray.router_tx("bytes")
+        spray.udp(4000, sizes="1000,100,100,100")
+        maps = [v - before_maps[k] for k, v in sorted(spray.sent(what="tx_bytes").items())]
+        routers = [a - b for a, b in zip(spray.router_tx("bytes"), before_routers)]
+        for m, r in zip(maps, routers):     # the routers see the same split (give or take ND)
+            assert abs(m - r) <= 0.01 * m + 500, (policy, maps, routers)
+        shares[policy] = [r / sum(routers) for r in routers]
+    assert max(shares["rr"]) > 0.5, shares             # one path carries every 1000-byte datagram
+    assert all(abs(s - 0.25) < 0.01 for s in shares["bytes"]), shares
+
+
 def test_hash_keeps_a_flow_on_one_path(spray):
     spray.attach("hash")
     spray.udp(400, flows=1)

@@ -41,7 +41,7 @@ def params(short: bool) -> dict:
     return {"spines": 4, "leaves": 2, "hosts_per_leaf": 2 if short else 4,
             "rate": "50mbit" if short else "100mbit", "size": (256 << 10) if short else (1 << 20),
             "rounds": {"permutation": 3 if short else 12, "all-to-all": 2 if short else 6},
-            "repeat": 1, "modes": ["ecmp", "mrc"], "transport": "TCP, one connection per host pair",
+            "repeat": 1, "modes": ["ecmp", "mrc"], "mtu": 1500, "transport": "TCP, one connection per host pair",
             "ideal": "bytes one leaf sends the other per round / (spines x rate)"}
 
 
@@ -133,7 +133,8 @@ def run(p: dict, env) -> dict:
     left, right = list(range(1, H + 1)), list(range(H + 1, 2 * H + 1))
     pairs = [(a, b) for a in left for b in right] + [(b, a) for a in left for b in right]
     results = {}
-    with fabric("col", spines=p["spines"], leaves=2, hosts_per_leaf=H, rate=p["rate"]) as fab:
+    with fabric("col", spines=p["spines"], leaves=2, hosts_per_leaf=H, rate=p["rate"],
+                mtu=p["mtu"], host_sysctls=p["host_sysctls"]) as fab:
         for mi, mode in enumerate(p["modes"]):
             if mode == "mrc":
                 log("collisions: attaching MRC on every host (rr)")

@@ -516,7 +516,8 @@ def run(p: dict, env) -> dict:
     runs = {m: {proto: [] for proto in p["protocols"]} for m in p["modes"]}
     port = 5500
     calib = {}
-    with fabric("fo", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"]) as fab:
+    with fabric("fo", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"],
+                mtu=p["mtu"], host_sysctls=p["host_sysctls"]) as fab:
         trigger = lambda: _trigger(fab)  # noqa: E731
         # every TCP run reuses the calibrated 4-tuples: let a new connection
         # take one still in TIME_WAIT from the run before (> 1 s ago)

@@ -82,7 +82,7 @@ def params(short: bool) -> dict:
     return {"spines": 4, "rate": "50mbit" if short else "100mbit",
             "delays_ms": [0, 5] if short else [0, 2, 5, 10], "seconds": 2.0 if short else 6.0,
             "warmup_s": 0.8, "ping_interval_ms": 20, "idle_pings": 25, "policies": ["rr", "adaptive"],
-            "repeat": 1 if short else 3,
+            "repeat": 1 if short else 3, "mtu": 1500,
             "slow_link": "s1 -> l2: tbf room delay_ms + 20 ms, kept delay_ms full by a window-clamped "
                          "(delay_ms x rate) cubic TCP from NAME-bg via s1 to l2"}
 
@@ -226,7 +226,8 @@ def run(p: dict, env) -> dict:
     levels = {pol: {str(d): [] for d in p["delays_ms"]} for pol in p["policies"]}
     port, bg_port = 5700, 9100
     K = p["spines"]
-    with fabric("ro", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"]) as fab:
+    with fabric("ro", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"],
+                mtu=p["mtu"], host_sysctls=p["host_sysctls"]) as fab:
         log("reorder: attaching MRC on h1, h2")
         fab_mod.attach(fab.name, "h1,h2", p["policies"][0], [])
         cc = env.cc or env.run(fab.ns("h1"), ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()

@@ -1,20 +1,25 @@
 """Aggregate TCP goodput between two hosts under different leaves, over K
 equal rate-limited spines (tbf on both directions of every leaf-spine
 link; the hosts' own links unlimited), as a fraction of the fabric's
-capacity K x rate.
+capacity K x rate, on a fabric of each link MTU in `mtus` (1500, and
+3500: jumbo frames, as GPU fabrics run, up to what a veth takes under a
+host's XDP program without multi-buffer support).
 
 Modes, all on one fabric (h1 under l1 sends to h2 under l2):
   ecmp      no MRC attached: the leaves hash each flow's 5-tuple over the
             spines (kernel ECMP, fib_multipath_hash_policy 3);
   rr        MRC attached on both hosts, every packet sprayed round-robin
             over the K spine paths (gso_max_segs 1);
+  bytes     the same, round robin by bytes (a full-size packet a turn;
+            TCP's segments are not all full, and rr balances packets);
   adaptive  the same with the `adaptive` policy (power of two choices on
             the peer's delay/loss feedback);
   single    MRC with one path (paths 1..K-1 deleted on both hosts).
 Goodput is mrc-perf's receiver-side byte count over the test (-J, one
 interval), for 1..16 parallel TCP flows (-P).  The ACK direction is
-sprayed the same way.  Linux TCP's default reordering tolerance is left
-as it is (net.ipv4.tcp_reordering 3, RACK on).
+sprayed the same way.  The hosts run the bench's host sysctls
+(`host_sysctls`, by default RACK's reordering window on the current RTT);
+every mode alike.
 
 Headers bound every mode below 1: the ceiling is the TCP payload of a
 full-size segment over the bytes it takes on a link (tbf counts the
@@ -29,12 +34,15 @@ import json
 from .runner import fmt3, log, mmm
 
 TITLE = "TCP goodput, fraction of K x rate: MRC spraying vs kernel ECMP vs one path"
-MODES = ("ecmp", "rr", "adaptive", "single")
+MODES = ("ecmp", "rr", "bytes", "adaptive", "single")
 
 
 def params(short: bool) -> dict:
     return {"spines": 4, "rate": "50mbit" if short else "100mbit", "host_rate": None,
-            "flows": [1, 4] if short else [1, 2, 4, 16], "seconds": 1.5 if short else 8.0,
+            "mtus": [1500] if short else [1500, 3500],
+            # flows per MTU (the jumbo fabric skips 2 to keep the run short)
+            "flows": {"1500": [1, 4]} if short else {"1500": [1, 2, 4, 16], "3500": [1, 4, 16]},
+            "seconds": 1.5 if short else 8.0,
             "repeat": 1 if short else 3, "modes": list(MODES), "src": "h1", "dst": "h2",
             "tool": "mrc-perf -P FLOWS -t SECONDS -i 0 (TCP, 128 KiB writes)",
             "capacity": "spines x rate (one direction)"}
@@ -47,7 +55,7 @@ def _both(env, fab, *args_for):
 
 def _configure(env, fab, mode: str, K: int) -> None:
     h1, h2 = fab.ns("h1"), fab.ns("h2")
-    if mode in ("rr", "adaptive"):
+    if mode in ("rr", "bytes", "adaptive"):
         _both(env, fab, (h1, ["path", "policy", fab.prefix6(2), mode]),
               (h2, ["path", "policy", fab.prefix6(1), mode]))
     elif mode == "single":
@@ -71,14 +79,27 @@ def _ceilings(env, fab, modes) -> dict:
 
 
 def run(p: dict, env) -> dict:
-    from .. import fabric as fab_mod
-    from .runner import fabric
     from ..fabric import parse_rate
     capacity = p["spines"] * parse_rate(p["rate"])
-    raw = {m: {str(n): [] for n in p["flows"]} for m in p["modes"]}
-    port = 5400
+    by_mtu = {str(mtu): _run_mtu(p, env, mtu, capacity) for mtu in p["mtus"]}
+    notes = []
+    for mtu, r in by_mtu.items():
+        one = str(p["flows"][mtu][0])
+        notes.append(f"MTU {mtu}, {one} flow: "
+                     + ", ".join(f"{m} {r['modes'][m][one]['fraction']['median']:.2f}" for m in p["modes"])
+                     + " of capacity (median); header ceiling "
+                     + ", ".join(f"{m} {c:.3f}" for m, c in r["ceiling"].items() if c))
+    return {"capacity_bps": capacity, "mtus": by_mtu, "notes": notes}
+
+
+def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
+    from .. import fabric as fab_mod
+    from .runner import fabric
+    flows = p["flows"][str(mtu)]
+    raw = {m: {str(n): [] for n in flows} for m in p["modes"]}
+    port = 5400 + mtu % 1000
     with fabric("sve", spines=p["spines"], leaves=2, hosts_per_leaf=1, rate=p["rate"],
-                host_rate=p["host_rate"]) as fab:
+                host_rate=p["host_rate"], mtu=mtu, host_sysctls=p["host_sysctls"]) as fab:
         attached = False
         for mode in p["modes"]:
             if mode != "ecmp" and not attached:
@@ -87,9 +108,9 @@ def run(p: dict, env) -> dict:
                 attached = True
             _configure(env, fab, mode, p["spines"])
             for rep in range(p["repeat"]):
-                for n in p["flows"]:
+                for n in flows:
                     port += 1
-                    log(f"spray-vs-ecmp: {mode}, {n} flow(s), run {rep + 1}/{p['repeat']}")
+                    log(f"spray-vs-ecmp: MTU {mtu}, {mode}, {n} flow(s), run {rep + 1}/{p['repeat']}")
                     doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
                                    ["-t", str(p["seconds"]), "-P", str(n)], p["seconds"])
                     rx = doc["end"]["receiver"]["sum"]["bits_per_second"]
@@ -104,48 +125,56 @@ def run(p: dict, env) -> dict:
                        "goodput_bps": mmm([r["goodput_bps"] for r in runs]),
                        "retransmits": mmm([r["retransmits"] for r in runs]),
                        "runs": runs} for n, runs in by_n.items()} for m, by_n in raw.items()}
-    notes = []
-    one = str(p["flows"][0])
-    if all(one in summary[m] for m in p["modes"]):
-        notes.append(f"{one} flow: " + ", ".join(f"{m} {summary[m][one]['fraction']['median']:.2f}"
-                                                 for m in p["modes"]) + " of capacity (median)")
-    notes.append("header ceiling (full-size segments, every link busy): "
-                 + ", ".join(f"{m} {c:.3f}" for m, c in ceiling.items() if c))
-    return {"capacity_bps": capacity, "ceiling": ceiling, "modes": summary, "notes": notes}
+    return {"ceiling": ceiling, "modes": summary}
+
+
+def _mtus(results: dict) -> list[str]:
+    return sorted(results["mtus"], key=int)
+
+
+def _modes(r: dict) -> list[str]:
+    # in run order also when re-plotted from the JSON (written with sorted keys)
+    return sorted(r["modes"], key=lambda m: MODES.index(m) if m in MODES else len(MODES))
 
 
 def table(results: dict):
-    modes = list(results["modes"])
-    flows = list(next(iter(results["modes"].values())))
-    headers = ["flows", *[f"{m} fraction" for m in modes], *[f"{m} retrans" for m in modes]]
+    first = results["mtus"][_mtus(results)[0]]
+    modes = _modes(first)
+    headers = ["MTU", "flows", *[f"{m} fraction" for m in modes], *[f"{m} retrans" for m in modes]]
     rows = []
-    for n in flows:
-        rows.append([n, *[fmt3(results["modes"][m][n]["fraction"]) for m in modes],
-                     *[fmt3(results["modes"][m][n]["retransmits"]) for m in modes]])
-    ceiling = results.get("ceiling", {})
-    rows.append(["header ceiling", *[f"{ceiling[m]:.3f}" if ceiling.get(m) else "" for m in modes],
-                 *["" for _ in modes]])
+    for mtu in _mtus(results):
+        r = results["mtus"][mtu]
+        for n in sorted(r["modes"][modes[0]], key=int):
+            rows.append([mtu, n, *[fmt3(r["modes"][m][n]["fraction"]) for m in modes],
+                         *[fmt3(r["modes"][m][n]["retransmits"]) for m in modes]])
+        ceiling = r.get("ceiling", {})
+        rows.append([mtu, "header ceiling", *[f"{ceiling[m]:.3f}" if ceiling.get(m) else "" for m in modes],
+                     *["" for _ in modes]])
     return headers, rows
 
 
 def plot(results: dict, plt):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    # in run order also when re-plotted from the JSON (written with sorted keys)
-    modes = sorted(results["modes"], key=lambda m: MODES.index(m) if m in MODES else len(MODES))
-    flows = sorted(next(iter(results["modes"].values())), key=int)
-    width = 0.8 / len(modes)
-    for i, m in enumerate(modes):
-        med = [results["modes"][m][n]["fraction"]["median"] for n in flows]
-        lo = [x - results["modes"][m][n]["fraction"]["min"] for x, n in zip(med, flows)]
-        hi = [results["modes"][m][n]["fraction"]["max"] - x for x, n in zip(med, flows)]
-        ax.bar([j + i * width for j in range(len(flows))], med, width, yerr=[lo, hi], label=m)
-    ax.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(flows))])
-    ax.set_xticklabels([f"{n} flow(s)" for n in flows])
-    ax.set_ylabel("goodput / (K x rate)")
-    ax.set_ylim(0, 1.2)
-    ax.axhline(1.0, color="grey", lw=0.5)
-    for c in sorted({c for c in results.get("ceiling", {}).values() if c}):
-        ax.axhline(c, color="grey", lw=0.5, ls="--")
-        ax.annotate(f"header ceiling {c:.2f}", (len(flows) - 0.4, c), fontsize=6, va="bottom", ha="right")
-    ax.legend(fontsize=8, ncol=len(modes), loc="upper left")
+    mtus = _mtus(results)
+    fig, axes = plt.subplots(1, len(mtus), figsize=(7 * len(mtus), 4), squeeze=False)
+    for ax, mtu in zip(axes[0], mtus):
+        r = results["mtus"][mtu]
+        modes = _modes(r)
+        flows = sorted(r["modes"][modes[0]], key=int)
+        width = 0.8 / len(modes)
+        for i, m in enumerate(modes):
+            med = [r["modes"][m][n]["fraction"]["median"] for n in flows]
+            lo = [x - r["modes"][m][n]["fraction"]["min"] for x, n in zip(med, flows)]
+            hi = [r["modes"][m][n]["fraction"]["max"] - x for x, n in zip(med, flows)]
+            ax.bar([j + i * width for j in range(len(flows))], med, width, yerr=[lo, hi], label=m)
+        ax.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(flows))])
+        ax.set_xticklabels([f"{n} flow(s)" for n in flows])
+        ax.set_ylabel("goodput / (K x rate)")
+        ax.set_title(f"link MTU {mtu}", fontsize=9)
+        ax.set_ylim(0, 1.2)
+        ax.axhline(1.0, color="grey", lw=0.5)
+        for c in sorted({c for c in r.get("ceiling", {}).values() if c}):
+            ax.axhline(c, color="grey", lw=0.5, ls="--")
+            ax.annotate(f"header ceiling {c:.2f}", (len(flows) - 0.4, c), fontsize=6, va="bottom",
+                        ha="right")
+        ax.legend(fontsize=8, ncol=len(modes), loc="upper left")
     return fig
