@@ -41,7 +41,8 @@ def params(short: bool) -> dict:
     return {"spines": 4, "leaves": 2, "hosts_per_leaf": 2 if short else 4,
             "rate": "50mbit" if short else "100mbit", "size": (256 << 10) if short else (1 << 20),
             "rounds": {"permutation": 3 if short else 12, "all-to-all": 2 if short else 6},
-            "repeat": 1, "modes": ["ecmp", "mrc"], "mtu": 1500, "transport": "TCP, one connection per host pair",
+            "repeat": 1, "modes": ["ecmp", "mrc"], "mtu": 1500,
+            "mrc_policy": "rr", "transport": "TCP, one connection per host pair",
             "ideal": "bytes one leaf sends the other per round / (spines x rate)"}
 
 
@@ -137,8 +138,8 @@ def run(p: dict, env) -> dict:
                 mtu=p["mtu"], host_sysctls=p["host_sysctls"]) as fab:
         for mi, mode in enumerate(p["modes"]):
             if mode == "mrc":
-                log("collisions: attaching MRC on every host (rr)")
-                fab_mod.attach(fab.name, None, "rr", [])
+                log(f"collisions: attaching MRC on every host ({p['mrc_policy']})")
+                fab_mod.attach(fab.name, None, p["mrc_policy"], [])
                 time.sleep(0.5)
             conns = _connect_all(fab, pairs, 5600 + mi, env.cc)
             try:
