@@ -71,8 +71,8 @@ def fabric():
 @click.option("--encoding", type=click.Choice(fab_mod.ENCODINGS), default="srh", show_default=True,
               help="srh: spine End + host SID as two segments; usid: one NEXT-C-SID container.")
 @click.option("--mtu", type=int, default=fab_mod.DEFAULT_MTU, show_default=True,
-              help="MTU of every link (hosts running the datapath: at most 3506, veth XDP "
-                   "without multi-buffer).")
+              help="MTU of every link, up to 9000 (above 3506 the hosts' XDP runs in generic "
+                   "mode on veth).")
 @click.option("--host-sysctl", "host_sysctls", multiple=True, metavar="net.KEY=VALUE",
               help="A sysctl for every host's namespace (repeatable), e.g. "
                    "net.ipv4.tcp_min_rtt_wlen=0 for TCP over sprayed paths.")

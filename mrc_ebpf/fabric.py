@@ -60,8 +60,10 @@ DEFAULT_RATE = "100mbit"
 ENCODINGS = ("srh", "usid")
 QUEUE_LATENCY = "20ms"
 DEFAULT_MTU = 1500
-# A host's XDP program on a veth takes frames up to a page less headroom
-# and skb_shared_info without multi-buffer support: 3506 bytes of MTU.
+# Jumbo frames as datacenter fabrics run them.  Above 3506 (a page less
+# XDP headroom and skb_shared_info) a veth takes no native XDP program
+# without multi-buffer support, and `mrcctl attach` falls back to generic
+# (skb) XDP; `status` says which.
 MIN_MTU, MAX_MTU = 1280, 9000
 SYSCTL_RE = re.compile(r"^net\.[A-Za-z0-9_.]+=\S+$")
 ROOT = Path(__file__).resolve().parent.parent

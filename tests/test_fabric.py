@@ -172,7 +172,8 @@ def test_duplicate_up_fails_and_changes_nothing(make_fabric):
 def test_bad_arguments_fail_cleanly(make_fabric):
     name = f"fb{os.getpid() % 1000}x"
     for args in (["--spines", "0"], ["--leaves", "0"], ["--hosts-per-leaf", "-1"], ["--planes", "9"],
-                 ["--rate", "fast"]):
+                 ["--rate", "fast"], ["--mtu", "1000"], ["--mtu", "9001"], ["--host-sysctl", "tcp=1"],
+                 ["--host-sysctl", "net.ipv4.no_such_key=1"]):
         one_line_error(fabric("up", name, *args, check=False))
         assert not fab_mod.state_path(name).exists()
         assert namespaces(name + "-") == set()
@@ -457,6 +458,34 @@ def test_attach_sprays_over_every_spine(make_fabric):
     assert all(p.is_dir() and any(p.iterdir()) for p in pins)
     fabric("down", net.name)
     assert not any(p.exists() and any(p.iterdir()) for p in pins)
+
+
+def test_jumbo_fabric_with_host_sysctls(make_fabric):
+    """--mtu on every link (tbf bursts hold two frames), --host-sysctl on
+    the hosts only; the datapath sprays `bytes` over it with jumbo frames."""
+    net = make_fabric("--spines", "2", "--leaves", "2", "--mtu", "9000",
+                      "--host-sysctl", "net.ipv4.tcp_min_rtt_wlen=0")
+    assert net.show["mtu"] == 9000 and net.show["host_sysctls"] == ["net.ipv4.tcp_min_rtt_wlen=0"]
+    for node, dev in (("h1", "eth0"), ("l1", "h1"), ("l1", "s1"), ("s2", "l2")):
+        link = json.loads(net.exec(node, ["ip", "-j", "link", "show", dev]).stdout)[0]
+        assert link["mtu"] == 9000, (node, dev)
+    tbf = json.loads(net.exec("l1", ["tc", "-j", "qdisc", "show", "dev", "s1"]).stdout)[0]
+    assert tbf["kind"] == "tbf" and tbf["options"]["burst"] > 1.99 * 9014    # tc rounds it down a little
+    wlen = lambda node: net.exec(node, ["sysctl", "-n", "net.ipv4.tcp_min_rtt_wlen"]).stdout.strip()  # noqa: E731
+    assert (wlen("h1"), wlen("h2"), wlen("s1"), wlen("l1")) == ("0", "0", "300", "300")
+    fabric("attach", net.name, "--policy", "bytes")
+    status = json.loads(mrcctl("status", "-j", netns=net.ns("h1")).stdout)[0]
+    assert status["mtu"] == 9000
+    # the route leaves room for two segments: 9000 - 128 fits, one byte more does not
+    big = 9000 - 128 - 48
+    assert net.exec("h1", ["ping", "-c", "2", "-i", "0.2", "-M", "do", "-s", str(big),
+                           "fd00:0:2::1"], check=False).returncode == 0
+    assert net.exec("h1", ["ping", "-c", "1", "-M", "do", "-s", str(big + 1), "fd00:0:2::1"],
+                    check=False).returncode != 0
+    sent, received = _xfer(net, "h1", "h2", "fd00:0:2::1")
+    assert sent == received and sent.startswith(str(4 << 20))
+    tx = _sent(net, "h1", "fd00:0:2::/64")
+    assert len(tx) == 2 and all(v > 0 for v in tx.values()), tx
 
 
 def test_attach_usid_over_two_planes(make_fabric):
