@@ -24,13 +24,16 @@ from mrc_ebpf.bench.runner import DEFAULT_CC, DEFAULT_HOST_SYSCTLS, SCENARIOS
               help="Sysctls for every fabric host, in place of the default "
                    f"({' '.join(DEFAULT_HOST_SYSCTLS)}: TCP's reordering window on the current RTT); "
                    "net.ipv4.tcp_min_rtt_wlen=300 runs with the kernel's own.")
+@click.option("--mtu", type=int, metavar="BYTES",
+              help="Link MTU of every fabric the scenarios build (default: each scenario's own; "
+                   "spray-vs-ecmp runs 1500 and 9000).")
 @click.option("-j", "--json", "json_", is_flag=True, help="Print the JSON document(s) instead of tables.")
-def bench(scenario, short, out, repeat, congestion, host_sysctls, json_):
+def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, json_):
     """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):
     JSON + PNG under --out and a table of min/median/max."""
     from mrc_ebpf.bench import runner
     names = list(SCENARIOS) if scenario == "all" else [scenario]
     docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_, congestion=congestion,
-                          host_sysctls=list(host_sysctls) or None)
+                          host_sysctls=list(host_sysctls) or None, mtu=mtu)
     if json_:
         click.echo(json.dumps(docs if scenario == "all" else docs[0], indent=2, sort_keys=True))
