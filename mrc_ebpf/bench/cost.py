@@ -73,7 +73,7 @@ def _percentiles(samples: list[int]) -> dict:
     return {"p10": at(0.10), "median": at(0.5), "p90": at(0.90)}
 
 
-def measure(runs: int = 20000, policies=("rr", "adaptive"), repeat: int = 1) -> list[list[dict]]:
+def measure(runs: int = 20000, policies=("rr", "bytes", "adaptive"), repeat: int = 1) -> list[list[dict]]:
     """`repeat` rounds of every (policy, paths) point, one compile."""
     module, tx, rx, _ = compile_datapath()
     try:
@@ -119,7 +119,7 @@ A_SID, B_SID, B_DT6, A_DT6 = "fc00:a::1", "fc00:b::1", "fc00:b::6", "fc00:a::6"
 
 
 def params(short: bool) -> dict:
-    return {"runs": 1000 if short else 20000, "paths": [1, 16, 256], "policies": ["rr", "adaptive"],
+    return {"runs": 1000 if short else 20000, "paths": [1, 16, 256], "policies": ["rr", "bytes", "adaptive"],
             "flood_seconds": 1.0 if short else 5.0, "payload_bytes": 64, "repeat": 1 if short else 3,
             "setups": list(SETUPS), "sender": "iperf3 -u -l 64 -b 0 (one thread)",
             "counted_at": "receiver interface rx_packets, middle of the run (0.5 s trimmed each end)"}
