@@ -22,8 +22,9 @@ from mrc_ebpf.bench.runner import DEFAULT_CC, DEFAULT_HOST_SYSCTLS, SCENARIOS
                    "not depend on the host's default, which the namespaces inherit).")
 @click.option("--host-sysctl", "host_sysctls", multiple=True, metavar="net.KEY=VALUE",
               help="Sysctls for every fabric host, in place of the default "
-                   f"({' '.join(DEFAULT_HOST_SYSCTLS)}: TCP's reordering window on the current RTT); "
-                   "net.ipv4.tcp_min_rtt_wlen=300 runs with the kernel's own.")
+                   f"({' '.join(DEFAULT_HOST_SYSCTLS)}: RACK's reordering window on the current "
+                   "RTT, a 5 ms RTO floor where the kernel has it); give the kernel's own values "
+                   "(net.ipv4.tcp_min_rtt_wlen=300 ...) to run without.")
 @click.option("--mtu", type=int, metavar="BYTES",
               help="Link MTU of every fabric the scenarios build (default: each scenario's own; "
                    "spray-vs-ecmp runs 1500 and 9000).")

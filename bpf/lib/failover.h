@@ -68,7 +68,7 @@ static __always_inline __u64 ack_window(struct mrc_peer_acks *acks, const struct
  * drains exactly what it gets, so nothing pulls them together) by up to a
  * buffer's depth, and a fixed window took healthy paths down: one TCP
  * flow over 4 x 100 Mbit/s with 20 ms buffers, 3500-byte MTU, saw 6-8
- * downs per path in 8 s and ran at 0.87-0.90 of capacity; 0.90-0.92 with
+ * downs per path in 8 s and ran at 0.87-0.90 of capacity; 0.90-0.93 with
  * none.  A dead path's last report is what it had queued before it died,
  * and no clock can tell it from that queue sooner.  Up to reorder_max_us,
  * so 0 keeps the window exactly ack_timeout.
