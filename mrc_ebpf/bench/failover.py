@@ -106,7 +106,7 @@ def params(short: bool) -> dict:
             "bucket_ms": 1.0, "window_ms": 10, "tcp_window_ms": 100, "threshold": 0.9, "stable_ms": 50, "pre_ms": 300,
             "late_ms": 100, "tail_ms": 30, "judged": 0.5,
             "mtu": 1500, "fault": "s1>l2 blackhole (l2 ingress from s1)",
-            "mrc": "rr, ack-timeout 1000 us, probe 5000 us (mrcctl attach defaults)"}
+            "mrc_policy": "rr", "mrc": "ack-timeout 1000 us, probe 5000 us (mrcctl attach defaults)"}
 
 
 def _arm(fab_mod, fab):
@@ -549,8 +549,8 @@ def _runs(env, fab, fab_mod, p, runs, calib, dports, trigger):
     attached = False
     for mode in p["modes"]:
         if mode == "mrc" and not attached:
-            log("failover: attaching MRC on h1, h2 (rr)")
-            fab_mod.attach(fab.name, "h1,h2", "rr", [])
+            log(f"failover: attaching MRC on h1, h2 ({p['mrc_policy']})")
+            fab_mod.attach(fab.name, "h1,h2", p["mrc_policy"], [])
             attached = True
             time.sleep(0.5)
         for rep in range(p["repeat"]):
