@@ -69,9 +69,12 @@ static __always_inline __u64 ack_window(struct mrc_peer_acks *acks, const struct
  * buffer's depth, and a fixed window took healthy paths down: one TCP
  * flow over 4 x 100 Mbit/s with 20 ms buffers, 3500-byte MTU, saw 6-8
  * downs per path in 8 s and ran at 0.87-0.90 of capacity; 0.90-0.93 with
- * none.  A dead path's last report is what it had queued before it died,
- * and no clock can tell it from that queue sooner.  Up to reorder_max_us,
- * so 0 keeps the window exactly ack_timeout.
+ * none.  Up to reorder_max_us, so 0 keeps the window exactly ack_timeout.
+ * The price: the newest acknowledgement on the other paths also trails by
+ * *their* queues, so when every path queues alike a black hole is seen
+ * about one queue late (3-24 ms at 9000 bytes under saturating TCP, 20 ms
+ * buffers).  What the comparison needs is this path's queue in excess of
+ * the others' (e.g. over a per-peer average of the reports); not done.
  */
 static __always_inline __u64 queue_allowance(const struct mrc_config *cfg, __u32 peer_id,
 					     __u16 path_id)
