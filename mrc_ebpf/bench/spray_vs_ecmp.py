@@ -178,9 +178,18 @@ def plot(results: dict, plt):
         ax.set_title(f"link MTU {mtu}", fontsize=9)
         ax.set_ylim(0, 1.2)
         ax.axhline(1.0, color="grey", lw=0.5)
-        for c in sorted({c for c in r.get("ceiling", {}).values() if c}):
+        ceilings = sorted({c for c in r.get("ceiling", {}).values() if c})
+        for c in ceilings:
             ax.axhline(c, color="grey", lw=0.5, ls="--")
-            ax.annotate(f"header ceiling {c:.2f}", (len(flows) - 0.4, c), fontsize=6, va="bottom",
-                        ha="right")
+        # one label for ceilings too close to read apart (0.976 and 0.991 at 9000)
+        groups = []
+        for c in ceilings:
+            if groups and c - groups[-1][-1] < 0.04:
+                groups[-1].append(c)
+            else:
+                groups.append([c])
+        for g in groups:
+            ax.annotate("header ceiling " + " / ".join(f"{c:.2f}" for c in g), (len(flows) - 0.4, g[-1]),
+                        fontsize=6, va="bottom", ha="right")
         ax.legend(fontsize=8, ncol=len(modes), loc="upper left")
     return fig
