@@ -114,6 +114,7 @@ def test_failover(runs):
         assert run["flows_on_s1"] and run["flows_blackholed"] == run["flows_on_s1"]
         assert run["lost_after_fail"] >= run["sent_after_fail_on_s1"] > 0
         assert not run["recovered"] and run["outage_ms"] is None and run["outage_until_end_ms"] > 0
+        assert run["recovery_ms"] is None                                   # never back at 90% either
     for run in r["modes"]["ecmp"]["tcp"]["runs"]:
         assert run["stalled_conns"] and not run["recovered"]                # s1's connection never resumes
     # MRC takes the path down: far fewer losses, and the goodput comes back
@@ -124,6 +125,11 @@ def test_failover(runs):
     assert mrc_udp["outage_ms"]["max"] is not None and mrc_udp["outage_ms"]["max"] < post_ms / 2
     for run in mrc_udp["runs"]:
         assert run.get("exclusion_from_fail_us") is not None                # s1's path was seen going down
+        # back first no later than after the last dip, and the dips after are a share of windows
+        assert run["recovery_ms"] is not None and run["recovery_ms"] <= run["outage_ms"]
+        assert 0 <= run["dips_after_recovery"] <= 1
+    for run in r["modes"]["mrc"]["tcp"]["runs"]:
+        assert 0 <= run["pre_failure_windows_below_capacity"] <= 1
         assert run["paths"][str(run["dead_path_id"])]["tx_minus_rx"] > 0
 
 

@@ -137,9 +137,11 @@ def test_one_way_udp_fails_over_with_receiver_made_feedback(spray_any):
     print(f"one-way: excluded after {took:.0f} us, {probes} probes in 0.2 s")
     assert 0 <= took < 1000
     assert probes <= 0.2 / 0.005 + 5          # only probes, one per probe interval
-    # its turns spread over the other three (rr's next path does not get them all)
+    # its turns are skipped, as if it were not in the list: the other three
+    # carry equal shares to the packet (rr's next path does not get them all,
+    # and probes take no turn)
     print("while it is out, the others carry", during)
-    assert max(during.values()) < 1.3 * min(during.values())
+    assert max(during.values()) < 1.01 * min(during.values())
     b = json.loads(mrcctl("stats", "-j", netns=spray.B).stdout)["counters"]
     assert b["fb_clone"] > 0 and b["tx_control"] == b["fb_clone"]
 

@@ -65,6 +65,13 @@ Measures, per run (UDP and TCP):
     end).  A 10 ms average hides a dip of a few ms (MRC's exclusion: 25%
     short for 1 ms is 2.5% of a window), so MRC's outage is often 0; the
     loss counts (lost_first_10ms) and the events show that dip instead;
+  * recovery_ms: from t_fail to the end of the last window below before
+    the first good window that starts after t_fail (0: that first one is
+    good), and dips_after_recovery: the share of later windows below.
+    The outage above ends at the last dip wherever it is, and a bulk TCP
+    flow's sawtooth dips 100 ms windows below 90% of the line with nothing
+    failed: `pre_failure_windows_below_capacity` is how often, before the
+    failure, against the four paths' capacity, to set the later dips by;
   * UDP packets lost = sent (sender's log) - received, split by send time
     before/after t_fail and per flow; for ECMP also the datagrams sent
     after t_fail on the flows calibrated onto s1 (what the hole must eat,
@@ -248,6 +255,18 @@ def _outage(p, good, ref, t0, t_fail, n, window_ms, judged=None):
     out = {"recovered": recovered, "below_threshold_ms": len(bad) * p["bucket_ms"], "window_ms": window_ms,
            "unjudged_ms": len(j[1]) * p["bucket_ms"] if j else 0,
            "outage_until_end_ms": None if recovered else round((end_ns - t_fail) / 1e6, 1)}
+    # The first recovery, and how often goodput dips afterwards: a bulk TCP
+    # flow's own sawtooth dips 100 ms windows below 90% of the line with
+    # nothing failed (pre_failure_windows_below_capacity), and the strict
+    # outage above counts the last such dip after the failure, wherever it is.
+    bad_set = set(bad)
+    first_good = next((i for i in range(fail_i + k, n) if i not in bad_set), None)
+    early = [i for i in bad if first_good is None or i < first_good]
+    out["recovery_ms"] = (None if first_good is None else
+                          round(max(0.0, (t0 + (early[-1] + 1) * W - t_fail) / 1e6), 1) if early else 0.0)
+    later = n - first_good if first_good is not None else 0
+    out["dips_after_recovery"] = round(sum(1 for i in bad if first_good is not None and i > first_good)
+                                       / later, 3) if later > 0 else None
     if last_bad is None:
         out["outage_ms"] = 0.0
     elif recovered:
@@ -410,6 +429,10 @@ def _tcp(env, fab, p, port, mode, sports, conn_spines, trigger):
     res["pre_failure_windows_below"] = {
         str(w): _noise_floor(p, good, lambda i0, i1: pre_bucket * (i1 - i0), t0, t_fail, w)
         for w in sorted({p["window_ms"], p["tcp_window_ms"]})}
+    # against the line, as the outage is after the failure: TCP's own dips
+    cap_pre_bucket = _capacity(p, mode, mss, wire, p["spines"]) * p["bucket_ms"] / 1e3
+    res["pre_failure_windows_below_capacity"] = _noise_floor(
+        p, good, lambda i0, i1: cap_pre_bucket * (i1 - i0), t0, t_fail, p["tcp_window_ms"])
     # per connection: which spine (ECMP), bytes after the failure, stalled?
     spine_of_port = dict(zip(sports, conn_spines))
     half = t_fail + (t1 - t_fail) // 2
@@ -582,13 +605,16 @@ def _summary(p, runs, calib):
         summary[mode] = {}
         for proto, rs in by.items():
             s = {"outage_ms": mmm([r["outage_ms"] for r in rs]),
+                 "recovery_ms": mmm([r["recovery_ms"] for r in rs]),
+                 "dips_after_recovery": mmm([r["dips_after_recovery"] for r in rs]),
                  "recovered": [r["recovered"] for r in rs],
                  "outage_until_end_ms": [r["outage_until_end_ms"] for r in rs], "runs": rs}
             if proto == "udp":
                 for k in ("lost", "sent", "lost_after_fail", "lost_first_10ms"):
                     s[k] = mmm([r[k] for r in rs])
             else:
-                for k in ("retransmits", "rtos", "pre_failure_bps", "post_failure_bps"):
+                for k in ("retransmits", "rtos", "pre_failure_bps", "post_failure_bps",
+                          "pre_failure_windows_below_capacity"):
                     s[k] = mmm([r[k] for r in rs])
                 s["stalled_conns"] = mmm([len(r["stalled_conns"]) for r in rs])
             if mode == "mrc":
@@ -629,12 +655,17 @@ def _outage_text(s) -> str:
 
 
 def table(results: dict):
-    headers = ["mode", "proto", "outage ms", "recovered", "UDP lost (after fail)", "TCP retrans",
+    headers = ["mode", "proto", "outage ms (to last dip)", "recovered", "to first recovery ms",
+               "dips after (TCP: before)", "UDP lost (after fail)", "TCP retrans",
                "TCP RTOs", "stalled conns", "MRC exclusion us (from fail)"]
     rows = []
     for mode, by in results["modes"].items():
         for proto, s in by.items():
+            dips = fmt3(s.get("dips_after_recovery"))
+            if "pre_failure_windows_below_capacity" in s:
+                dips += f" ({fmt3(s['pre_failure_windows_below_capacity'])})"
             rows.append([mode, proto, _outage_text(s), f"{sum(s['recovered'])}/{len(s['recovered'])}",
+                         fmt3(s.get("recovery_ms")), dips,
                          f"{fmt3(s['lost'])} ({fmt3(s['lost_after_fail'])})" if "lost" in s else "",
                          fmt3(s.get("retransmits")) if "retransmits" in s else "",
                          fmt3(s.get("rtos")) if "rtos" in s else "",
