@@ -259,8 +259,10 @@ def _outage(p, good, ref, t0, t_fail, n, window_ms, judged=None):
     # flow's own sawtooth dips 100 ms windows below 90% of the line with
     # nothing failed (pre_failure_windows_below_capacity), and the strict
     # outage above counts the last such dip after the failure, wherever it is.
-    bad_set = set(bad)
-    first_good = next((i for i in range(fail_i + k, n) if i not in bad_set), None)
+    # A window left unjudged (the sender offered next to nothing) is no
+    # evidence of recovery either way, so the first good one must be judged.
+    not_good = set(bad) | set(j[1] if j else ())
+    first_good = next((i for i in range(fail_i + k, n) if i not in not_good), None)
     early = [i for i in bad if first_good is None or i < first_good]
     out["recovery_ms"] = (None if first_good is None else
                           round(max(0.0, (t0 + (early[-1] + 1) * W - t_fail) / 1e6), 1) if early else 0.0)
