@@ -23,10 +23,13 @@ mrc (spraying by `mrc_policy` over the K spines on every host).  The
 hosts' TCP retransmissions and RTOs over each kind's rounds (nstat deltas
 summed over the hosts) say what the tail is made of: one RTO (at least
 the RTT plus tcp_rto_min, 200 ms unless the host sysctls lower it) can
-decide a round.
+decide a round.  In mrc mode, path_downs counts the paths the hosts took
+out of the spray during the kind's rounds (`mrcctl stats --events`): with
+nothing failed, each is a queue's loss or delay taken for a dead path.
 """
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -128,6 +131,20 @@ def _tcp_counters(env, fab, hosts) -> dict:
     return totals
 
 
+def _path_downs(env, fab, hosts, t_from: int, t_to: int) -> int | None:
+    """Down events (kernel monotonic ns, the clock time.monotonic_ns reads)
+    on any of the hosts between t_from and t_to; None if unreadable."""
+    n = 0
+    for h in hosts:
+        r = env.mrcctl(fab.ns(fab.host(h)), "stats", "--events", "-j", check=False)
+        try:
+            evs = json.loads(r.stdout)["events"]
+        except (ValueError, KeyError):
+            return None
+        n += sum(1 for e in evs if e["type"] == "down" and t_from <= e["ns"] <= t_to)
+    return n
+
+
 def run(p: dict, env) -> dict:
     from .. import fabric as fab_mod
     from ..fabric import parse_rate
@@ -151,6 +168,7 @@ def run(p: dict, env) -> dict:
                     n_rounds *= p["repeat"]
                     msgs, rounds = [], []
                     before = _tcp_counters(env, fab, left + right)
+                    t_from = time.monotonic_ns()
                     for r in range(n_rounds):
                         if kind == "permutation":
                             tr = [(left[i], right[(i + r) % H]) for i in range(H)]
@@ -163,6 +181,7 @@ def run(p: dict, env) -> dict:
                         times = _round(conns, tr, p["size"])
                         msgs += times
                         rounds.append(max(times))
+                    t_to = time.monotonic_ns()
                     after = _tcp_counters(env, fab, left + right)
                     ideal = per_dir * p["size"] * 8 / cap * 1e3
                     per[kind] = {"ideal_ms": ideal, "messages_per_round": len(tr),
@@ -173,6 +192,8 @@ def run(p: dict, env) -> dict:
                                  "retransmits": after["TcpRetransSegs"] - before["TcpRetransSegs"],
                                  "rtos": after["TcpExtTCPTimeouts"] - before["TcpExtTCPTimeouts"],
                                  "message_times_ms": [round(x, 3) for x in msgs], "round_times_ms": rounds}
+                    if mode == "mrc":
+                        per[kind]["path_downs"] = _path_downs(env, fab, left + right, t_from, t_to)
                 results[mode] = per
             finally:
                 for c, a in conns.values():
@@ -185,14 +206,15 @@ def run(p: dict, env) -> dict:
 
 def table(results: dict):
     headers = ["mode", "round kind", "msgs/round", "msg p50 ms", "msg p99 ms", "msg max ms",
-               "round ms", "round p99 ms", "ideal ms", "p99/ideal", "retrans", "RTOs"]
+               "round ms", "round p99 ms", "ideal ms", "p99/ideal", "retrans", "RTOs", "path downs"]
     rows = []
     for mode, per in results["modes"].items():
         for kind, s in per.items():
             rows.append([mode, kind, s["messages_per_round"], f"{s['message_ms']['p50']:.1f}",
                          f"{s['message_ms']['p99']:.1f}", f"{s['message_ms']['max']:.1f}",
                          fmt3(s["round_ms"]), f"{s['round_p99_ms']:.1f}", f"{s['ideal_ms']:.1f}",
-                         f"{s['round_p99_over_ideal']:.2f}", s.get("retransmits", ""), s.get("rtos", "")])
+                         f"{s['round_p99_over_ideal']:.2f}", s.get("retransmits", ""), s.get("rtos", ""),
+                         "-" if s.get("path_downs", "") is None else s.get("path_downs", "")])
     return headers, rows
 
 
