@@ -142,6 +142,9 @@ def test_collisions(runs):
             assert s["round_p99_over_ideal"] >= 0.8
             # the hosts' own TCP counters: something was sent, and counted
             assert s["retransmits"] >= 0 and 0 <= s["rtos"] <= s["retransmits"]
+    for s in r["modes"]["mrc"].values():
+        ev = s["path_events"]                                           # read from every host
+        assert ev is not None and ev["down"] == s["path_downs"] and min(ev.values()) >= 0
 
 
 def test_reorder(runs):

@@ -23,9 +23,10 @@ mrc (spraying by `mrc_policy` over the K spines on every host).  The
 hosts' TCP retransmissions and RTOs over each kind's rounds (nstat deltas
 summed over the hosts) say what the tail is made of: one RTO (at least
 the RTT plus tcp_rto_min, 200 ms unless the host sysctls lower it) can
-decide a round.  In mrc mode, path_downs counts the paths the hosts took
-out of the spray during the kind's rounds (`mrcctl stats --events`): with
-nothing failed, each is a queue's loss or delay taken for a dead path.
+decide a round.  In mrc mode, path_events counts the paths the hosts took
+out of the spray during the kind's rounds (`mrcctl stats --events`), and
+how each came back: nothing fails here, so each down is a queue's delay
+("late": its packets arrived after all) or loss taken for a dead path.
 """
 from __future__ import annotations
 
@@ -131,17 +132,22 @@ def _tcp_counters(env, fab, hosts) -> dict:
     return totals
 
 
-def _path_downs(env, fab, hosts, t_from: int, t_to: int) -> int | None:
-    """Down events (kernel monotonic ns, the clock time.monotonic_ns reads)
-    on any of the hosts between t_from and t_to; None if unreadable."""
-    n = 0
+def _path_events(env, fab, hosts, t_from: int, t_to: int) -> dict | None:
+    """Path state changes on the hosts between t_from and t_to (kernel
+    monotonic ns, the clock time.monotonic_ns reads), by type: "down",
+    and of the returns "late" (its packets from before the down arrived:
+    it was slow, not dead) or "up" (a probe got through); None if
+    unreadable."""
+    n = {"down": 0, "late": 0, "up": 0}
     for h in hosts:
         r = env.mrcctl(fab.ns(fab.host(h)), "stats", "--events", "-j", check=False)
         try:
             evs = json.loads(r.stdout)["events"]
         except (ValueError, KeyError):
             return None
-        n += sum(1 for e in evs if e["type"] == "down" and t_from <= e["ns"] <= t_to)
+        for e in evs:
+            if e["type"] in n and t_from <= e["ns"] <= t_to:
+                n[e["type"]] += 1
     return n
 
 
@@ -193,7 +199,9 @@ def run(p: dict, env) -> dict:
                                  "rtos": after["TcpExtTCPTimeouts"] - before["TcpExtTCPTimeouts"],
                                  "message_times_ms": [round(x, 3) for x in msgs], "round_times_ms": rounds}
                     if mode == "mrc":
-                        per[kind]["path_downs"] = _path_downs(env, fab, left + right, t_from, t_to)
+                        ev = _path_events(env, fab, left + right, t_from, t_to)
+                        per[kind]["path_downs"] = ev and ev["down"]
+                        per[kind]["path_events"] = ev
                 results[mode] = per
             finally:
                 for c, a in conns.values():
