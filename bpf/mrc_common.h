@@ -239,11 +239,7 @@ struct mrc_path_live {
  */
 struct mrc_peer_acks {
 	__u64	ns[MRC_MAX_PATHS];	/* a packet sent at or after this arrived */
-	/* When ns[] last moved on (our clock, at the feedback): a path whose
-	 * packets keep arriving is alive, however long its queue; a dead
-	 * one's acknowledgements freeze (lib/failover.h). */
-	__u64	moved_ns[MRC_MAX_PATHS];
-	__u64	moved_any_ns;	/* the latest of moved_ns[]: the peer still hears us */
+	__u64	max_ns;		/* the latest of ns[]: how far the peer has heard us */
 	__u64	last_ns;	/* any feedback from this peer (0: never: no failover) */
 	/* The window learnt from late packets, as RACK learns its reordering
 	 * window from spurious retransmissions: a path taken down whose

@@ -105,8 +105,7 @@ class PathLive(ctypes.Structure):
 
 
 class PeerAcks(ctypes.Structure):
-    _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("moved_ns", u64 * C["MRC_MAX_PATHS"]),
-                ("moved_any_ns", u64), ("last_ns", u64),
+    _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("max_ns", u64), ("last_ns", u64),
                 ("window_ns", u64), ("window_hold_ns", u64)]
 
 

@@ -199,20 +199,18 @@ def test_random_loss_lowers_weight_without_flapping(spray):
 
 
 def _bursts_over_a_slow_path(spray, *options) -> tuple[int, list, dict]:
-    """Bursts of one-way UDP sprayed rr while path 2 crosses an 8 Mbit/s
-    tbf with room to queue: its share of each burst waits there (not
-    lost) and drains one packet per 1.3 ms, longer than the 500 us window,
-    so its acknowledgements stand still for a window between packets,
-    while the other paths deliver at once.  Each burst drains before the
-    next.  Returns path 2's downs, the events and A's status."""
+    """Bursts of one-way UDP sprayed rr while path 2 crosses a 50 Mbit/s
+    tbf with room to queue: its share of each burst waits milliseconds
+    there (not lost), while the other paths deliver at once.  Returns
+    path 2's downs, the events and A's status."""
     spray.attach("rr", "--ack-timeout-us", "500", *options)
     spray.udp(300)                            # feedback flowing, no queue yet
     spray.t.exec(spray.R[BLACKHOLED], ["tc", "qdisc", "replace", "dev", "rdown", "root", "tbf",
-                                       "rate", "8mbit", "burst", "4000", "latency", "300ms"])
+                                       "rate", "50mbit", "burst", "4000", "latency", "200ms"])
     try:
-        for _ in range(8):
+        for _ in range(10):
             spray.udp(400, pps=100000, size=1200)
-            time.sleep(0.2)
+            time.sleep(0.05)
         status = json.loads(mrcctl("status", "-j", netns=spray.A).stdout)[0]
         rows = json.loads(mrcctl("path", "list", "-j", netns=spray.A).stdout)
         evs = events(spray)
@@ -232,11 +230,13 @@ def test_late_packets_widen_the_window(spray):
     fixed_downs, fixed_events, _ = _bursts_over_a_slow_path(spray, "--reorder-max-us", "0")
     learnt_downs, learnt_events, status = _bursts_over_a_slow_path(spray)
     late = [e for e in learnt_events if e["type"] == "late"]
+    for e in learnt_events: print("EV", e["type"], e["path_id"], e["after_us"], e["ns"])
     print(f"slow path downs: {fixed_downs} with a fixed window, {learnt_downs} learning;"
           f" windows: {status['ack_windows']}")
     assert fixed_downs >= 5 and any(e["type"] == "late" for e in fixed_events)
     # at most log2(16 ms / 0.5 ms) + 1 = 6 doublings' worth of false downs
-    # (2 here: a 2 ms window covers the path's 1.3 ms between packets)
+    # (fewer: the path's reported queue widens its own window too,
+    # test_a_standing_queue_widens_its_paths_window)
     assert learnt_downs <= 6 and learnt_downs * 2 <= fixed_downs
     # every down of the slow path was false: it came back as late, not up
     back = [e["type"] for e in learnt_events if e["path_id"] == BLACKHOLED and e["type"] in ("late", "up")]
@@ -249,9 +249,9 @@ def test_late_packets_widen_the_window(spray):
 def _steady_over_a_queued_path(spray, *options) -> tuple[int, int]:
     """3 s of one-way UDP sprayed rr while path 2 crosses a tbf it
     overfills: a standing queue of ~30 ms (and drops at its tail, which
-    are loss, not lateness), draining one packet per 1.2 ms.  Path 2's
-    downs and the queueing delay B last reported for it."""
-    spray.attach("rr", *options)
+    are loss, not lateness).  Path 2's downs and the queueing delay B
+    last reported for it."""
+    spray.attach("rr", "--ack-timeout-us", "500", *options)
     spray.udp(300)
     spray.t.exec(spray.R[BLACKHOLED], ["tc", "qdisc", "replace", "dev", "rdown", "root", "tbf",
                                        "rate", "8mbit", "burst", "4000", "latency", "30ms"])
@@ -267,22 +267,21 @@ def _steady_over_a_queued_path(spray, *options) -> tuple[int, int]:
     return row["downs"] - before[BLACKHOLED], row["feedback"]["qdelay_us"]
 
 
-def test_a_standing_queue_is_not_a_dead_path(spray):
-    """A path whose queue stands ~30 ms above the others' is alive: its
-    packets keep arriving as the queue drains, so its acknowledgements
-    keep moving and it is not taken down again and again, with the
-    window fixed (--reorder-max-us 0: no learning from late packets) at
-    2 ms, longer than the 1.2 ms between its packets and far shorter
-    than its queue.  Comparing sends alone, its oldest unacknowledged
-    packet is 30 ms old at each of its turns while the others' are
-    acknowledged within a millisecond: it went down at nearly every turn
-    (836 times in these 3 s at a 500 us window; 18 when its reported
-    queue was added to its window, which then saw a black hole a queue
-    late)."""
-    downs, q = _steady_over_a_queued_path(spray, "--ack-timeout-us", "2000", "--reorder-max-us", "0")
-    print(f"queued path: {downs} downs with a fixed 2 ms window (queue {q} us reported)")
+def test_a_standing_queue_widens_its_paths_window(spray):
+    """A path whose queue stands milliseconds above the others' is alive:
+    the queueing delay the peer reports for it widens that path's window
+    (up to --reorder-max-us), so it is not taken down again and again.
+    Side by side with the window fixed (--reorder-max-us 0, which also
+    turns off learning from late packets)."""
+    fixed_downs, fixed_q = _steady_over_a_queued_path(spray, "--reorder-max-us", "0")
+    downs, q = _steady_over_a_queued_path(spray)
+    print(f"queued path: {fixed_downs} downs with a fixed window (queue {fixed_q} us reported), "
+          f"{downs} with its queue allowed for (queue {q} us)")
     assert q > 10000                    # the queue was there, and reported
-    assert downs <= 5, downs
+    # with the window fixed the path is down most of the time (838 downs
+    # measured); allowed for, it goes down while its queue grows faster
+    # than the reports follow (19)
+    assert fixed_downs >= 100 and downs * 10 <= fixed_downs
 
 
 def probe(net, *args):

@@ -220,26 +220,20 @@ static __always_inline void feedback_ack(__u32 peer_id, __u32 block, __u64 heard
 	acks->last_ns = now;
 	/* the named path, exactly (the block's figure is a lower bound) */
 	ns = &acks->ns[path_id & (MRC_MAX_PATHS - 1)];
-	if (path_tx32 && *ns < exact) {
+	if (path_tx32 && *ns < exact)
 		*ns = exact;
-		acks->moved_ns[path_id & (MRC_MAX_PATHS - 1)] = now;
-		acks->moved_any_ns = now;
-	}
 	if (path_tx32)
 		feedback_late(peer_id, path_id, exact, now);
+	if (exact > acks->max_ns && path_tx32)
+		acks->max_ns = exact;
 	if (!heard)
 		return;
-	acks->moved_any_ns = now;
+	if (since > acks->max_ns)
+		acks->max_ns = since;
 #pragma unroll
 	for (bit = 0; bit < 64; bit++) {
-		if (!(heard & (1ULL << bit)))
-			continue;
-		/* news of the path: a packet of it arrived since the last
-		 * report, whether or not the block's bound moves its ns[]
-		 * (a slower path in the block holds the bound down) */
-		acks->moved_ns[(base + bit) & (MRC_MAX_PATHS - 1)] = now;
 		ns = &acks->ns[(base + bit) & (MRC_MAX_PATHS - 1)];
-		if (*ns < since)
+		if ((heard & (1ULL << bit)) && *ns < since)
 			*ns = since;
 	}
 }

@@ -1,7 +1,5 @@
 """Goodput over time across a far-side black hole of one of K paths, for
-MRC (spraying by `mrc_policy` with datapath failover) and kernel ECMP, on
-a fabric of `mtu`-byte links (jumbo frames by default, as GPU fabrics
-run, sprayed by `bytes` as collisions is; `--mtu 1500` for the other).
+MRC (rr spraying with datapath failover) and kernel ECMP.
 
 Fabric: K spines, h1 (under l1) sends to h2 (under l2).  At t_fail the
 link s1 -> l2 is black-holed on its receiving end (faults.inject on l2's
@@ -19,11 +17,8 @@ healed at the end.
 UDP load: `load` x K x rate of payload (0.3: 60 Mbit/s on 4 x 50), 16
 flows.  It was chosen when rr gave an excluded path's turns all to the
 next path of the spray list (2/K of the load on one path: at 0.4 that
-link ran full and dropped); a down path's turn is now skipped, so the
-others carry equal shares (choose_live in bpf/lib/path_select.h), and 0.3
-is kept so runs compare.  With `bytes` at 9000 a turn is a jumbo frame's
-worth (7 of these datagrams), so at this load a path's turn comes every
-~2.4 ms and a black hole is seen at its next turn after the window.
+link ran full and dropped); they now spread over the others at random
+(choose_live in bpf/lib/path_select.h), and 0.3 is kept so runs compare.
 ECMP keeps 3/4 of the load whatever it is: 75% < 90%.
 
 ECMP flows are not left to chance: before the runs, source ports are
@@ -117,11 +112,8 @@ def params(short: bool) -> dict:
             "conns": 4, "repeat": 1 if short else 3, "modes": ["ecmp", "mrc"], "protocols": ["udp", "tcp"],
             "bucket_ms": 1.0, "window_ms": 10, "tcp_window_ms": 100, "threshold": 0.9, "stable_ms": 50, "pre_ms": 300,
             "late_ms": 100, "tail_ms": 30, "judged": 0.5,
-            # jumbo frames and `bytes`, as collisions: TCP's segments are
-            # not all full at this MTU, and rr's equal packet counts would
-            # be unequal bytes (README "Performance")
-            "mtu": 9000, "fault": "s1>l2 blackhole (l2 ingress from s1)",
-            "mrc_policy": "bytes", "mrc": "ack-timeout 1000 us, probe 5000 us (mrcctl attach defaults)"}
+            "mtu": 1500, "fault": "s1>l2 blackhole (l2 ingress from s1)",
+            "mrc_policy": "rr", "mrc": "ack-timeout 1000 us, probe 5000 us (mrcctl attach defaults)"}
 
 
 def _arm(fab_mod, fab):
