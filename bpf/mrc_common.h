@@ -397,6 +397,8 @@ enum mrc_counter {
 					 * or an option we must not skip */
 	MRC_TX_PINNED_PROBE,		/* sent on the path mrcctl probe named (SO_MARK) */
 	MRC_TX_PROBE_COPY,		/* a header-only copy of a data packet tested a down path */
+	MRC_RX_CE,			/* a fabric queue's CE mark carried to the inner header */
+	MRC_RX_DROP_ECN,		/* outcome: outer CE on a Not-ECT inner packet (RFC 6040) */
 	MRC_COUNTER_MAX,
 };
 

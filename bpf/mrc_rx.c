@@ -4,8 +4,9 @@
  * whole (RFC 8754 section 4.3, and stricter than the kernel's End.DT6,
  * which takes an invalid SRH for no SRH and decapsulates anyway), then
  * stripped of its outer IPv6 + SRH, or + Destination Options for a uSID
- * path, and passed up as the inner packet.  What fails a check is
- * dropped and counted by reason.  Packets for anyone else pass untouched.
+ * path, and passed up as the inner packet, a fabric queue's ECN mark
+ * carried onto it (lib/ecn.h).  What fails a check is dropped and
+ * counted by reason.  Packets for anyone else pass untouched.
  *
  * Every packet is counted in MRC_RX_SEEN and in exactly one outcome.
  */
@@ -15,6 +16,7 @@
 #include "lib/usid.h"
 #include "lib/rx_track.h"
 #include "lib/feedback.h"
+#include "lib/ecn.h"
 
 static __always_inline int rx_pass(void)
 {
@@ -184,6 +186,9 @@ int mrc_rx(struct xdp_md *ctx)
 		}
 		feedback_due(ip6->saddr.s6_addr, cfg, now);
 	}
+	reason = ecn_decap(ip6, inner_proto, (void *)ip6 + (outer_len & 0xfff), data_end);
+	if (reason)
+		return rx_drop(reason);
 
 	/* Strip the outer headers; the Ethernet header moves up to the inner. */
 	__builtin_memcpy(&eth_copy, eth, sizeof(eth_copy));

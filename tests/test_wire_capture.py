@@ -88,6 +88,27 @@ def test_ipv4_inner_next_header_4(interop, capture):
         assert p[IPv6ExtHdrSegmentRouting].nh == 4
 
 
+@pytest.mark.parametrize("family", ["ipv6", "ipv4"])
+def test_outer_traffic_class_copies_the_inner_ecn_and_dscp(interop, capture, family):
+    """RFC 6040's normal mode at encap: the outer header carries the inner
+    traffic class, ECN field included, so the fabric's queues can mark
+    the packets (and ECT(0) from an ECN-capable TCP stays ECT(0))."""
+    interop.attach()
+    v6 = family == "ipv6"
+    mrcctl("path", "add", "fd00:2::/64" if v6 else "198.18.2.0/24",
+           "--via", interop.B_DT6 if v6 else interop.B_DX4, netns=interop.A)
+    classes = [0xb8 | ecn for ecn in range(4)] + [0x02, 0x01]   # DSCP 46 + each ECN; bare ECT(0), ECT(1)
+    for tc in classes:
+        assert interop.ping(interop.A, interop.B6 if v6 else interop.B4, count=1,
+                            extra=("-Q", hex(tc))).returncode == 0
+    packets = [p for p in capture() if p.haslayer(IPv6ExtHdrSegmentRouting)]
+    assert len(packets) == len(classes)
+    inner = [(p[IPv6ExtHdrSegmentRouting].payload.tc if v6 else p[IPv6ExtHdrSegmentRouting].payload.tos)
+             for p in packets]
+    assert inner == classes                       # ping set what we asked
+    assert [p[IPv6].tc for p in packets] == classes
+
+
 def test_path_mtu_full_size_packets_fit(interop, capture):
     """Route MTU = device MTU - overhead: the biggest ping that fits goes
     through; one byte more is refused locally with the right MTU, not
