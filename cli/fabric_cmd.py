@@ -76,15 +76,28 @@ def fabric():
 @click.option("--host-sysctl", "host_sysctls", multiple=True, metavar="net.KEY=VALUE",
               help="A sysctl for every host's namespace (repeatable), e.g. "
                    "net.ipv4.tcp_min_rtt_wlen=0 for TCP over sprayed paths.")
+@click.option("--ecn-threshold", "ecn_threshold", metavar="TIME",
+              help="Switches mark ECN: CE on an ECN-capable packet when more than TIME (at the link's "
+                   "rate, e.g. 1ms) is queued in front of it on a leaf-spine link (needs --rate; "
+                   "hosts need net.ipv4.tcp_ecn=1 to ask for ECN). Default: no marking.")
 @_json_opt
-def up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls, json_):
+def up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
+       ecn_threshold, json_):
     """Build fabric NAME (default mrc)."""
     r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
-                   list(host_sysctls))
+                   list(host_sysctls), ecn_threshold)
     _emit(json_, r, lambda r: click.echo(
         f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
         f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
-        f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']} ({r['build_s']} s)"))
+        f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']}"
+        + (f", ECN marking above {r['ecn_threshold']}" if r.get("ecn_threshold") else "")
+        + f" ({r['build_s']} s)"))
+
+
+def _marks_text(lk: dict) -> str:
+    """'s1>l1 3/120, l1>s1 0/98': CE marks given / ECN-capable packets, per direction."""
+    return ", ".join(f"{e['ecn']['direction']} {e['ecn']['marked']}/{e['ecn']['ect']}"
+                     for e in lk["ends"] if e.get("ecn"))
 
 
 @fabric.command()
@@ -99,6 +112,7 @@ def show(name, json_):
                    f"{d['leaves']} leaves, {d['hosts_per_leaf']} host(s)/leaf, encoding {d['encoding']}, "
                    f"rate {d['rate'] or 'unlimited'}, host rate {d['host_rate'] or 'unlimited'}, "
                    f"MTU {d.get('mtu', fab_mod.DEFAULT_MTU)}"
+                   + (f", ECN marking above {d['ecn_threshold']}" if d.get("ecn_threshold") else "")
                    + "".join(f", {kv}" for kv in d.get("host_sysctls", [])))
         click.echo("\nhosts")
         click.echo(tabulate([(h["name"], h["ns"], h["sid"], h["addr6"], h["addr4"],
@@ -110,10 +124,13 @@ def show(name, json_):
                               s.get("behavior", "")) for s in d["switches"]],
                             headers=["switch", "kind", "plane", "namespace", "SID", "behavior"]))
         click.echo("\nlinks (a-b; a>b is one direction)")
+        marking = bool(d.get("ecn_threshold"))
         click.echo(tabulate([(lk["name"], lk["plane"], f"{lk['ends'][0]['dev']}|{lk['ends'][1]['dev']}",
                               lk["rate"] or "unlimited",
+                              *([_marks_text(lk)] if marking else []),
                               "; ".join(_fault_text(f) for f in lk["faults"])) for lk in d["links"]],
-                            headers=["link", "plane", "devices", "rate", "faults"]))
+                            headers=["link", "plane", "devices", "rate",
+                                     *(["ECN marked/ECT"] if marking else []), "faults"]))
         click.echo("\npaths (host pair: one per plane and spine; mrcctl path add args)")
         for pair in d["paths"]:
             click.echo(f"{pair['src']} -> {pair['dst']}: mrcctl {' '.join(pair['path_add'])}")

@@ -51,7 +51,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import faults
+from . import ecn_marks, faults
 from .errors import MrcError
 
 STATE_DIR = Path(os.environ.get("MRC_FABRIC_STATE", "/run/mrc-fabric"))
@@ -287,6 +287,13 @@ class Fabric:
                      f"net.ipv6.conf.{dev}.keep_addr_on_down=1", f"net.ipv4.conf.{dev}.rp_filter=0"]
         return keys
 
+    def marking_devices(self) -> list[tuple[str, str, int]]:
+        """(namespace, device, rate) of every switch port that queues: both
+        ends of each rate-limited leaf-spine link."""
+        rate = parse_rate(self.rate)
+        return [(end["ns"], end["dev"], rate) for lk in self.links() if lk["kind"] == "fabric" and rate
+                for end in (lk["a"], lk["b"])]
+
     def ends(self, node: str) -> list[tuple[dict, dict, dict]]:
         """(link, this end, other end) for every link of node."""
         out = []
@@ -519,7 +526,7 @@ def _parallel(jobs: list[list[str]], limit: int = 8) -> list[subprocess.Complete
 
 def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1,
        rate: str | None = DEFAULT_RATE, host_rate: str | None = None, encoding: str = "srh",
-       mtu: int = DEFAULT_MTU, host_sysctls: list[str] = ()) -> dict:
+       mtu: int = DEFAULT_MTU, host_sysctls: list[str] = (), ecn_threshold: str | None = None) -> dict:
     check_name(name)
     for what, v, hi in (("--spines", spines, MAX_SPINES), ("--leaves", leaves, MAX_LEAVES),
                         ("--hosts-per-leaf", hosts_per_leaf, MAX_HOSTS), ("--planes", planes, MAX_PLANES)):
@@ -535,10 +542,14 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
         if not SYSCTL_RE.match(kv):
             raise MrcError(f"bad --host-sysctl {kv!r}: net.KEY=VALUE")
     rate_bits, host_bits = parse_rate(rate), parse_rate(host_rate)
+    if ecn_threshold is not None:
+        ecn_marks.parse_threshold(ecn_threshold)
+        if not rate_bits:
+            raise MrcError("--ecn-threshold needs a --rate: only rate-limited links have queues to mark")
     spec = {"name": name, "planes": planes, "spines": spines, "leaves": leaves,
             "hosts_per_leaf": hosts_per_leaf, "encoding": encoding,
             "rate": rate if rate_bits else None, "host_rate": host_rate if host_bits else None,
-            "mtu": mtu, "host_sysctls": list(host_sysctls)}
+            "mtu": mtu, "host_sysctls": list(host_sysctls), "ecn_threshold": ecn_threshold}
     fab = Fabric(spec)
     planned = fab.namespaces()
     if state_path(name).exists():
@@ -555,6 +566,9 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
     with locked(name, create=state) as state:
         try:
             _build(fab)
+            if ecn_threshold is not None:
+                state["ecn_marking"] = ecn_marks.install(name, fab.marking_devices(),
+                                                         ecn_marks.parse_threshold(ecn_threshold))
         except BaseException as e:
             state["_removed"] = True
             _teardown(fab, state, quiet=True)
@@ -638,6 +652,7 @@ def _teardown(fab: Fabric, state: dict, quiet: bool = False) -> list[str]:
                            capture_output=True, text=True, timeout=300)
         if r.returncode != 0 and not quiet:
             problems.append(" ".join(r.stderr.split())[:300])
+    ecn_marks.remove(fab.name)
     for ns in state.get("namespaces", fab.namespaces()):
         try:
             faults.forget(ns)
@@ -686,10 +701,18 @@ def describe(name: str) -> dict:
             sw["sid"] = fab.spine_sid(d["plane"], d["index"])
             sw["behavior"] = "End" + (" next-csid lblen 32 nflen 16" if fab.encoding == "usid" else "")
         switches.append(sw)
+    queues = (ecn_marks.read(name) or {}) if live and state.get("ecn_marking") else {}
+    by_end = {(d["ns"], d["dev"]): queues.get(mac) for mac, d in state.get("ecn_marking", {}).items()}
     links = []
     for lk in fab.links():
         entry = {k: lk[k] for k in ("name", "kind", "plane", "rate")}
         entry["ends"] = [lk["a"], lk["b"]]
+        for end, other in ((lk["a"], lk["b"]), (lk["b"], lk["a"])):
+            q = by_end.get((end["ns"], end["dev"]))
+            if q is not None:       # the queue of end's device, sending towards other
+                end = dict(end, ecn={"packets": q.packets, "ect": q.ect, "marked": q.marked,
+                                     "direction": f"{end['node']}>{other['node']}"})
+                entry["ends"][0 if other is lk["b"] else 1] = end
         entry["faults"] = []
         for f in state.get("faults", []):
             for me, other in ((lk["a"], lk["b"]), (lk["b"], lk["a"])):

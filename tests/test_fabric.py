@@ -173,7 +173,8 @@ def test_bad_arguments_fail_cleanly(make_fabric):
     name = f"fb{os.getpid() % 1000}x"
     for args in (["--spines", "0"], ["--leaves", "0"], ["--hosts-per-leaf", "-1"], ["--planes", "9"],
                  ["--rate", "fast"], ["--mtu", "1000"], ["--mtu", "9001"], ["--host-sysctl", "tcp=1"],
-                 ["--host-sysctl", "net.ipv4.no_such_key=1"]):
+                 ["--host-sysctl", "net.ipv4.no_such_key=1"], ["--ecn-threshold", "fast"],
+                 ["--ecn-threshold", "0ms"], ["--rate", "none", "--ecn-threshold", "1ms"]):
         one_line_error(fabric("up", name, *args, check=False))
         assert not fab_mod.state_path(name).exists()
         assert namespaces(name + "-") == set()
@@ -486,6 +487,52 @@ def test_jumbo_fabric_with_host_sysctls(make_fabric):
     assert sent == received and sent.startswith(str(4 << 20))
     tx = _sent(net, "h1", "fd00:0:2::/64")
     assert len(tx) == 2 and all(v > 0 for v in tx.values()), tx
+
+
+def _ecn_marks(net) -> dict[str, dict]:
+    """direction (l1>s1 ...) -> the marker's counters, from `fabric show -j`."""
+    shown = json.loads(fabric("show", net.name, "-j").stdout)
+    return {e["ecn"]["direction"]: e["ecn"] for lk in shown["links"] for e in lk["ends"] if e.get("ecn")}
+
+
+def _nstat(net, node, key) -> int:
+    out = json.loads(net.exec(node, ["nstat", "-asz", "--json"]).stdout)
+    return int(out.get("kernel", out).get(key, 0))
+
+
+def test_ecn_marking_switches_and_tcp_hears_the_marks(make_fabric):
+    """--ecn-threshold: the switches' queues mark CE (bpf/ecn_mark.c), on
+    plain ECMP and through mrc-ebpf's tunnel, whose RX carries the outer
+    mark to the inner packet.  The witness is the sending kernel's TCP:
+    TCPDeliveredCE counts the marks the receiver's TCP echoed back."""
+    net = make_fabric("--spines", "2", "--leaves", "2", "--rate", "50mbit", "--ecn-threshold", "1ms",
+                      "--host-sysctl", "net.ipv4.tcp_ecn=1")
+    assert net.show["ecn_threshold"] == "1ms"
+    from mrc_ebpf import ecn_marks
+    assert ecn_marks.pin_path(net.name).exists()
+    filters = net.exec("l1", ["tc", "filter", "show", "dev", "s1", "egress"]).stdout
+    assert "mrc_ecn_mark" in filters
+    marks = _ecn_marks(net)
+    assert set(marks) == {"s1>l1", "s1>l2", "s2>l1", "s2>l2", "l1>s1", "l1>s2", "l2>s1", "l2>s2"}
+
+    for mode in ("ecmp", "mrc"):
+        if mode == "mrc":
+            fabric("attach", net.name, "--policy", "rr")
+        before = _ecn_marks(net)
+        ce_before = _nstat(net, "h1", "TcpExtTCPDeliveredCE")
+        sent, received = _xfer(net, "h1", "h2", "fd00:0:2::1", nbytes=8 << 20)
+        assert sent == received and sent.startswith(str(8 << 20))
+        after = _ecn_marks(net)
+        up = {d: after[d]["marked"] - before[d]["marked"] for d in after}
+        # the bottleneck is where h1's leaf sends into the spines
+        assert up["l1>s1"] + up["l1>s2"] > 0, (mode, up)
+        for d, q in after.items():
+            assert q["marked"] <= q["ect"] <= q["packets"], (d, q)
+        assert _nstat(net, "h1", "TcpExtTCPDeliveredCE") > ce_before, mode
+    c = json.loads(mrcctl("stats", "-j", netns=net.ns("h2")).stdout)["counters"]
+    assert c["rx_ce"] > 0 and c["rx_drop_ecn"] == 0
+    fabric("down", net.name)
+    assert not ecn_marks.pin_path(net.name).exists()
 
 
 def test_attach_usid_over_two_planes(make_fabric):

@@ -57,3 +57,19 @@ def test_tlv_struct_matches_c():
             [(n, o, s) for n, o, s in flatten(layout.MrcTlv)]
     finally:
         module.cleanup()
+
+
+def test_ecn_marker_queue_matches_c():
+    """The fabric's ECN marker (bpf/ecn_mark.c) against its mirror in
+    mrc_ebpf/ecn_marks.py, which reads the pinned map later."""
+    from bcc import BPF
+    from mrc_ebpf import ecn_marks
+    module = BPF(src_file=str(ecn_marks.SOURCE).encode())
+    try:
+        table = module[ecn_marks.MAP.encode()]
+        assert [(n, o, s) for n, o, s in flatten(table.Leaf)] == \
+            [(n, o, s) for n, o, s in flatten(ecn_marks.Queue)]
+        assert ctypes.sizeof(table.Key) == ctypes.sizeof(ecn_marks.QueueKey)
+        assert [(n, o) for n, o, _ in flatten(table.Key)][:1] == [("mac", 0)]
+    finally:
+        module.cleanup()
