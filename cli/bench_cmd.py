@@ -28,13 +28,16 @@ from mrc_ebpf.bench.runner import DEFAULT_CC, DEFAULT_HOST_SYSCTLS, SCENARIOS
 @click.option("--mtu", type=int, metavar="BYTES",
               help="Link MTU of every fabric the scenarios build (default: each scenario's own; "
                    "spray-vs-ecmp runs 1500 and 9000).")
+@click.option("--ecn-threshold", "ecn_threshold", metavar="TIME|none",
+              help="Where the fabric's switches mark ECN (collisions: default 1ms; none: no "
+                   "marking, loss is the only congestion signal). Scenarios without marking ignore it.")
 @click.option("-j", "--json", "json_", is_flag=True, help="Print the JSON document(s) instead of tables.")
-def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, json_):
+def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_threshold, json_):
     """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):
     JSON + PNG under --out and a table of min/median/max."""
     from mrc_ebpf.bench import runner
     names = list(SCENARIOS) if scenario == "all" else [scenario]
     docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_, congestion=congestion,
-                          host_sysctls=list(host_sysctls) or None, mtu=mtu)
+                          host_sysctls=list(host_sysctls) or None, mtu=mtu, ecn_threshold=ecn_threshold)
     if json_:
         click.echo(json.dumps(docs if scenario == "all" else docs[0], indent=2, sort_keys=True))

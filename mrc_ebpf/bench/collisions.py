@@ -23,7 +23,11 @@ mrc (spraying by `mrc_policy` over the K spines on every host).  The
 hosts' TCP retransmissions and RTOs over each kind's rounds (nstat deltas
 summed over the hosts) say what the tail is made of: one RTO (at least
 the RTT plus tcp_rto_min, 200 ms unless the host sysctls lower it) can
-decide a round.  In mrc mode, path_events counts the paths the hosts took
+decide a round.  The switches mark ECN above `ecn_threshold` of queue
+(`mrcctl fabric up --ecn-threshold`) and the hosts ask for ECN, so the
+senders hear of a queue before it overflows; "CE heard" counts the
+packets the senders' TCP learnt were marked (TCPDeliveredCE), which
+through mrc-ebpf needs its RX to carry the outer mark inwards.  In mrc mode, path_events counts the paths the hosts took
 out of the spray during the kind's rounds (`mrcctl stats --events`), and
 how each came back: nothing fails here, so each down is a queue's delay
 ("late": its packets arrived after all) or loss taken for a dead path.
@@ -50,6 +54,11 @@ def params(short: bool) -> dict:
             # jumbo frames, as GPU fabrics run (headers cost 2.5%, not 14%);
             # `bytes`: TCP's segments are not all full at this MTU
             "mtu": 9000, "mrc_policy": "bytes", "transport": "TCP, one connection per host pair",
+            # the switches mark CE above 1 ms of queue (a little more than one
+            # 9000-byte frame at 100 Mbit/s) and the hosts ask for ECN (in
+            # every mode), as datacenter fabrics run: congestion is signalled
+            # before a queue overflows.  None: loss is the only signal.
+            "ecn_threshold": "1ms",
             "ideal": "bytes one leaf sends the other per round / (spines x rate)"}
 
 
@@ -120,7 +129,7 @@ def _round(conns, transfers, size):
     return times
 
 
-TCP_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts")
+TCP_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPDeliveredCE")
 
 
 def _tcp_counters(env, fab, hosts) -> dict:
@@ -160,8 +169,9 @@ def run(p: dict, env) -> dict:
     left, right = list(range(1, H + 1)), list(range(H + 1, 2 * H + 1))
     pairs = [(a, b) for a in left for b in right] + [(b, a) for a in left for b in right]
     results = {}
-    with fabric("col", spines=p["spines"], leaves=2, hosts_per_leaf=H, rate=p["rate"],
-                mtu=p["mtu"], host_sysctls=p["host_sysctls"]) as fab:
+    sysctls = list(p["host_sysctls"]) + (["net.ipv4.tcp_ecn=1"] if p.get("ecn_threshold") else [])
+    with fabric("col", spines=p["spines"], leaves=2, hosts_per_leaf=H, rate=p["rate"], mtu=p["mtu"],
+                host_sysctls=sysctls, ecn_threshold=p.get("ecn_threshold")) as fab:
         for mi, mode in enumerate(p["modes"]):
             if mode == "mrc":
                 log(f"collisions: attaching MRC on every host ({p['mrc_policy']})")
@@ -197,6 +207,7 @@ def run(p: dict, env) -> dict:
                                  "round_p99_over_ideal": percentile(rounds, 0.99) / ideal,
                                  "retransmits": after["TcpRetransSegs"] - before["TcpRetransSegs"],
                                  "rtos": after["TcpExtTCPTimeouts"] - before["TcpExtTCPTimeouts"],
+                                 "ce_delivered": after["TcpExtTCPDeliveredCE"] - before["TcpExtTCPDeliveredCE"],
                                  "message_times_ms": [round(x, 3) for x in msgs], "round_times_ms": rounds}
                     if mode == "mrc":
                         ev = _path_events(env, fab, left + right, t_from, t_to)
@@ -214,7 +225,7 @@ def run(p: dict, env) -> dict:
 
 def table(results: dict):
     headers = ["mode", "round kind", "msgs/round", "msg p50 ms", "msg p99 ms", "msg max ms",
-               "round ms", "round p99 ms", "ideal ms", "p99/ideal", "retrans", "RTOs", "path downs"]
+               "round ms", "round p99 ms", "ideal ms", "p99/ideal", "retrans", "RTOs", "CE heard", "path downs"]
     rows = []
     for mode, per in results["modes"].items():
         for kind, s in per.items():
@@ -222,6 +233,7 @@ def table(results: dict):
                          f"{s['message_ms']['p99']:.1f}", f"{s['message_ms']['max']:.1f}",
                          fmt3(s["round_ms"]), f"{s['round_p99_ms']:.1f}", f"{s['ideal_ms']:.1f}",
                          f"{s['round_p99_over_ideal']:.2f}", s.get("retransmits", ""), s.get("rtos", ""),
+                         s.get("ce_delivered", ""),
                          "-" if s.get("path_downs", "") is None else s.get("path_downs", "")])
     return headers, rows
 

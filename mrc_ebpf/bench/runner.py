@@ -192,14 +192,16 @@ def no_interrupt():
 
 @contextlib.contextmanager
 def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, rate: str | None = "100mbit",
-           host_rate: str | None = None, mtu: int = 1500, host_sysctls=()):
+           host_rate: str | None = None, mtu: int = 1500, host_sysctls=(), ecn_threshold: str | None = None):
     """A fabric of its own (unique name), always removed on the way out."""
     from .. import fabric as fab_mod
     name = unique_name(tag)
     MADE.append(name)
     log(f"fabric {name}: {spines} spines x {leaves} leaves x {hosts_per_leaf} hosts, rate {rate}, "
-        f"MTU {mtu}{''.join(', ' + kv for kv in host_sysctls)}")
-    fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, "srh", mtu, list(host_sysctls))
+        f"MTU {mtu}{f', ECN marking above {ecn_threshold}' if ecn_threshold else ''}"
+        f"{''.join(', ' + kv for kv in host_sysctls)}")
+    fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, "srh", mtu, list(host_sysctls),
+               ecn_threshold)
     try:
         yield fab_mod.Fabric(fab_mod.load(name)["spec"])
     finally:
@@ -283,7 +285,7 @@ DEFAULT_HOST_SYSCTLS = tuple(
 
 def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-results",
                  repeat: int | None = None, quiet: bool = False, congestion: str = DEFAULT_CC,
-                 host_sysctls=None, mtu: int | None = None) -> dict:
+                 host_sysctls=None, mtu: int | None = None, ecn_threshold: str | None = None) -> dict:
     mod = module(scenario)
     plt = _plt()                      # fail before measuring, not after
     if os.geteuid() != 0:
@@ -303,6 +305,13 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
             mod.set_mtu(p, mtu)
         elif "mtu" in p:            # (cost builds no fabric)
             p["mtu"] = mtu
+    if ecn_threshold is not None and "ecn_threshold" in p:
+        if ecn_threshold == "none":
+            p["ecn_threshold"] = None
+        else:
+            from ..ecn_marks import parse_threshold
+            parse_threshold(ecn_threshold)
+            p["ecn_threshold"] = ecn_threshold
     if getattr(mod, "USES_TCP", True):
         from ..perf_control import check_congestion
         check_congestion(congestion)       # before any fabric is built
