@@ -29,8 +29,9 @@ from mrc_ebpf.bench.runner import DEFAULT_CC, DEFAULT_HOST_SYSCTLS, SCENARIOS
               help="Link MTU of every fabric the scenarios build (default: each scenario's own; "
                    "spray-vs-ecmp runs 1500 and 9000).")
 @click.option("--ecn-threshold", "ecn_threshold", metavar="TIME|none",
-              help="Where the fabric's switches mark ECN (collisions: default 1ms; none: no "
-                   "marking, loss is the only congestion signal). Scenarios without marking ignore it.")
+              help="Where the fabric's switches mark ECN, for collisions (default 1ms) and failover "
+                   "(default none: no marking, loss is the only congestion signal); the other "
+                   "scenarios ignore it.")
 @click.option("-j", "--json", "json_", is_flag=True, help="Print the JSON document(s) instead of tables.")
 def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_threshold, json_):
     """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):

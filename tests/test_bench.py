@@ -61,6 +61,7 @@ def _load(runs, name):
     assert doc["params"].get("tcp_congestion") == (None if name == "cost" else "cubic")
     # and every fabric host the run's sysctls (the default set here)
     assert doc["params"].get("host_sysctls") == (None if name == "cost" else list(DEFAULT_HOST_SYSCTLS))
+    assert doc["params"].get("ecn_threshold") == {"collisions": "1ms"}.get(name)
     return doc["results"]
 
 
@@ -145,6 +146,19 @@ def test_collisions(runs):
     for s in r["modes"]["mrc"].values():
         ev = s["path_events"]                                           # read from every host
         assert ev is not None and ev["down"] == s["path_downs"] and min(ev.values()) >= 0
+    # the switches marked and the senders' TCP heard it: through mrc-ebpf's
+    # tunnel only because its RX carries the outer CE to the inner packet
+    assert r["modes"]["mrc"]["permutation"]["ce_delivered"] > 0
+    assert r["modes"]["ecmp"]["permutation"]["ce_delivered"] > 0
+
+
+def test_bad_ecn_threshold_is_one_line_and_builds_nothing():
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    r = subprocess.run([sys.executable, "-m", "cli.mrcctl", "bench", "collisions", "--ecn-threshold", "soon"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "mrcctl: error: bad ECN threshold 'soon': a time such as 1ms or 500us"], r.stderr
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
 
 
 def test_reorder(runs):

@@ -169,9 +169,8 @@ def run(p: dict, env) -> dict:
     left, right = list(range(1, H + 1)), list(range(H + 1, 2 * H + 1))
     pairs = [(a, b) for a in left for b in right] + [(b, a) for a in left for b in right]
     results = {}
-    sysctls = list(p["host_sysctls"]) + (["net.ipv4.tcp_ecn=1"] if p.get("ecn_threshold") else [])
     with fabric("col", spines=p["spines"], leaves=2, hosts_per_leaf=H, rate=p["rate"], mtu=p["mtu"],
-                host_sysctls=sysctls, ecn_threshold=p.get("ecn_threshold")) as fab:
+                host_sysctls=p["host_sysctls"], ecn_threshold=p["ecn_threshold"]) as fab:
         for mi, mode in enumerate(p["modes"]):
             if mode == "mrc":
                 log(f"collisions: attaching MRC on every host ({p['mrc_policy']})")

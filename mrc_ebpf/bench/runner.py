@@ -193,8 +193,11 @@ def no_interrupt():
 @contextlib.contextmanager
 def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, rate: str | None = "100mbit",
            host_rate: str | None = None, mtu: int = 1500, host_sysctls=(), ecn_threshold: str | None = None):
-    """A fabric of its own (unique name), always removed on the way out."""
+    """A fabric of its own (unique name), always removed on the way out.
+    With ECN marking the hosts ask for ECN (net.ipv4.tcp_ecn=1) too."""
     from .. import fabric as fab_mod
+    if ecn_threshold:
+        host_sysctls = [*host_sysctls, "net.ipv4.tcp_ecn=1"]
     name = unique_name(tag)
     MADE.append(name)
     log(f"fabric {name}: {spines} spines x {leaves} leaves x {hosts_per_leaf} hosts, rate {rate}, "
