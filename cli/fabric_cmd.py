@@ -5,6 +5,7 @@ Group prints as one line and exit 1.  Names and addresses: mrc_ebpf/fabric.py.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -44,7 +45,15 @@ class _DashDash(click.Command):
 
 
 def _name_arg(f):
-    return click.argument("name", required=False, default=fab_mod.DEFAULT_NAME)(f)
+    """NAME as an argument, or as -n/--name like exec, fail and heal take it."""
+    @functools.wraps(f)
+    def with_name(*args, name=None, name_opt=None, **kw):
+        if name and name_opt and name != name_opt:
+            raise MrcError(f"two fabric names, {name} and -n {name_opt}: give one")
+        return f(*args, name=name or name_opt or fab_mod.DEFAULT_NAME, **kw)
+    with_name = click.option("-n", "--name", "name_opt", metavar="NAME",
+                             help=f"Fabric name, as NAME (default {fab_mod.DEFAULT_NAME}).")(with_name)
+    return click.argument("name", required=False)(with_name)
 
 
 def _name_opt(f):

@@ -149,6 +149,8 @@ def test_up_show_down_round_trip(make_fabric):
     # human output says the same
     text = fabric("show", net.name).stdout
     assert "fc00:0:e003::" in text and "s2-l2" in text
+    # -n NAME as exec, fail and heal take it
+    assert json.loads(fabric("show", "-n", net.name, "-j").stdout)["namespaces"] == d["namespaces"]
 
     out = json.loads(fabric("down", net.name, "-j").stdout)
     assert out["removed"] == 8
@@ -189,6 +191,7 @@ def test_bad_arguments_fail_cleanly(make_fabric):
     one_line_error(fabric("fail", "-n", net.name, "s1-l1", "--mode", "loss=2", check=False))
     one_line_error(fabric("heal", "-n", net.name, "q1", check=False))
     one_line_error(fabric("show", "nosuchfabric", check=False))
+    assert "two fabric names" in one_line_error(fabric("show", net.name, "-n", "other", check=False))
     state = json.loads(fab_mod.state_path(net.name).read_text())
     assert state["faults"] == []
 

@@ -229,7 +229,6 @@ def test_late_packets_widen_the_window(spray):
     (--reorder-max-us 0) take the slow path down every burst."""
     fixed_downs, fixed_events, _ = _bursts_over_a_slow_path(spray, "--reorder-max-us", "0")
     learnt_downs, learnt_events, status = _bursts_over_a_slow_path(spray)
-    for e in learnt_events: print("EV", e["type"], e["path_id"], e["after_us"], e["ns"])
     print(f"slow path downs: {fixed_downs} with a fixed window, {learnt_downs} learning;"
           f" windows: {status['ack_windows']}")
     assert fixed_downs >= 5 and any(e["type"] == "late" for e in fixed_events)
