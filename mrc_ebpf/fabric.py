@@ -703,16 +703,16 @@ def describe(name: str) -> dict:
         switches.append(sw)
     queues = (ecn_marks.read(name) or {}) if live and state.get("ecn_marking") else {}
     by_end = {(d["ns"], d["dev"]): queues.get(mac) for mac, d in state.get("ecn_marking", {}).items()}
+
+    def with_marks(end: dict, other: dict) -> dict:
+        """The end, with the marks its device's queue gave, sending towards other."""
+        q = by_end.get((end["ns"], end["dev"]))
+        return end if q is None else dict(end, ecn={"packets": q.packets, "ect": q.ect, "marked": q.marked,
+                                                    "direction": f"{end['node']}>{other['node']}"})
     links = []
     for lk in fab.links():
         entry = {k: lk[k] for k in ("name", "kind", "plane", "rate")}
-        entry["ends"] = [lk["a"], lk["b"]]
-        for end, other in ((lk["a"], lk["b"]), (lk["b"], lk["a"])):
-            q = by_end.get((end["ns"], end["dev"]))
-            if q is not None:       # the queue of end's device, sending towards other
-                end = dict(end, ecn={"packets": q.packets, "ect": q.ect, "marked": q.marked,
-                                     "direction": f"{end['node']}>{other['node']}"})
-                entry["ends"][0 if other is lk["b"] else 1] = end
+        entry["ends"] = [with_marks(lk["a"], lk["b"]), with_marks(lk["b"], lk["a"])]
         entry["faults"] = []
         for f in state.get("faults", []):
             for me, other in ((lk["a"], lk["b"]), (lk["b"], lk["a"])):
