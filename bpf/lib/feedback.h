@@ -218,7 +218,11 @@ static __always_inline void feedback_ack(__u32 peer_id, __u32 block, __u64 heard
 	if (!acks)
 		return;
 	acks->last_ns = now;
-	/* the named path, exactly (the block's figure is a lower bound) */
+	/* the named path, exactly (the block's figure is a lower bound).
+	 * The caller checked path_id, so clang drops the mask; a verifier
+	 * that does not carry a check to a spilled copy (6.1) then sees an
+	 * unbounded index: keep the mask on the register that indexes. */
+	barrier_var(path_id);
 	ns = &acks->ns[path_id & (MRC_MAX_PATHS - 1)];
 	if (path_tx32 && *ns < exact)
 		*ns = exact;
