@@ -23,7 +23,7 @@
 /* One entry per marking device, keyed by its MAC address: the source
  * address of every frame it sends, and unique across the fabric's
  * namespaces where ifindexes are not.  Mirrored by ecn_marks.Queue
- * (tests/test_fabric.py checks it against this one). */
+ * (tests/test_layout.py checks it against this one). */
 struct ecn_queue_key {
 	__u8	mac[ETH_ALEN];
 	__u16	pad;
