@@ -24,7 +24,7 @@ vm-test: setup
 	$(PY) vm_tests/run.py --tests '$(or $(TESTS),vm_tests)' $(if $(KERNEL),--kernel $(KERNEL))
 
 bench: setup
-	$(PY) -m cli.mrcctl bench all
+	$(PY) -m mrc_ebpf.cli.mrcctl bench all
 
 clean:
 	rm -rf .venv *.egg-info .pytest_cache bench-results vm_tests/out

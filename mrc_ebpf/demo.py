@@ -17,14 +17,14 @@ import threading
 import time
 
 NAME = "demo"
-MRCCTL = [sys.executable, "-m", "cli.mrcctl"]
+MRCCTL = [sys.executable, "-m", "mrc_ebpf.cli.mrcctl"]
 
 
 def step(text: str) -> None:
     print(f"\n\033[1m== {text}\033[0m", flush=True)
 
 
-MRC_PERF = [sys.executable, "-m", "cli.mrc_perf"]
+MRC_PERF = [sys.executable, "-m", "mrc_ebpf.cli.mrc_perf"]
 
 
 def show(args: list[str]) -> str:

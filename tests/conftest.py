@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from mrc_ebpf.topology import Diamond, KernelPeerLine, Topology, timeout_scale
+from mrc_ebpf.lab.topology import Diamond, KernelPeerLine, Topology, timeout_scale
 
 ROOT = Path(__file__).resolve().parent.parent
-MRCCTL = [sys.executable, "-m", "cli.mrcctl"]
+MRCCTL = [sys.executable, "-m", "mrc_ebpf.cli.mrcctl"]
 XFER = [sys.executable, str(ROOT / "tests" / "tools" / "xfer.py")]
 INJECT = [sys.executable, str(ROOT / "tests" / "tools" / "inject.py")]
 

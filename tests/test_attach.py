@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import mrcctl
-from mrc_ebpf import pins
+from mrc_ebpf.datapath import pins
 
 pytestmark = pytest.mark.root
 
@@ -123,8 +123,8 @@ def test_not_root_is_refused(tmp_path):
     the CLI, report through a pipe."""
     import os
     from click.testing import CliRunner
-    from cli.mrcctl import cli
-    import mrc_ebpf.datapath  # noqa: F401  (imported lazily by the verb)
+    from mrc_ebpf.cli.mrcctl import cli
+    import mrc_ebpf.datapath.loader  # noqa: F401  (imported lazily by the verb)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:

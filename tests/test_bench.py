@@ -29,7 +29,7 @@ def runs(tmp_path_factory):
             while pending and len(running) < PARALLEL:
                 name = pending.pop(0)
                 running[name] = subprocess.Popen(
-                    [sys.executable, "-m", "cli.mrcctl", "bench", name, "--short", "--out", str(out / name)],
+                    [sys.executable, "-m", "mrc_ebpf.cli.mrcctl", "bench", name, "--short", "--out", str(out / name)],
                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for name, proc in list(running.items()):
                 if proc.poll() is not None:
@@ -154,7 +154,7 @@ def test_collisions(runs):
 
 def test_bad_ecn_threshold_is_one_line_and_builds_nothing():
     before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    r = subprocess.run([sys.executable, "-m", "cli.mrcctl", "bench", "collisions", "--ecn-threshold", "soon"],
+    r = subprocess.run([sys.executable, "-m", "mrc_ebpf.cli.mrcctl", "bench", "collisions", "--ecn-threshold", "soon"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         "mrcctl: error: bad ECN threshold 'soon': a time such as 1ms or 500us"], r.stderr

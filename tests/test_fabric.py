@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, UDP_SEND, XFER, mrcctl
-from mrc_ebpf import fabric as fab_mod
+from mrc_ebpf.lab import fabric as fab_mod
 
 pytestmark = pytest.mark.root
 
@@ -198,7 +198,7 @@ def test_bad_arguments_fail_cleanly(make_fabric):
 
 def test_exec_passes_exit_code(make_fabric):
     net = make_fabric("--spines", "1", "--leaves", "1")
-    r = subprocess.run([*[sys.executable, "-m", "cli.mrcctl"], "fabric", "exec", "-n", net.name, "h1", "--",
+    r = subprocess.run([*[sys.executable, "-m", "mrc_ebpf.cli.mrcctl"], "fabric", "exec", "-n", net.name, "h1", "--",
                         "sh", "-c", "ip -6 addr show dev lo | grep -q fd00:0:1::1 && exit 7"],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 7, r.stderr
@@ -511,7 +511,7 @@ def test_ecn_marking_switches_and_tcp_hears_the_marks(make_fabric):
     net = make_fabric("--spines", "2", "--leaves", "2", "--rate", "50mbit", "--ecn-threshold", "1ms",
                       "--host-sysctl", "net.ipv4.tcp_ecn=1")
     assert net.show["ecn_threshold"] == "1ms"
-    from mrc_ebpf import ecn_marks
+    from mrc_ebpf.lab import ecn_marks
     assert ecn_marks.pin_path(net.name).exists()
     filters = net.exec("l1", ["tc", "filter", "show", "dev", "s1", "egress"]).stdout
     assert "mrc_ecn_mark" in filters
@@ -617,7 +617,7 @@ def test_down_all_in_its_own_state_dir(tmp_path, monkeypatch):
 
 
 def test_gray_loss_on_a_node_is_shown_counted_and_removed_by_down(make_fabric):
-    from mrc_ebpf import faults
+    from mrc_ebpf.lab import faults
     net = make_fabric("--spines", "2", "--leaves", "2")
     out = json.loads(fabric("fail", "-n", net.name, "s1", "--mode", "loss=0.5", "-j").stdout)
     # both directions of both of s1's links: the receiving end of each
@@ -682,7 +682,7 @@ def _arm(net, target="s1>l2"):
 
 
 def _first_drop_ns(net):
-    from mrc_ebpf import faults
+    from mrc_ebpf.lab import faults
     return faults.status(net.ns("l2"), "s1")["first_drop_ns"]
 
 

@@ -11,15 +11,16 @@ import time
 
 import pytest
 
-from mrc_ebpf import faults, pins
+from mrc_ebpf.lab import faults
+from mrc_ebpf.datapath import pins
 from mrc_ebpf.errors import MrcError
-from mrc_ebpf.topology import timeout_scale
+from mrc_ebpf.lab.topology import timeout_scale
 
 from conftest import ROOT, UDP_SEND
 
 pytestmark = pytest.mark.root
 
-FAULTS_CLI = [sys.executable, "-m", "mrc_ebpf.faults"]
+FAULTS_CLI = [sys.executable, "-m", "mrc_ebpf.lab.faults"]
 # UDP GSO (UDP_SEGMENT): one send is one skb of SEGMENTS datagrams, which
 # veths and R's forwarding carry whole, as they do a TCP sender's TSO bursts
 GSO_SEND = """import socket, sys, time

@@ -16,7 +16,7 @@ from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from mrc_ebpf import wire
+from mrc_ebpf.datapath import wire
 
 pytestmark = pytest.mark.root
 

@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from mrc_ebpf import layout
+from mrc_ebpf.datapath import layout
 
 pytestmark = pytest.mark.root
 
@@ -24,7 +24,7 @@ def flatten(ct, base=0, prefix=""):
 
 @pytest.fixture(scope="module")
 def compiled():
-    from mrc_ebpf.datapath import compile_datapath
+    from mrc_ebpf.datapath.loader import compile_datapath
     module, *_ = compile_datapath()
     yield module
     module.cleanup()
@@ -46,7 +46,7 @@ def test_map_layouts_match_c(compiled, name):
 def test_tlv_struct_matches_c():
     """struct mrc_tlv is not a map value; compile a probe that exposes it."""
     from bcc import BPF
-    from mrc_ebpf import source
+    from mrc_ebpf.datapath import source
     text = "\n".join([f'#include "{source.COMMON_HEADER}"',
                       "BPF_ARRAY(probe, struct mrc_tlv, 1);",
                       "int p(void *ctx) { return 0; }"])
@@ -63,7 +63,7 @@ def test_ecn_marker_queue_matches_c():
     """The fabric's ECN marker (bpf/ecn_mark.c) against its mirror in
     mrc_ebpf/ecn_marks.py, which reads the pinned map later."""
     from bcc import BPF
-    from mrc_ebpf import ecn_marks
+    from mrc_ebpf.lab import ecn_marks
     module = BPF(src_file=str(ecn_marks.SOURCE).encode())
     try:
         table = module[ecn_marks.MAP.encode()]

@@ -15,13 +15,13 @@ import pytest
 
 from conftest import ROOT
 from mrc_ebpf.errors import MrcError
-from mrc_ebpf.perf_control import Params
-from mrc_ebpf.perf_udp import UdpReceiver, percentiles
-from mrc_ebpf.perf_units import fmt_bytes, fmt_rate, parse_rate, parse_size
-from mrc_ebpf.topology import timeout_scale
+from mrc_ebpf.perf.control import Params
+from mrc_ebpf.perf.udp import UdpReceiver, percentiles
+from mrc_ebpf.perf.units import fmt_bytes, fmt_rate, parse_rate, parse_size
+from mrc_ebpf.lab.topology import timeout_scale
 
-PERF = [sys.executable, "-m", "cli.mrc_perf"]
-SCHEMA = json.loads((ROOT / "mrc_ebpf" / "perf_schema.json").read_text())
+PERF = [sys.executable, "-m", "mrc_ebpf.cli.mrc_perf"]
+SCHEMA = json.loads((ROOT / "mrc_ebpf" / "perf" / "schema.json").read_text())
 root = pytest.mark.root
 
 

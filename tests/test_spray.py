@@ -146,7 +146,7 @@ def test_256_paths(spray):
 
 def _log2_bucket(v: int) -> int:
     """The datapath's bucket (lib/rx_track.h): 0 for 0, else bit length, capped."""
-    from mrc_ebpf.source import C
+    from mrc_ebpf.datapath.source import C
     return min(v.bit_length(), C["MRC_HIST_BUCKETS"] - 1)
 
 
@@ -155,7 +155,7 @@ def test_reordering_matches_capture(spray, tmp_path):
     arrive late; what B counted equals what scapy computes from a capture
     of what B received, packet for packet."""
     from scapy.utils import rdpcap
-    from mrc_ebpf import wire
+    from mrc_ebpf.datapath import wire
     # a queue far deeper than the acknowledgement timeout: keep failover
     # from taking the slow path down, this test is about reordering
     spray.attach("rr", "--ack-timeout-us", "5000000")

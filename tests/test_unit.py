@@ -7,9 +7,10 @@ import ctypes
 from click.testing import CliRunner
 from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting
 
-from cli.mrcctl import cli
-from mrc_ebpf import layout, paths, source, wire
-from mrc_ebpf.source import C
+from mrc_ebpf.cli.mrcctl import cli
+from mrc_ebpf.datapath import layout, source, wire
+from mrc_ebpf.control import paths
+from mrc_ebpf.datapath.source import C
 
 
 def test_constants_come_from_the_header():

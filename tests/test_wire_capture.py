@@ -12,8 +12,8 @@ from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting
 from scapy.utils import rdpcap
 
 from conftest import mrcctl
-from mrc_ebpf import layout, wire
-from mrc_ebpf.source import C
+from mrc_ebpf.datapath import layout, wire
+from mrc_ebpf.datapath.source import C
 
 pytestmark = pytest.mark.root
 

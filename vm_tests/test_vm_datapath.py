@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import DROP_PATH, Spray, mrcctl  # noqa: E402
 
-from mrc_ebpf.topology import Topology  # noqa: E402
+from mrc_ebpf.lab.topology import Topology  # noqa: E402
 
 pytestmark = pytest.mark.root
 

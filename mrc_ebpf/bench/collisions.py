@@ -39,9 +39,9 @@ import socket
 import threading
 import time
 
-from .. import netns
-from ..perf_control import set_congestion
-from .runner import fmt3, log, mmm, percentile
+from mrc_ebpf.lab import netns
+from mrc_ebpf.perf.control import set_congestion
+from mrc_ebpf.bench.runner import fmt3, log, mmm, percentile
 
 TITLE = "message/round completion in permutation and all-to-all rounds: MRC spraying vs ECMP vs ideal"
 
@@ -161,9 +161,9 @@ def _path_events(env, fab, hosts, t_from: int, t_to: int) -> dict | None:
 
 
 def run(p: dict, env) -> dict:
-    from .. import fabric as fab_mod
-    from ..fabric import parse_rate
-    from .runner import fabric
+    from mrc_ebpf.lab import fabric as fab_mod
+    from mrc_ebpf.lab.fabric import parse_rate
+    from mrc_ebpf.bench.runner import fabric
     H = p["hosts_per_leaf"]
     cap = p["spines"] * parse_rate(p["rate"])
     left, right = list(range(1, H + 1)), list(range(H + 1, 2 * H + 1))

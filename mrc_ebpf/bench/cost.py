@@ -39,10 +39,10 @@ from scapy.layers.inet import UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 
-from .. import bpfsys, layout
-from ..errors import MrcError
-from ..datapath import compile_datapath
-from ..paths import MAX_CLASSES, POLICIES, flowlabel, peer_key
+from mrc_ebpf.datapath import bpfsys, layout
+from mrc_ebpf.errors import MrcError
+from mrc_ebpf.datapath.loader import compile_datapath
+from mrc_ebpf.control.paths import MAX_CLASSES, POLICIES, flowlabel, peer_key
 
 SID, PEER_SID = "fc00:a::1", "fc00:b::1"
 
@@ -189,7 +189,7 @@ def _flood(env, ns, seconds: float, port: int) -> dict:
 
 
 def run(p: dict, env) -> dict:
-    from .runner import log, mmm, namespaces
+    from mrc_ebpf.bench.runner import log, mmm, namespaces
     log(f"cost: BPF_PROG_TEST_RUN, {p['runs']} runs per point")
     progs = measure(p["runs"], tuple(p["policies"]), p["repeat"])
     prog_rows = []
@@ -248,7 +248,7 @@ def run(p: dict, env) -> dict:
 
 
 def table(results: dict):
-    from .runner import fmt3
+    from mrc_ebpf.bench.runner import fmt3
     headers = ["what", "setting", "TX ns/pkt", "RX ns/pkt", "pps", "payload Gbit/s", "vs none"]
     rows = [("prog_test_run", f"{r['policy']}, {r['paths']} paths", fmt3(r["tx_ns_median"]),
              fmt3(r["rx_ns_median"]), "", "", "") for r in results["prog_test_run"]]

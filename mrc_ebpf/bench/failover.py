@@ -95,9 +95,9 @@ import socket
 import tempfile
 import time
 
-from .. import netns
-from .flowtool import read_log
-from .runner import PY, fmt3, log, mmm
+from mrc_ebpf.lab import netns
+from mrc_ebpf.bench.flowtool import read_log
+from mrc_ebpf.bench.runner import PY, fmt3, log, mmm
 
 TITLE = "goodput across a far-side black hole of 1 of 4 paths: MRC failover vs kernel ECMP"
 NSTAT_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes", "TcpExtTCPSpuriousRTOs",
@@ -126,13 +126,13 @@ def _arm(fab_mod, fab):
 def _disarm(fab):
     """Back to the armed state (practically no drops) between runs: one map
     write again, not a heal and a new inject (a bcc compile each)."""
-    from .. import faults
+    from mrc_ebpf.lab import faults
     faults.rearm(fab.ns("l2"), "s1", "loss", 1e-9)
 
 
 def _trigger(fab):
     """Switch the armed fault to blackhole: one write to its pinned config."""
-    from .. import faults
+    from mrc_ebpf.lab import faults
     a = time.monotonic_ns()
     faults.rearm(fab.ns("l2"), "s1", "blackhole")
     b = time.monotonic_ns()
@@ -536,9 +536,9 @@ def _exclusion(evs, dead_path, t_fail, first_loss, end_ns):
 # --------------------------------------------------------------------------- run
 
 def run(p: dict, env) -> dict:
-    from .. import fabric as fab_mod
-    from ..fabric import parse_rate
-    from .runner import fabric
+    from mrc_ebpf.lab import fabric as fab_mod
+    from mrc_ebpf.lab.fabric import parse_rate
+    from mrc_ebpf.bench.runner import fabric
     p["rate_bps"] = parse_rate(p["rate"])
     K = p["spines"]
     runs = {m: {proto: [] for proto in p["protocols"]} for m in p["modes"]}

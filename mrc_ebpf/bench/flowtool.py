@@ -49,7 +49,7 @@ import sys
 import time
 from array import array
 
-from ..perf_control import set_congestion
+from mrc_ebpf.perf.control import set_congestion
 
 
 HDR = struct.Struct("!IQQ")       # flow, seq, sent_ns

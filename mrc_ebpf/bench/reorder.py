@@ -69,7 +69,7 @@ import statistics
 import subprocess
 import time
 
-from .runner import PY, fmt3, log, mmm
+from mrc_ebpf.bench.runner import PY, fmt3, log, mmm
 
 TITLE = "TCP goodput and reordering over 4 sprayed paths as one path's queueing delay grows"
 NSTAT_KEYS = ("TcpExtTCPSACKReorder", "TcpExtTCPTSReorder", "TcpExtTCPRenoReorder", "TcpRetransSegs",
@@ -114,7 +114,7 @@ def _hist_mean(hist):
 
 
 def _diff(a, b, sender_sid):
-    from ..stats import percentile
+    from mrc_ebpf.control.stats import percentile
     out = {"paths": [], "reordered": 0, "packets": 0, "reorder_hist": None}
     before = {(x["from"], x["path_id"]): x for x in a["received"]}
     for x in b["received"]:
@@ -217,9 +217,9 @@ def _bg_up(env, fab, bgns):
 # --------------------------------------------------------------------------- run
 
 def run(p: dict, env) -> dict:
-    from .. import fabric as fab_mod
-    from ..fabric import QUEUE_LATENCY, parse_rate
-    from .runner import fabric
+    from mrc_ebpf.lab import fabric as fab_mod
+    from mrc_ebpf.lab.fabric import QUEUE_LATENCY, parse_rate
+    from mrc_ebpf.bench.runner import fabric
     rate = parse_rate(p["rate"])
     cap = p["spines"] * rate
     burst = max(rate // 8 // 1000, 3200)

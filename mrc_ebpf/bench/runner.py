@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import MrcError
+from mrc_ebpf.errors import MrcError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "cost",
@@ -120,10 +120,10 @@ class Env:
 
     # -- mrcctl / mrc-perf / nstat
     def mrcctl(self, ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return self.run(None, [PY, "-m", "cli.mrcctl", "--netns", ns, *args], check=check)
+        return self.run(None, [PY, "-m", "mrc_ebpf.cli.mrcctl", "--netns", ns, *args], check=check)
 
     def perf_server(self, ns: str, port: int, bind: str) -> subprocess.Popen:
-        return self.popen(ns, [PY, "-m", "cli.mrc_perf", "-s", "-1", "-p", str(port), "-B", bind, "-J"])
+        return self.popen(ns, [PY, "-m", "mrc_ebpf.cli.mrc_perf", "-s", "-1", "-p", str(port), "-B", bind, "-J"])
 
     def perf_client(self, ns: str, host: str, port: int, args: list[str], timeout: float) -> dict:
         """Run mrc-perf -c, retrying while the server is not yet listening."""
@@ -131,7 +131,7 @@ class Env:
         if self.cc and "-u" not in args:
             args = [*args, "-C", self.cc]
         while True:
-            r = self.run(ns, [PY, "-m", "cli.mrc_perf", "-c", host, "-p", str(port), "-J", "-i", "0",
+            r = self.run(ns, [PY, "-m", "mrc_ebpf.cli.mrc_perf", "-c", host, "-p", str(port), "-J", "-i", "0",
                               *args], check=False, timeout=timeout)
             if r.returncode == 0 or time.monotonic() > deadline or "refused" not in r.stderr:
                 break
@@ -195,7 +195,7 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
            host_rate: str | None = None, mtu: int = 1500, host_sysctls=(), ecn_threshold: str | None = None):
     """A fabric of its own (unique name), always removed on the way out.
     With ECN marking the hosts ask for ECN (net.ipv4.tcp_ecn=1) too."""
-    from .. import fabric as fab_mod
+    from mrc_ebpf.lab import fabric as fab_mod
     if ecn_threshold:
         host_sysctls = [*host_sysctls, "net.ipv4.tcp_ecn=1"]
     name = unique_name(tag)
@@ -238,7 +238,7 @@ def namespaces(tag: str, nodes: list[str]):
     finally:
         with no_interrupt():
             for ns in made:
-                subprocess.run([PY, "-m", "cli.mrcctl", "--netns", ns, "detach", "--all"],
+                subprocess.run([PY, "-m", "mrc_ebpf.cli.mrcctl", "--netns", ns, "detach", "--all"],
                                capture_output=True, cwd=ROOT, timeout=120)
             for ns in made:
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -301,7 +301,7 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
             raise MrcError("--repeat must be at least 1")
         p["repeat"] = repeat
     if mtu is not None:
-        from ..fabric import MAX_MTU, MIN_MTU
+        from mrc_ebpf.lab.fabric import MAX_MTU, MIN_MTU
         if not MIN_MTU <= mtu <= MAX_MTU:
             raise MrcError(f"--mtu {mtu}: must be {MIN_MTU}..{MAX_MTU}")
         if hasattr(mod, "set_mtu"):
@@ -312,11 +312,11 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
         if ecn_threshold == "none":
             p["ecn_threshold"] = None
         else:
-            from ..ecn_marks import parse_threshold
+            from mrc_ebpf.lab.ecn_marks import parse_threshold
             parse_threshold(ecn_threshold)
             p["ecn_threshold"] = ecn_threshold
     if getattr(mod, "USES_TCP", True):
-        from ..perf_control import check_congestion
+        from mrc_ebpf.perf.control import check_congestion
         check_congestion(congestion)       # before any fabric is built
         p["tcp_congestion"] = congestion
         p["host_sysctls"] = check_sysctls(DEFAULT_HOST_SYSCTLS if host_sysctls is None else host_sysctls)
@@ -358,7 +358,7 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
 
 
 def check_sysctls(items) -> list[str]:
-    from ..fabric import SYSCTL_RE
+    from mrc_ebpf.lab.fabric import SYSCTL_RE
     for kv in items:
         if not SYSCTL_RE.match(kv):
             raise MrcError(f"bad --host-sysctl {kv!r}: net.KEY=VALUE")

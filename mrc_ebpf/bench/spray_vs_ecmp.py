@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 
-from .runner import fmt3, log, mmm
+from mrc_ebpf.bench.runner import fmt3, log, mmm
 
 TITLE = "TCP goodput, fraction of K x rate: MRC spraying vs kernel ECMP vs one path"
 MODES = ("ecmp", "rr", "bytes", "adaptive", "single")
@@ -85,7 +85,7 @@ def _ceilings(env, fab, modes) -> dict:
 
 
 def run(p: dict, env) -> dict:
-    from ..fabric import parse_rate
+    from mrc_ebpf.lab.fabric import parse_rate
     capacity = p["spines"] * parse_rate(p["rate"])
     by_mtu = {str(mtu): _run_mtu(p, env, mtu, capacity) for mtu in p["mtus"]}
     notes = []
@@ -99,8 +99,8 @@ def run(p: dict, env) -> dict:
 
 
 def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
-    from .. import fabric as fab_mod
-    from .runner import fabric
+    from mrc_ebpf.lab import fabric as fab_mod
+    from mrc_ebpf.bench.runner import fabric
     flows = p["flows"][str(mtu)]
     raw = {m: {str(n): [] for n in flows} for m in p["modes"]}
     port = 5400 + mtu % 1000

@@ -14,7 +14,7 @@ import sys
 
 from bcc import BPF
 
-from mrc_ebpf.source import COMMON_HEADER
+from mrc_ebpf.datapath.source import COMMON_HEADER
 
 iface = sys.argv[1]
 drop_all = sys.argv[2] == "all"

@@ -1,0 +1,252 @@
+"""`mrcctl fabric`: an emulated leaf-spine fabric of network namespaces.
+
+Registered at the end of cli/mrcctl.py; errors are MrcError, which mrcctl's
+Group prints as one line and exit 1.  Names and addresses: mrc_ebpf/fabric.py.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import click
+from tabulate import tabulate
+
+from mrc_ebpf.lab import fabric as fab_mod
+from mrc_ebpf.errors import MrcError
+from mrc_ebpf.datapath.source import prefixed
+
+POLICIES = prefixed("MRC_POLICY_")      # rr, weighted, ...: bpf/mrc_common.h
+
+
+def _json_opt(f):
+    return click.option("-j", "--json", "json_", is_flag=True, help="Print JSON.")(f)
+
+
+def _emit(json_: bool, data, human) -> None:
+    ctx = click.get_current_context()
+    if json_ or (ctx.obj or {}).get("json"):
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        human(data)
+
+
+class _DashDash(click.Command):
+    """Everything after the first `--` is kept apart (ctx.meta['after'])."""
+
+    def parse_args(self, ctx, args):
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta["after"] = args[i + 1:]
+            args = args[:i]
+        else:
+            ctx.meta["after"] = None
+        return super().parse_args(ctx, args)
+
+
+def _name_arg(f):
+    """NAME as an argument, or as -n/--name like exec, fail and heal take it."""
+    @functools.wraps(f)
+    def with_name(*args, name=None, name_opt=None, **kw):
+        if name and name_opt and name != name_opt:
+            raise MrcError(f"two fabric names, {name} and -n {name_opt}: give one")
+        return f(*args, name=name or name_opt or fab_mod.DEFAULT_NAME, **kw)
+    with_name = click.option("-n", "--name", "name_opt", metavar="NAME",
+                             help=f"Fabric name, as NAME (default {fab_mod.DEFAULT_NAME}).")(with_name)
+    return click.argument("name", required=False)(with_name)
+
+
+def _name_opt(f):
+    return click.option("-n", "--name", default=fab_mod.DEFAULT_NAME, show_default=True,
+                        help="Fabric name.")(f)
+
+
+@click.group()
+def fabric():
+    """An emulated leaf-spine fabric of namespaces (up, show, attach, fail, down)."""
+
+
+@fabric.command()
+@_name_arg
+@click.option("--spines", "-k", type=int, default=4, show_default=True, help="Spines per plane.")
+@click.option("--leaves", "-l", type=int, default=2, show_default=True, help="Leaves per plane.")
+@click.option("--hosts-per-leaf", "-H", "hosts_per_leaf", type=int, default=1, show_default=True,
+              help="Hosts under each leaf.")
+@click.option("--planes", "-p", type=int, default=1, show_default=True,
+              help="Independent leaf-spine planes; each host has one NIC (eth<p>) per plane.")
+@click.option("--rate", default=fab_mod.DEFAULT_RATE, show_default=True,
+              help="tbf rate on both directions of every leaf-spine link (none: unlimited).")
+@click.option("--host-rate", default=None, help="tbf rate on host links (default: unlimited).")
+@click.option("--encoding", type=click.Choice(fab_mod.ENCODINGS), default="srh", show_default=True,
+              help="srh: spine End + host SID as two segments; usid: one NEXT-C-SID container.")
+@click.option("--mtu", type=int, default=fab_mod.DEFAULT_MTU, show_default=True,
+              help="MTU of every link, up to 9000 (above 3506 the hosts' XDP runs in generic "
+                   "mode on veth).")
+@click.option("--host-sysctl", "host_sysctls", multiple=True, metavar="net.KEY=VALUE",
+              help="A sysctl for every host's namespace (repeatable), e.g. "
+                   "net.ipv4.tcp_min_rtt_wlen=0 for TCP over sprayed paths.")
+@click.option("--ecn-threshold", "ecn_threshold", metavar="TIME",
+              help="Switches mark ECN: CE on an ECN-capable packet when more than TIME (at the link's "
+                   "rate, e.g. 1ms) is queued in front of it on a leaf-spine link (needs --rate; "
+                   "hosts need net.ipv4.tcp_ecn=1 to ask for ECN). Default: no marking.")
+@_json_opt
+def up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
+       ecn_threshold, json_):
+    """Build fabric NAME (default mrc)."""
+    r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
+                   list(host_sysctls), ecn_threshold)
+    _emit(json_, r, lambda r: click.echo(
+        f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
+        f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
+        f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']}"
+        + (f", ECN marking above {r['ecn_threshold']}" if r.get("ecn_threshold") else "")
+        + f" ({r['build_s']} s)"))
+
+
+def _marks_text(lk: dict) -> str:
+    """'s1>l1 3/120, l1>s1 0/98': CE marks given / ECN-capable packets, per direction."""
+    return ", ".join(f"{e['ecn']['direction']} {e['ecn']['marked']}/{e['ecn']['ect']}"
+                     for e in lk["ends"] if e.get("ecn"))
+
+
+@fabric.command()
+@_name_arg
+@_json_opt
+def show(name, json_):
+    """Namespaces, hosts, switches, links (rates, faults) and every host pair's paths."""
+    d = fab_mod.describe(name)
+
+    def human(d):
+        click.echo(f"fabric {d['name']} ({d['status']}): {d['planes']} plane(s), {d['spines']} spines, "
+                   f"{d['leaves']} leaves, {d['hosts_per_leaf']} host(s)/leaf, encoding {d['encoding']}, "
+                   f"rate {d['rate'] or 'unlimited'}, host rate {d['host_rate'] or 'unlimited'}, "
+                   f"MTU {d.get('mtu', fab_mod.DEFAULT_MTU)}"
+                   + (f", ECN marking above {d['ecn_threshold']}" if d.get("ecn_threshold") else "")
+                   + "".join(f", {kv}" for kv in d.get("host_sysctls", [])))
+        click.echo("\nhosts")
+        click.echo(tabulate([(h["name"], h["ns"], h["sid"], h["addr6"], h["addr4"],
+                              " ".join(f"{n['dev']}->{n['leaf']}" for n in h["nics"]),
+                              "yes" if h["attached"] else "") for h in d["hosts"]],
+                            headers=["host", "namespace", "SID", "IPv6", "IPv4", "NICs", "attached"]))
+        click.echo("\nswitches")
+        click.echo(tabulate([(s["name"], s["kind"], s["plane"], s["ns"], s.get("sid", ""),
+                              s.get("behavior", "")) for s in d["switches"]],
+                            headers=["switch", "kind", "plane", "namespace", "SID", "behavior"]))
+        click.echo("\nlinks (a-b; a>b is one direction)")
+        marking = bool(d.get("ecn_threshold"))
+        click.echo(tabulate([(lk["name"], lk["plane"], f"{lk['ends'][0]['dev']}|{lk['ends'][1]['dev']}",
+                              lk["rate"] or "unlimited",
+                              *([_marks_text(lk)] if marking else []),
+                              "; ".join(_fault_text(f) for f in lk["faults"])) for lk in d["links"]],
+                            headers=["link", "plane", "devices", "rate",
+                                     *(["ECN marked/ECT"] if marking else []), "faults"]))
+        click.echo("\npaths (host pair: one per plane and spine; mrcctl path add args)")
+        for pair in d["paths"]:
+            click.echo(f"{pair['src']} -> {pair['dst']}: mrcctl {' '.join(pair['path_add'])}")
+        click.echo("\nnames")
+        click.echo(tabulate(sorted(d["naming"].items()), tablefmt="plain"))
+    _emit(json_, d, human)
+
+
+def _fault_text(f: dict) -> str:
+    if "direction" in f:
+        t = f"{f['direction']} {f['mode']}" + (f" {f['loss']:g}" if f["mode"] == "loss" else "")
+        if f.get("dropped") is not None:
+            t += f" (dropped {f['dropped']}, passed {f['passed']})"
+        return t
+    return f"down ({f['down_end']} end)"
+
+
+@fabric.command()
+@click.argument("name", required=False)
+@click.option("--all", "all_", is_flag=True, help="Every fabric.")
+@_json_opt
+def down(name, all_, json_):
+    """Remove fabric NAME (default mrc): pins, faults, namespaces, state."""
+    if all_ and name:
+        raise MrcError("give a NAME or --all, not both")
+    names = fab_mod.list_names() if all_ else [name or fab_mod.DEFAULT_NAME]
+    results, errors = [], []
+    for n in names:
+        try:
+            results.append(fab_mod.down(n))
+        except MrcError as e:
+            errors.append(str(e))
+    if errors:
+        raise MrcError("; ".join(errors))
+    _emit(json_, results if all_ else results[0], lambda r: click.echo(
+        "\n".join(f"fabric {x['name']} down: {x['removed']} namespaces removed" for x in
+                  (r if all_ else [r])) or "no fabrics"))
+
+
+@fabric.command("exec", cls=_DashDash,
+                context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@_name_opt
+@click.argument("node")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def exec_(ctx, name, node, cmd):
+    """Run CMD in NODE's namespace (h1, s1, l2, p1s1 ...): mrcctl fabric exec h1 -- ping ..."""
+    ns = fab_mod.node_ns(name, node)
+    argv = list(ctx.meta.get("after") or []) or list(cmd)
+    if not argv:
+        raise MrcError("no command given: mrcctl fabric exec NODE -- CMD ...")
+    os.execvp("ip", ["ip", "netns", "exec", ns, *argv])
+
+
+@fabric.command(cls=_DashDash)
+@_name_arg
+@click.option("--hosts", help="Comma-separated hosts (h1,h3 or 1,3); default all.")
+@click.option("--policy", type=click.Choice(POLICIES), help="Spray policy for every peer (default rr).")
+@click.option("--ipv4", is_flag=True,
+              help="Also add the IPv4 /32s as peers (their own path ids and counters; the "
+                   "peer's feedback then names one of the two prefixes).")
+@_json_opt
+@click.pass_context
+def attach(ctx, name, hosts, policy, ipv4, json_):
+    """Attach mrc-ebpf on the hosts' NICs (eth0.. one per plane, one datapath)
+    and add every other chosen host's IPv6 prefix with all its paths.
+
+    Options after `--` go to `mrcctl attach` (e.g. -- --granularity burst)."""
+    r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4)
+    _emit(json_, r, lambda r: click.echo(
+        f"attached {', '.join(r['hosts'])} on {' '.join(r['devices'])}: {r['paths_per_peer']} paths "
+        f"per peer, policy {r['policy']}"))
+
+
+@fabric.command()
+@_name_arg
+@click.option("--hosts", help="Comma-separated hosts; default every attached host.")
+@_json_opt
+def detach(name, hosts, json_):
+    """Undo fabric attach."""
+    r = fab_mod.detach(name, hosts)
+    _emit(json_, r, lambda r: click.echo(f"detached {', '.join(r['detached']) or 'nothing'}"))
+
+
+@fabric.command()
+@click.argument("targets", nargs=-1, required=True)
+@click.option("--mode", default="down", show_default=True,
+              help="down (link down: the sender sees it), blackhole, or loss=P (gray: it does not).")
+@_name_opt
+@_json_opt
+def fail(targets, mode, name, json_):
+    """Fail TARGETs: links (s1-l2, p1s1-p1l2, h1-l1), directions (s1>l2) or nodes (s1, l2)."""
+    r = fab_mod.fail(name, list(targets), mode)
+    _emit(json_, r, lambda r: click.echo(
+        "\n".join(f"{f['target']}: {f['mode']} on {f['ns']}/{f['dev']}" for f in r["installed"])))
+
+
+@fabric.command()
+@click.argument("targets", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Heal every fault.")
+@_name_opt
+@_json_opt
+def heal(targets, all_, name, json_):
+    """Heal faults on TARGETs (links, directions, nodes), or --all."""
+    if bool(targets) == all_:
+        raise MrcError("give TARGETs or --all")
+    r = fab_mod.heal(name, list(targets) if targets else None)
+    _emit(json_, r, lambda r: click.echo(
+        "\n".join(f"healed {f['mode']} on {f['ns']}/{f['dev']} ({f['target']})" for f in r["healed"])
+        or "no faults matched"))

@@ -1,0 +1,394 @@
+"""mrcctl: load, configure and inspect the mrc-ebpf datapath.
+
+One verb per job, as bpftool and xdp-loader do; every verb takes
+-j/--json; errors are one line on stderr and a non-zero exit.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import sys
+
+import click
+from tabulate import tabulate
+
+from mrc_ebpf.errors import MrcError
+from mrc_ebpf.datapath.source import prefixed
+
+EXIT_ERROR = 1
+# rr, weighted, random, hash, adaptive, bytes: the MRC_POLICY_* of bpf/mrc_common.h
+POLICY_NAMES = prefixed("MRC_POLICY_")
+
+
+def _enter_netns(name: str) -> None:
+    from pyroute2 import netns
+    try:
+        netns.setns(name)
+    except (OSError, ValueError) as e:
+        raise MrcError(f"cannot enter network namespace {name!r}: {e}")
+
+
+@contextlib.contextmanager
+def _attached(device: str | None):
+    """The pinned state of DEVICE (or of the only device attached here)."""
+    from mrc_ebpf.datapath import loader
+    with loader.Attachment.open(loader.resolve_device(device)) as att:
+        yield att
+
+
+def dev_option(f):
+    return click.option("--dev", "device", help="Device (default: the only one attached).")(f)
+
+
+def _emit(ctx: click.Context, data, human) -> None:
+    if ctx.obj["json"]:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        human(data)
+
+
+def json_option(f):
+    """-j/--json on the verb itself, as well as on mrcctl."""
+    @click.option("-j", "--json", "json_", is_flag=True, help="Print JSON.")
+    @functools.wraps(f)
+    def wrapper(*args, json_=False, **kwargs):
+        ctx = click.get_current_context()
+        ctx.obj["json"] = ctx.obj["json"] or json_
+        return f(*args, **kwargs)
+    return wrapper
+
+
+class Group(click.Group):
+    """Turns MrcError (and stray OS errors) into one line and exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MrcError as e:
+            click.echo(f"mrcctl: error: {e}", err=True)
+            sys.exit(EXIT_ERROR)
+        except PermissionError as e:
+            click.echo(f"mrcctl: error: {e.strerror or e} (run as root)", err=True)
+            sys.exit(EXIT_ERROR)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+            raise
+        except Exception as e:  # a bug: say so in one line; MRC_DEBUG=1 shows where
+            if os.environ.get("MRC_DEBUG"):
+                raise
+            click.echo(f"mrcctl: internal error: {type(e).__name__}: {e} (MRC_DEBUG=1 for a traceback)",
+                       err=True)
+            sys.exit(EXIT_ERROR)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-j", "--json", "json_", is_flag=True, help="Print JSON.")
+@click.option("--netns", "netns_name", metavar="NS", help="Run inside network namespace NS.")
+@click.version_option(package_name="mrc-ebpf")
+@click.pass_context
+def cli(ctx, json_, netns_name):
+    """Multipath SRv6 datapath in eBPF: attach it, give it paths, watch it."""
+    ctx.ensure_object(dict)
+    ctx.obj["json"] = json_
+    if netns_name:
+        _enter_netns(netns_name)
+
+
+@cli.command()
+@click.argument("devices", metavar="DEVICE...", nargs=-1, required=True)
+@click.option("--sid", required=True, help="This host's SRv6 SID (outer source; decapsulated here).")
+@click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
+              show_default=True, help="XDP mode: native (driver) or skb (generic).")
+@click.option("--granularity", type=click.Choice(["packet", "burst"]), default="packet",
+              show_default=True,
+              help="Spray each packet (sets gso_max_segs 1), or each GSO burst (faster, coarser).")
+@click.option("--loss-hold-us", type=click.IntRange(0, 10_000_000), default=20000, show_default=True,
+              help="adaptive: how long a path that reported a loss is avoided.")
+@click.option("--ack-timeout-us", type=click.IntRange(50, 10_000_000), default=1000, show_default=True,
+              help="A path whose packets go unacknowledged this long is taken down.")
+@click.option("--probe-us", type=click.IntRange(10, 10_000_000), default=5000, show_default=True,
+              help="A down path is tried with one packet this often.")
+@click.option("--fb-interval-us", type=click.IntRange(10, 10_000_000), default=100, show_default=True,
+              help="One-way traffic: the receiver sends feedback at least this often.")
+@click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=16000, show_default=True,
+              help="Late packets widen --ack-timeout-us up to this; 0 keeps it fixed.")
+@json_option
+@click.pass_context
+def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
+           fb_interval_us, reorder_max_us):
+    """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
+
+    Several devices (a host's plane NICs) share one datapath: a path leaves
+    by the device its first hop is on; the pins are named after the first."""
+    from mrc_ebpf.datapath import loader
+    result = loader.attach(list(devices), sid, mode, granularity, loss_hold_us=loss_hold_us,
+                             ack_timeout_us=ack_timeout_us, probe_us=probe_us,
+                             fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us)
+    _emit(ctx, result, lambda r: click.echo(
+        f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
+        f"{r['granularity']}; pinned at {r['pins']}"))
+
+
+@cli.command()
+@click.argument("device", required=False)
+@click.option("--all", "all_", is_flag=True, help="Detach every device attached in this namespace.")
+@json_option
+@click.pass_context
+def detach(ctx, device, all_):
+    """Remove the datapath from DEVICE: programs, filter, routes, pins."""
+    from mrc_ebpf.datapath import loader, pins
+    if bool(device) == all_:
+        raise click.UsageError("give a DEVICE or --all")
+    devices = pins.attached_devices() if all_ else [device]
+    results = [loader.detach(d) for d in devices]
+    _emit(ctx, results if all_ else results[0], lambda r: click.echo(
+        "\n".join(f"detached {x['device']}" for x in (r if all_ else [r])) or "nothing attached"))
+
+
+@cli.command()
+@json_option
+@click.pass_context
+def status(ctx):
+    """What is attached in this network namespace, as the kernel sees it."""
+    from mrc_ebpf.control import status as status_mod
+    rows = status_mod.collect()
+
+    def human(rows):
+        if not rows:
+            click.echo("nothing attached in this network namespace")
+            return
+        for r in rows:
+            click.echo(f"{r['device']}: {'OK' if r['healthy'] else 'DEGRADED'}")
+            items = [("SID", r["sid"])]
+            for h in r["hooks"]:
+                items += [(f"{h['device']} XDP", f"{h['xdp_mode'] or 'none'} (prog {h['xdp_prog_id'] or '-'}"
+                                                 f"{'' if h['xdp_ours'] else ', not ours'})"),
+                          (f"{h['device']} TC egress",
+                           f"prog {h['tc_prog_id'] or '-'}{'' if h['tc_ours'] else ' (missing)'}")]
+            items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
+                     ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
+                     ("pins", r["pins"])]
+            for w in r["ack_windows"]:
+                items.append(("ack window", f"{w['prefix']}: {w['window_us']} us, widened from "
+                                            f"{w['ack_timeout_us']} us by late packets"))
+            for problem in r["problems"]:
+                items.append(("problem", problem))
+            click.echo(tabulate(items, tablefmt="plain"))
+    _emit(ctx, rows, human)
+
+
+@cli.command()
+@dev_option
+@click.option("--paths", "by_path", is_flag=True, help="Per path: sent, received, loss, delay.")
+@click.option("--events", "show_events", is_flag=True, help="Path state changes, with kernel times.")
+@click.option("--watch", type=click.FloatRange(min=0.1), metavar="N", help="Refresh every N seconds.")
+@json_option
+@click.pass_context
+def stats(ctx, device, by_path, show_events, watch):
+    """Datapath counters (summed over CPUs), per-path measurements, or events."""
+    import time
+    from mrc_ebpf.datapath import loader
+    from mrc_ebpf.control import events, paths, stats as rx_stats
+    device = loader.resolve_device(device)
+
+    def collect():
+        with loader.Attachment.open(device) as att:
+            if show_events:
+                prefixes = {p["peer_id"]: p["prefix"] for p in paths.peers(att)}
+                return {"device": device, "events": events.read(att, prefixes)}
+            if by_path:
+                return {"device": device, "sent": paths.list_paths(att),
+                        "received": rx_stats.received(att), "reorder": rx_stats.reorder(att)}
+            return {"device": device, "counters": att.counters()}
+
+    def human(d):
+        if show_events:
+            click.echo(tabulate([(e["seq"], e["ns"], e["ago_ms"], e["type"], e["prefix"], e["path_id"],
+                                  e["after_us"] if e["after_us"] is not None else "")
+                                 for e in d["events"]],
+                                headers=["seq", "kernel ns", "ms ago", "event", "peer", "path",
+                                         "us after unacked send"]) if d["events"] else "no events")
+            return
+        if not by_path:
+            click.echo(tabulate(sorted(d["counters"].items()), headers=["counter", device]))
+            return
+        click.echo("sent (this host's paths; fb = what the peer reported)")
+        click.echo(tabulate([(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["class"],
+                              r["state"], r["downs"], r["weight"], r["tx_packets"], r["tx_bytes"],
+                              (r["feedback"] or {}).get("qdelay_us", "-"),
+                              (r["feedback"] or {}).get("lost", "-")) for r in d["sent"]],
+                             headers=["prefix", "id", "segments", "class", "state", "downs", "weight",
+                                      "tx pkts", "tx bytes", "fb qdelay us", "fb lost"]))
+        click.echo("\nreceived (per sender and its path)")
+        click.echo(tabulate([(r["from"], r["path_id"], r["rx_packets"], r["rx_bytes"], r["lost"],
+                              r["late"], r["qdelay_p50_us"], r["qdelay_p99_us"]) for r in d["received"]],
+                             headers=["from", "path", "rx pkts", "rx bytes", "lost", "late",
+                                      "qdelay p50 us", "p99 us"]))
+        for r in d["reorder"]:
+            click.echo(f"reordered from {r['from']}: {r['reordered']} of {r['packets']}")
+
+    while True:
+        _emit(ctx, collect(), human)
+        if not watch:
+            return
+        time.sleep(watch)
+        click.echo("")
+
+
+@cli.command()
+@click.argument("address")
+@click.option("--path", "path_ids", type=click.IntRange(0, 255), multiple=True, metavar="ID",
+              help="Probe only this path (repeatable; default: every path of the peer).")
+@click.option("--count", "-c", type=click.IntRange(1, 255), default=3, show_default=True,
+              help="Echo requests per path.")
+@click.option("--interval", type=click.FloatRange(0.001, 10), default=0.05, show_default=True,
+              help="Seconds between rounds.")
+@click.option("--timeout", type=click.FloatRange(0.01, 60), default=1.0, show_default=True,
+              help="Seconds to wait for the last replies.")
+@dev_option
+@json_option
+@click.pass_context
+def probe(ctx, address, path_ids, count, interval, timeout, device):
+    """Echo requests to ADDRESS on each path of its peer: for idle paths.
+
+    Each request is pinned to one path; the datapath files its
+    acknowledgement, so an answering path comes back up and a silent one is
+    taken down as with any traffic."""
+    from mrc_ebpf.control import probe as probe_mod
+    with _attached(device) as att:
+        result = probe_mod.probe(att, address, list(path_ids), count, interval, timeout)
+
+    def human(r):
+        click.echo(f"probe {r['address']} ({r['prefix']}), {count} per path")
+        click.echo(tabulate([(p["path_id"], " > ".join(p["segments"]), f"{p['received']}/{p['sent']}",
+                              *((p["rtt_us"]["min"], p["rtt_us"]["median"], p["rtt_us"]["max"])
+                                if p["rtt_us"] else ("-", "-", "-")), p["state"])
+                             for p in r["paths"]],
+                            headers=["id", "path", "replies", "rtt min us", "median", "max", "state"]))
+    _emit(ctx, result, human)
+
+
+@cli.group()
+def path():
+    """Path sets: peer prefixes and the segment lists that reach them."""
+
+
+@path.command("add")
+@click.argument("prefix")
+@click.option("--via", multiple=True, metavar="SEG1,SEG2,...",
+              help="An SRH path: segments in travel order, as `ip route ... encap seg6 segs` "
+                   "takes them; repeat to add several paths at once.")
+@click.option("--usid", multiple=True, metavar="CONTAINER",
+              help="A compressed (uSID) path: 32-bit block, then one 16-bit ID per hop, the "
+                   "peer's last (e.g. fc00:0:101:e002::); repeatable.")
+@click.option("--weight", type=int, default=1, show_default=True, help="Weight (policy weighted).")
+@click.option("--class", "tclass", metavar="NAME", help="Reserve the path for this traffic class.")
+@dev_option
+@json_option
+@click.pass_context
+def path_add(ctx, prefix, via, usid, weight, tclass, device):
+    """Add paths towards PREFIX (a prefix may have many)."""
+    from mrc_ebpf.control import paths
+    if not via and not usid:
+        raise click.UsageError("give --via SEG1,SEG2,... or --usid CONTAINER (repeatable)")
+    with _attached(device) as att:
+        results = paths.add(att, prefix, list(via), weight, tclass, list(usid))
+    _emit(ctx, results if len(results) > 1 else results[0], lambda _: click.echo("\n".join(
+        f"{r['prefix']} path {r['path_id']} "
+        f"{'usid ' + r['usid'] if r['encoding'] == 'usid' else 'via ' + ','.join(r['segments'])} "
+        f"(+{r['overhead']} B, route MTU {r['route_mtu']})" for r in results)))
+
+
+@path.command("del")
+@click.argument("prefix")
+@click.option("--id", "path_id", type=int, help="Delete only this path (default: all paths of PREFIX).")
+@dev_option
+@json_option
+@click.pass_context
+def path_del(ctx, prefix, path_id, device):
+    """Delete PREFIX's paths, or one of them."""
+    from mrc_ebpf.control import paths
+    with _attached(device) as att:
+        result = paths.delete(att, prefix, path_id)
+    _emit(ctx, result, lambda r: click.echo(f"deleted {r['removed']} {r['prefix']}"))
+
+
+@path.command("policy")
+@click.argument("prefix")
+@click.argument("policy", type=click.Choice(POLICY_NAMES))
+@dev_option
+@json_option
+@click.pass_context
+def path_policy(ctx, prefix, policy, device):
+    """How PREFIX's packets are sprayed over its paths."""
+    from mrc_ebpf.control import paths
+    with _attached(device) as att:
+        result = paths.set_policy(att, prefix, policy)
+    _emit(ctx, result, lambda r: click.echo(f"{r['prefix']}: policy {r['policy']}"))
+
+
+@cli.group("class")
+def class_():
+    """Traffic classes: DSCP values -> class; paths may be reserved per class."""
+
+
+@class_.command("set")
+@click.argument("name")
+@click.option("--dscp", required=True, metavar="N,N,...", help="DSCP values (0..63) of the class.")
+@dev_option
+@json_option
+@click.pass_context
+def class_set(ctx, name, dscp, device):
+    """Define (or redefine) class NAME by its DSCP values."""
+    from mrc_ebpf.control import classes
+    with _attached(device) as att:
+        result = classes.set_class(att, name, dscp)
+    _emit(ctx, result, lambda r: click.echo(
+        f"class {r['class']} (id {r['id']}): DSCP {','.join(map(str, r['dscp']))}"))
+
+
+@class_.command("list")
+@dev_option
+@json_option
+@click.pass_context
+def class_list(ctx, device):
+    """Classes and their DSCP values."""
+    from mrc_ebpf.control import classes
+    with _attached(device) as att:
+        rows = classes.list_classes(att)
+    _emit(ctx, rows, lambda rows: click.echo(tabulate(
+        [(r["class"], r["id"], ",".join(map(str, r["dscp"]))) for r in rows],
+        headers=["class", "id", "dscp"])))
+
+
+@path.command("list")
+@dev_option
+@json_option
+@click.pass_context
+def path_list(ctx, device):
+    """Configured paths with what each has sent."""
+    from mrc_ebpf.control import paths
+    with _attached(device) as att:
+        rows = paths.list_paths(att)
+
+    def human(rows):
+        table = [(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["policy"], r["class"],
+                  r["state"], r["weight"], r["tx_packets"], r["tx_bytes"]) for r in rows]
+        click.echo(tabulate(table, headers=["prefix", "id", "segments", "policy", "class", "state",
+                                            "weight", "tx pkts", "tx bytes"]))
+    _emit(ctx, rows, human)
+
+
+def main():
+    cli(obj={})
+
+
+from mrc_ebpf.cli.fabric_cmd import fabric  # noqa: E402
+cli.add_command(fabric)
+from mrc_ebpf.cli.bench_cmd import bench  # noqa: E402
+cli.add_command(bench)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,403 @@
+"""Path sets: which segment lists reach which peer prefix.
+
+A peer prefix owns a row (peer_id) of MRC_MAX_PATHS path slots; paths
+0..n_paths-1 are in use.  Writes go path first, peer last, so the
+datapath never sees a path count that covers a half-written path.
+"""
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import zlib
+
+from pyroute2 import IPRoute
+
+from mrc_ebpf.control import classes
+from mrc_ebpf.datapath import routes
+from mrc_ebpf.datapath import layout
+from mrc_ebpf.datapath.loader import Attachment
+from mrc_ebpf.errors import MrcError
+from mrc_ebpf.datapath.source import C
+
+MAX_PATHS, MAX_PEERS, MAX_SEGMENTS = C["MRC_MAX_PATHS"], C["MRC_MAX_PEERS"], C["MRC_MAX_SEGMENTS"]
+REDIRECT, USID = C["MRC_PATH_F_REDIRECT"], C["MRC_PATH_F_USID"]
+USID_BLOCK_BITS, USID_ID_BITS = C["MRC_USID_BLOCK_BITS"], C["MRC_USID_ID_BITS"]
+UP, UNUSED = C["MRC_PATH_UP"], C["MRC_PATH_UNUSED"]
+MAX_CLASSES, SLOTS = C["MRC_MAX_CLASSES"], C["MRC_SPRAY_SLOTS"]
+POLICIES = {name[len("MRC_POLICY_"):].lower(): value
+            for name, value in C.items() if name.startswith("MRC_POLICY_")}
+POLICY_NAMES = {v: k for k, v in POLICIES.items()}
+MAX_WEIGHT = 1000
+ETH_HLEN = 14       # TC egress counts the Ethernet header in skb->len
+
+
+def parse_prefix(text: str) -> ipaddress._BaseNetwork:
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise MrcError(f"bad prefix {text!r}: expected e.g. fd00:2::/64 or 198.18.2.0/24")
+
+
+def parse_segments(text: str) -> list[ipaddress.IPv6Address]:
+    items = [s for s in text.split(",") if s.strip()]
+    if not items:
+        raise MrcError("--via needs at least one segment")
+    if len(items) > MAX_SEGMENTS:
+        raise MrcError(f"--via has {len(items)} segments; at most {MAX_SEGMENTS} are supported")
+    out = []
+    for s in items:
+        try:
+            seg = ipaddress.IPv6Address(s.strip())
+        except ValueError:
+            raise MrcError(f"bad segment {s!r}: expected an IPv6 address (SID)")
+        if seg.is_multicast or seg.is_unspecified or seg.is_link_local:
+            raise MrcError(f"bad segment {s!r}: must be a unicast SID")
+        out.append(seg)
+    return out
+
+
+def parse_usid(text: str) -> tuple[ipaddress.IPv6Address, ipaddress.IPv6Address]:
+    """(container, the peer's SID) of a compressed path: a 32-bit block,
+    then 16-bit IDs, zeros after the last; the peer is the last ID."""
+    try:
+        container = ipaddress.IPv6Address(text.strip())
+    except ValueError:
+        raise MrcError(f"bad uSID path {text!r}: expected an IPv6 address such as fc00:0:101:e002::")
+    slots = (128 - USID_BLOCK_BITS) // USID_ID_BITS
+    value = int(container)
+    ids = [(value >> (128 - USID_BLOCK_BITS - USID_ID_BITS * (i + 1))) & ((1 << USID_ID_BITS) - 1)
+           for i in range(slots)]
+    used = [i for i, v in enumerate(ids) if v]
+    if not used or container.is_multicast:
+        raise MrcError(f"bad uSID path {text!r}: no ID after the {USID_BLOCK_BITS}-bit block")
+    last = used[-1]
+    if len(used) != last + 1:
+        raise MrcError(f"bad uSID path {text!r}: a zero ID before the last one ends the path early")
+    block = value >> (128 - USID_BLOCK_BITS) << (128 - USID_BLOCK_BITS)
+    peer = ipaddress.IPv6Address(block | ids[last] << (128 - USID_BLOCK_BITS - USID_ID_BITS))
+    return container, peer
+
+
+class PathSpec:
+    """One path as given: an SRH segment list, or a uSID container."""
+
+    def __init__(self, segments: list[ipaddress.IPv6Address], peer_sid: ipaddress.IPv6Address,
+                 usid: bool):
+        self.segments, self.peer_sid, self.usid = segments, peer_sid, usid
+
+    @classmethod
+    def via(cls, text: str) -> "PathSpec":
+        segments = parse_segments(text)
+        return cls(segments, segments[-1], False)
+
+    @classmethod
+    def compressed(cls, text: str) -> "PathSpec":
+        container, peer = parse_usid(text)
+        return cls([container], peer, True)
+
+    @property
+    def first_hop(self) -> ipaddress.IPv6Address:
+        return self.segments[0]
+
+    @property
+    def overhead(self) -> int:
+        return layout.encap_len(len(self.segments), self.usid)
+
+    def describe(self) -> dict:
+        if self.usid:
+            return {"encoding": "usid", "usid": str(self.segments[0]), "peer_sid": str(self.peer_sid)}
+        return {"encoding": "srh", "segments": [str(s) for s in self.segments],
+                "peer_sid": str(self.peer_sid)}
+
+
+def peer_key(prefix: ipaddress._BaseNetwork) -> layout.PeerKey:
+    """IPv4 prefixes live in the trie as IPv4-mapped IPv6 (::ffff:0:0/96)."""
+    key = layout.PeerKey()
+    if prefix.version == 4:
+        ctypes.memmove(key.addr, ipaddress.IPv6Address(f"::ffff:{prefix.network_address}").packed, 16)
+        key.prefixlen = 96 + prefix.prefixlen
+    else:
+        ctypes.memmove(key.addr, prefix.network_address.packed, 16)
+        key.prefixlen = prefix.prefixlen
+    return key
+
+
+def key_prefix(key: layout.PeerKey) -> ipaddress._BaseNetwork:
+    addr = ipaddress.IPv6Address(bytes(key.addr))
+    if addr.ipv4_mapped is not None and key.prefixlen >= 96:
+        return ipaddress.ip_network(f"{addr.ipv4_mapped}/{key.prefixlen - 96}")
+    return ipaddress.ip_network(f"{addr}/{key.prefixlen}")
+
+
+def path_index(peer_id: int, path_id: int) -> layout.Index:
+    return layout.Index(peer_id * MAX_PATHS + path_id)
+
+
+def flowlabel(prefix, path_id: int, segments) -> int:
+    """Stable per-path entropy for the outer flow label (20 bits, never 0)."""
+    raw = f"{prefix}|{path_id}|{','.join(map(str, segments))}".encode()
+    return (zlib.crc32(raw) & 0xFFFFF) or 1
+
+
+def _segments_of(path: layout.Path) -> list[str]:
+    """Travel order (the wire holds them last-first); a uSID path's one
+    entry is its container."""
+    wire = [ipaddress.IPv6Address(bytes(path.segments[i].addr)) for i in range(path.n_segments)]
+    return [str(s) for s in reversed(wire)]
+
+
+def _overhead(path: layout.Path) -> int:
+    return layout.encap_len(path.n_segments, bool(path.flags & USID))
+
+
+def _free_peer_id(att: Attachment) -> int:
+    used = {v.peer_id for _, v in att.maps["peers"].items()}
+    for peer_id in range(MAX_PEERS):
+        if peer_id not in used:
+            return peer_id
+    raise MrcError(f"all {MAX_PEERS} peer slots are in use")
+
+
+def _reset_path_state(att: Attachment, index: layout.Index) -> None:
+    att.maps["path_tx"].update(index, layout.PathTx())
+    att.maps["path_stats"].update(index, att.maps["path_stats"].value_type())
+    att.maps["path_live"].update(index, layout.PathLive())
+    att.maps["path_health"].update(index, layout.PathHealth())
+
+
+def _used(att: Attachment, peer: layout.Peer) -> list[tuple[int, layout.Path]]:
+    """(path id, path) of the peer's paths in use."""
+    paths = att.maps["paths"]
+    out = []
+    for i in range(peer.n_paths):
+        path = paths.lookup(path_index(peer.peer_id, i))
+        if path.state != UNUSED:
+            out.append((i, path))
+    return out
+
+
+def _route_mtu(att: Attachment, peer: layout.Peer) -> int:
+    return att.config.mtu - max(_overhead(p) for _, p in _used(att, peer))
+
+
+def smooth_weighted(weights: dict[int, int], slots: int = SLOTS) -> list[int]:
+    """Path ids repeated by weight and interleaved (smooth weighted round
+    robin), at most `slots` long; weights are scaled down to fit."""
+    total = sum(weights.values())
+    if total > slots:
+        weights = {k: max(1, w * slots // total) for k, w in weights.items()}
+        while sum(weights.values()) > slots:
+            biggest = max(weights, key=weights.get)
+            weights[biggest] -= 1
+        total = sum(weights.values())
+    current = {k: 0 for k in weights}
+    order = []
+    for _ in range(total):
+        for k, w in weights.items():
+            current[k] += w
+        pick = max(current, key=lambda k: (current[k], -k))
+        current[pick] -= total
+        order.append(pick)
+    return order
+
+
+def _rebuild(att: Attachment, peer: layout.Peer) -> None:
+    """Spray lists of every class, and the SID -> peer index for feedback.
+
+    Class k sprays over the paths reserved for it, or the shared paths
+    (class 0) when it has none; class 0 only over the shared ones."""
+    used = [(i, p) for i, p in _used(att, peer) if p.state == UP]
+    quantum = _route_mtu(att, peer) + ETH_HLEN if used else 0
+    shared = [(i, p) for i, p in used if p.tclass == 0]
+    for tclass in range(MAX_CLASSES):
+        members = [(i, p) for i, p in used if p.tclass == tclass] if tclass else []
+        members = members or shared
+        if peer.policy == POLICIES["weighted"]:
+            ids = smooth_weighted({i: p.weight for i, p in members})
+        else:
+            ids = [i for i, _ in members]
+        spray = layout.Spray(n=len(ids), quantum=quantum)
+        spray.ids[:len(ids)] = ids
+        att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
+    by_sid = att.maps["peer_by_sid"]
+    for key, value in list(by_sid.items()):
+        if value.value == peer.peer_id:
+            by_sid.delete(key)
+    for _, path in _used(att, peer):
+        by_sid.update(layout.Sid.from_buffer_copy(bytes(path.peer_sid)), layout.u32(peer.peer_id))
+
+
+def _sync_route(att: Attachment, prefix, peer: layout.Peer) -> None:
+    """The peer route goes via the first used path's first hop; paths with
+    another first hop (another router, another plane's device) are
+    redirected to theirs by the datapath."""
+    paths = att.maps["paths"]
+    used = _used(att, peer)
+    first = used[0][1]
+    index = first.oif
+    with IPRoute() as ipr:
+        for other in att.ifindexes:     # it may have moved to another plane
+            if other != index:
+                routes.remove(ipr, prefix, other)
+        routes.install(ipr, prefix, _addr(first.nexthop), index, _route_mtu(att, peer))
+    for i, path in used:
+        redirect = path.oif != index or bytes(path.nexthop) != bytes(first.nexthop)
+        flags = (path.flags | REDIRECT) if redirect else (path.flags & ~REDIRECT)
+        if flags != path.flags:
+            path.flags = flags
+            paths.update(path_index(peer.peer_id, i), path)
+
+
+def _addr(raw) -> str:
+    return str(ipaddress.IPv6Address(bytes(raw)))
+
+
+def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1,
+        tclass_name: str | None = None, usids: list[str] = ()) -> list[dict]:
+    """Add paths in one go: segment lists ("S1,S2") and uSID containers."""
+    specs = [PathSpec.via(v) for v in vias] + [PathSpec.compressed(u) for u in usids]
+    if not specs:
+        raise MrcError("a path needs --via SEG1,SEG2,... or --usid CONTAINER")
+    prefix = parse_prefix(prefix_text)
+    if not 1 <= weight <= MAX_WEIGHT:
+        raise MrcError(f"bad weight {weight}: 1..{MAX_WEIGHT}")
+    tclass = classes.class_id(att, tclass_name) if tclass_name else 0
+    peers = att.maps["peers"]
+    key = peer_key(prefix)
+    peer = peers.lookup(key)
+    new_peer = peer is None
+    if new_peer:
+        peer = layout.Peer(peer_id=_free_peer_id(att), n_paths=0, policy=POLICIES["rr"])
+    used_ids = {i for i, _ in _used(att, peer)} if not new_peer else set()
+    free_ids = [i for i in range(MAX_PATHS) if i not in used_ids]
+    if len(free_ids) < len(specs):
+        raise MrcError(f"{prefix} has room for {len(free_ids)} more paths, not {len(specs)} "
+                       f"(at most {MAX_PATHS})")
+    # check everything before touching any map: nothing half-changed on error
+    resolved = []
+    attached = att.ifindexes
+    with IPRoute() as ipr:
+        for spec in specs:
+            if att.config.mtu - spec.overhead < (1280 if prefix.version == 6 else 576):
+                raise MrcError(f"{len(spec.segments)} segments leave less than the minimum MTU on "
+                               f"{att.device} (MTU {att.config.mtu}, overhead {spec.overhead})")
+            oif, gateway = routes.next_hop(ipr, str(spec.first_hop))
+            if oif not in attached:
+                name = ipr.get_links(oif)[0].get_attr("IFLA_IFNAME") if oif else "?"
+                raise MrcError(f"first hop {spec.first_hop} is routed out of {name}, "
+                               f"where mrc-ebpf is not attached")
+            resolved.append((oif, gateway))
+
+    results = []
+    for path_id, spec, (oif, gateway) in zip(free_ids, specs, resolved):
+        path = layout.Path(n_segments=len(spec.segments), state=UP, weight=weight, tclass=tclass,
+                           flowlabel=flowlabel(prefix, path_id, spec.segments), oif=oif,
+                           flags=USID if spec.usid else 0)
+        ctypes.memmove(path.nexthop, ipaddress.IPv6Address(gateway).packed, 16)
+        ctypes.memmove(path.peer_sid.addr, spec.peer_sid.packed, 16)
+        for i, seg in enumerate(reversed(spec.segments)):
+            ctypes.memmove(path.segments[i].addr, seg.packed, 16)
+        index = path_index(peer.peer_id, path_id)
+        att.maps["paths"].update(index, path)
+        _reset_path_state(att, index)
+        peer.n_paths = max(peer.n_paths, path_id + 1)
+        results.append({"prefix": str(prefix), "path_id": path_id, **spec.describe(),
+                        "weight": weight, "class": tclass_name or classes.DEFAULT,
+                        "overhead": spec.overhead})
+    if new_peer:
+        att.maps["peer_tx"].update(layout.Index(peer.peer_id), layout.PeerTx())
+    _rebuild(att, peer)       # spray lists first: the peer entry makes them live
+    peers.update(key, peer)
+    _sync_route(att, prefix, peer)
+    mtu = _route_mtu(att, peer)
+    for r in results:
+        r["route_mtu"] = mtu
+    return results
+
+
+def _lookup_peer(att: Attachment, prefix) -> tuple[layout.PeerKey, layout.Peer]:
+    key = peer_key(prefix)
+    peer = att.maps["peers"].lookup(key)
+    if peer is None:
+        raise MrcError(f"no paths to {prefix} on {att.device}")
+    return key, peer
+
+
+def delete(att: Attachment, prefix_text: str, path_id: int | None = None) -> dict:
+    """Delete all of a prefix's paths, or one; the others keep their ids
+    (and so their sequence numbers: the receiver sees no false loss)."""
+    prefix = parse_prefix(prefix_text)
+    key, peer = _lookup_peer(att, prefix)
+    used = dict(_used(att, peer))
+    if path_id is not None and path_id not in used:
+        raise MrcError(f"{prefix} has no path {path_id} (it has {', '.join(map(str, sorted(used)))})")
+    if path_id is None or len(used) == 1:
+        att.maps["peers"].delete(key)
+        with IPRoute() as ipr:
+            for index in att.ifindexes:
+                routes.remove(ipr, prefix, index)
+        for i in used:
+            att.maps["paths"].update(path_index(peer.peer_id, i), layout.Path())
+        _rebuild(att, peer)
+        return {"prefix": str(prefix), "removed": "peer"}
+    att.maps["paths"].update(path_index(peer.peer_id, path_id), layout.Path())
+    _rebuild(att, peer)
+    _sync_route(att, prefix, peer)
+    return {"prefix": str(prefix), "removed": "path", "path_id": path_id}
+
+
+def set_policy(att: Attachment, prefix_text: str, policy: str) -> dict:
+    if policy not in POLICIES:
+        raise MrcError(f"bad policy {policy!r}: one of {', '.join(POLICIES)}")
+    prefix = parse_prefix(prefix_text)
+    key, peer = _lookup_peer(att, prefix)
+    peer.policy = POLICIES[policy]
+    _rebuild(att, peer)
+    att.maps["peers"].update(key, peer)
+    return {"prefix": str(prefix), "policy": policy}
+
+
+def peers(att: Attachment) -> list[dict]:
+    return [{"prefix": str(key_prefix(k)), "peer_id": p.peer_id,
+             "policy": POLICY_NAMES.get(p.policy, str(p.policy)),
+             "paths": len(_used(att, p))}
+            for k, p in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id)]
+
+
+def list_paths(att: Attachment) -> list[dict]:
+    rows = []
+    states = {UP: "up", UNUSED: "unused"}
+    names = classes.names(att)
+    now = _monotonic_ns()
+    for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
+        prefix = key_prefix(key)
+        for path_id, path in _used(att, peer):
+            index = path_index(peer.peer_id, path_id)
+            stats = att.maps["path_stats"].lookup(index)
+            health = att.maps["path_health"].lookup(index)
+            live = att.maps["path_live"].lookup(index)
+            state = states.get(path.state, str(path.state))
+            if state == "up" and live.down_ns:
+                state = "down"
+            rows.append({
+                "prefix": str(prefix), "path_id": path_id, "segments": _segments_of(path),
+                "encoding": "usid" if path.flags & USID else "srh",
+                "peer_sid": _addr(path.peer_sid), "oif": path.oif,
+                "state": state, "weight": path.weight, "downs": live.downs,
+                "class": names.get(path.tclass, str(path.tclass)),
+                "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
+                "flowlabel": path.flowlabel, "overhead": _overhead(path),
+                "tx_packets": sum(s.tx_packets for s in stats),
+                "tx_bytes": sum(s.tx_bytes for s in stats),
+                "next_seq": att.maps["path_tx"].lookup(index).seq,
+                "nexthop": _addr(path.nexthop), "redirect": bool(path.flags & REDIRECT),
+                "feedback": None if not health.updated_ns else {
+                    "qdelay_us": health.qdelay_us, "lost": health.lost,
+                    "age_ms": round((now - health.updated_ns) / 1e6, 1)},
+            })
+    return rows
+
+
+def _monotonic_ns() -> int:
+    import time
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)

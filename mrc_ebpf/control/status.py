@@ -1,0 +1,106 @@
+"""`mrcctl status`: what the kernel has, compared with what the pins say."""
+from __future__ import annotations
+
+import ipaddress
+import time
+
+from pyroute2 import IPRoute
+
+from mrc_ebpf.datapath import hooks, layout, pins
+from mrc_ebpf.control import paths
+from mrc_ebpf.datapath.loader import PROG_RX, PROG_TX, Attachment
+from mrc_ebpf.errors import MrcError
+from mrc_ebpf.datapath.source import C
+
+
+def collect() -> list[dict]:
+    pins.ensure_bpffs()
+    rows = []
+    with IPRoute() as ipr:
+        for device in pins.attached_devices():
+            rows.append(_one(ipr, device))
+    return rows
+
+
+def _one(ipr: IPRoute, device: str) -> dict:
+    row = {"device": device, "devices": [device], "pins": str(pins.device_dir(device)),
+           "problems": []}
+    try:
+        att = Attachment.open(device)
+    except MrcError as e:
+        row.update(healthy=False, problems=[str(e)], sid=None, xdp_mode=None, xdp_prog_id=0,
+                   xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
+                   granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[])
+        return row
+    with att:
+        cfg = att.config
+        rx_id, tx_id = att.prog_id(PROG_RX), att.prog_id(PROG_TX)
+        peers = [p for _, p in att.maps["peers"].items()]
+        overhead = {f"{n} seg": layout.encap_len(n) for n in range(1, C["MRC_MAX_SEGMENTS"] + 1)}
+        overhead["usid"] = layout.encap_len(1, usid=True)
+        row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
+                   peers=len(peers), paths=sum(p.n_paths for p in peers), overhead=overhead,
+                   devices=att.device_names(), fail_open=_fail_open(att),
+                   ack_windows=_ack_windows(att))
+    for f in row["fail_open"]:
+        row["problems"].append(f"every path to {f['prefix']} is down: sending on them anyway, "
+                               f"probed (fail-open) for {f['for_ms']} ms")
+    # what the kernel has on each device, against the pinned programs
+    row["hooks"] = [_hooks(ipr, name, rx_id, tx_id, row["problems"]) for name in row["devices"]]
+    first = row["hooks"][0]
+    row.update({k: first[k] for k in ("xdp_mode", "xdp_prog_id", "xdp_ours", "tc_prog_id",
+                                      "tc_ours", "granularity")})
+    row["healthy"] = not row["problems"]
+    return row
+
+
+def _fail_open(att: Attachment) -> list[dict]:
+    """Peers whose every path is down, which the datapath sends to anyway."""
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    out = []
+    for key, peer in att.maps["peers"].items():
+        since = att.maps["peer_tx"].lookup(layout.Index(peer.peer_id)).fail_open_ns
+        if since:
+            out.append({"prefix": str(paths.key_prefix(key)), "for_ms": round((now - since) / 1e6, 1)})
+    return out
+
+
+def _ack_windows(att: Attachment) -> list[dict]:
+    """Peers whose acknowledgement window late packets have widened past
+    --ack-timeout-us (lib/failover.h): a black hole on their paths now
+    takes that long to be seen."""
+    base_us = att.config.ack_timeout_us
+    out = []
+    for key, peer in att.maps["peers"].items():
+        acks = att.maps["peer_acks"].lookup(layout.Index(peer.peer_id))
+        if acks.window_ns > base_us * 1000:
+            out.append({"prefix": str(paths.key_prefix(key)), "window_us": acks.window_ns // 1000,
+                        "ack_timeout_us": base_us})
+    return out
+
+
+def _hooks(ipr: IPRoute, device: str, rx_id: int, tx_id: int, problems: list) -> dict:
+    hooked = {"device": device}
+    found = ipr.link_lookup(ifname=device)
+    if not found:
+        hooked.update(xdp_mode=None, xdp_prog_id=0, xdp_ours=False, tc_prog_id=0, tc_ours=False,
+                      granularity=None)
+        problems.append(f"{device} no longer exists: `mrcctl detach` clears the pins")
+        return hooked
+    index = found[0]
+    info = hooks.device_info(ipr, index)
+    tc_id = hooks.tc_egress_prog_ids(index).get(hooks.TC_PRIO, 0)
+    hooked.update(xdp_mode=info["xdp_mode"], xdp_prog_id=info["xdp_prog_id"],
+                  xdp_ours=bool(rx_id) and info["xdp_prog_id"] == rx_id,
+                  tc_prog_id=tc_id, tc_ours=bool(tx_id) and tc_id == tx_id,
+                  granularity=_granularity(device))
+    if not hooked["xdp_ours"]:
+        problems.append(f"XDP on {device} is not our program (expected id {rx_id})")
+    if not hooked["tc_ours"]:
+        problems.append(f"TC egress filter missing on {device} (expected prog id {tx_id})")
+    return hooked
+
+
+def _granularity(device: str) -> str:
+    from mrc_ebpf.datapath import offload
+    return offload.granularity(device)

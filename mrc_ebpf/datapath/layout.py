@@ -1,0 +1,151 @@
+"""ctypes mirrors of the structs in bpf/mrc_common.h.
+
+Sizes come from the header (source.C); tests/test_layout.py compiles the
+datapath with bcc and checks every field offset and size here against the
+Key/Leaf types bcc derives from the C, so a drift fails the tests.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from mrc_ebpf.datapath.source import C
+
+u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
+Addr = u8 * 16
+
+
+class MrcTlv(ctypes.BigEndianStructure):
+    """The MRC TLV as it is on the wire (network byte order)."""
+    _pack_ = 1
+    _fields_ = [("type", u8), ("len", u8), ("version", u8), ("flags", u8),
+                ("path_id", u16), ("tclass", u8), ("fb_block", u8),
+                ("path_seq", u32), ("peer_seq", u32), ("tx_ns", u64),
+                ("fb_path_id", u16), ("fb_qdelay_us", u16), ("fb_lost", u32), ("fb_heard", u64),
+                ("fb_since_ns32", u32), ("fb_path_tx32", u32)]
+
+
+class Sid(ctypes.Structure):
+    _fields_ = [("addr", Addr)]
+
+
+class PeerKey(ctypes.Structure):
+    _fields_ = [("prefixlen", u32), ("addr", Addr)]
+
+
+class Peer(ctypes.Structure):
+    _fields_ = [("peer_id", u32), ("n_paths", u16), ("policy", u8), ("flags", u8)]
+
+
+class Path(ctypes.Structure):
+    _fields_ = [("segments", Sid * C["MRC_MAX_SEGMENTS"]), ("peer_sid", Sid), ("nexthop", Addr), ("oif", u32),
+                ("flowlabel", u32), ("weight", u16), ("n_segments", u8), ("state", u8),
+                ("flags", u8), ("tclass", u8), ("pad", u8 * 2)]
+
+
+class PeerTx(ctypes.Structure):
+    _fields_ = [("seq", u64), ("bytes", u64), ("fail_open_ns", u64)]
+
+
+class PathTx(ctypes.Structure):
+    _fields_ = [("seq", u64)]
+
+
+class PathStats(ctypes.Structure):
+    _fields_ = [("tx_packets", u64), ("tx_bytes", u64)]
+
+
+class Device(ctypes.Structure):
+    _fields_ = [("ifindex", u32), ("flags", u32), ("saved_gso_max_segs", u32), ("mtu", u32)]
+
+
+class Config(ctypes.Structure):
+    _fields_ = [("sid", Addr), ("mtu", u32), ("loss_hold_us", u32), ("ack_timeout_us", u32),
+                ("probe_us", u32), ("fb_interval_us", u32), ("reorder_max_us", u32),
+                ("n_devices", u32),
+                ("devices", Device * C["MRC_MAX_DEVICES"])]
+
+
+class Spray(ctypes.Structure):
+    _fields_ = [("n", u32), ("quantum", u32), ("ids", u16 * C["MRC_SPRAY_SLOTS"])]
+
+
+class ClassName(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 16)]
+
+
+class PathHealth(ctypes.Structure):
+    _fields_ = [("updated_ns", u64), ("loss_ns", u64), ("qdelay_us", u32), ("lost", u32)]
+
+
+class RxKey(ctypes.Structure):
+    _fields_ = [("sid", Addr), ("path_id", u16), ("pad", u16)]
+
+
+Hist = u32 * C["MRC_HIST_BUCKETS"]
+
+
+class RxPath(ctypes.Structure):
+    _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
+                ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
+                ("qdelay_hist", Hist)]
+
+
+class RxPeer(ctypes.Structure):
+    _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
+                ("loss_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
+                ("latest_tx", u64 * C["MRC_MAX_PATHS"]), ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
+                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist)]
+
+
+class PathLive(ctypes.Structure):
+    _fields_ = [("unacked_since_ns", u64), ("down_ns", u64), ("next_probe_ns", u64),
+                ("last_sent_ns", u64), ("clock_after_ns", u64), ("down_after_ns", u64),
+                ("late_ns", u64),
+                ("downs", u32), ("probes", u32)]
+
+
+class PeerAcks(ctypes.Structure):
+    _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("max_ns", u64), ("last_ns", u64),
+                ("window_ns", u64), ("window_hold_ns", u64)]
+
+
+class Event(ctypes.Structure):
+    _fields_ = [("seq", u64), ("ns", u64), ("since_ns", u64), ("peer_id", u32),
+                ("path_id", u16), ("type", u16)]
+
+
+Index = u32
+
+# name in lib/maps.h -> (key type, value type, per-CPU)
+MAPS = {
+    "config": (Index, Config, False),
+    "peers": (PeerKey, Peer, False),
+    "paths": (Index, Path, False),
+    "peer_tx": (Index, PeerTx, False),
+    "path_tx": (Index, PathTx, False),
+    "path_stats": (Index, PathStats, True),
+    "counters": (Index, u64, True),
+    "spray": (Index, Spray, False),
+    "dscp_class": (Index, u32, False),
+    "class_names": (Index, ClassName, False),
+    "path_health": (Index, PathHealth, False),
+    "peer_by_sid": (Sid, u32, False),
+    "rx_paths": (RxKey, RxPath, False),
+    "rx_peers": (Sid, RxPeer, False),
+    "rx_peer_zero": (Index, RxPeer, False),
+    "path_live": (Index, PathLive, False),
+    "events": (Index, Event, False),
+    "event_seq": (Index, u64, False),
+    "fb_due": (Index, u64, False),
+    "peer_acks": (Index, PeerAcks, False),
+}
+
+
+def srh_len(n_segments: int) -> int:
+    return 8 + 16 * n_segments + C["MRC_TLV_SIZE"]
+
+
+def encap_len(n_segments: int, usid: bool = False) -> int:
+    """Bytes encapsulation adds to a packet: outer IPv6 + SRH + TLV, or
+    for a uSID path outer IPv6 + Destination Options with the TLV."""
+    return C["MRC_USID_ENCAP_LEN"] if usid else 40 + srh_len(n_segments)

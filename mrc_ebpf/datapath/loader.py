@@ -1,0 +1,342 @@
+"""Loading the datapath, attaching it to a device, and finding it again.
+
+`attach` compiles bpf/mrc.c once, pins its maps and programs (pins.py),
+hooks the programs to the device and returns: the datapath outlives the
+process.  Every later command opens the pins (`Attachment.open`) and works
+on the maps without compiling.
+"""
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+import socket
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from mrc_ebpf.datapath import bpfsys, hooks, layout, offload, pins, source
+from mrc_ebpf.datapath import routes
+from mrc_ebpf.errors import MrcError
+
+PROG_TX, PROG_RX, PROG_FB = "prog_tx", "prog_rx", "prog_fb"
+CFG_CLSACT_OURS = 0x1       # mrc_device.flags: detach removes clsact too
+CFG_XDP_SKB = 0x2           # mrc_device.flags: XDP attached in skb mode
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise MrcError("must run as root (needs CAP_BPF and CAP_NET_ADMIN)")
+
+
+def parse_sid(text: str) -> ipaddress.IPv6Address:
+    try:
+        sid = ipaddress.IPv6Address(text)
+    except ValueError:
+        raise MrcError(f"bad SID {text!r}: expected an IPv6 address such as fc00:0:1::")
+    if sid.is_multicast or sid.is_link_local or sid.is_unspecified or sid.is_loopback:
+        raise MrcError(f"bad SID {text!r}: must be a global or unique-local unicast address")
+    return sid
+
+
+def compile_datapath():
+    """Compile and load the programs; returns (bcc module, tx, rx, fb)."""
+    try:
+        from bcc import BPF
+    except ImportError:
+        raise MrcError("bcc is not installed: apt-get install python3-bpfcc, and use a venv "
+                       "made with --system-site-packages (`make setup` does both)")
+    build = Path(f"/lib/modules/{os.uname().release}/build")
+    if not (build / "include").exists() and not (build / "Makefile").exists():
+        raise MrcError(f"kernel headers missing at {build}: apt-get install linux-headers-amd64 "
+                       f"and link them there (`make setup` does this)")
+    try:
+        module = BPF(text=source.expand().encode(), cflags=["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"])
+        tx = module.load_func("mrc_tx", BPF.SCHED_CLS)
+        rx = module.load_func("mrc_rx", BPF.XDP)
+        fb = module.load_func("mrc_fb", BPF.SCHED_CLS)
+    except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
+        raise MrcError(f"cannot load the datapath: {e}")
+    return module, tx, rx, fb
+
+
+class Attachment:
+    """The pinned state of mrc-ebpf on a host's device(s) in this netns.
+
+    The pins are named after the first device given to attach; a host
+    with planes has one datapath over all its plane devices (one set of
+    maps), and config.devices lists them."""
+
+    def __init__(self, device: str, directory: Path):
+        self.device = device
+        self.dir = directory
+        self.maps: dict[str, bpfsys.PinnedMap] = {}
+
+    @classmethod
+    def open(cls, device: str) -> "Attachment":
+        pins.ensure_bpffs()
+        directory = pins.device_dir(device)
+        if not directory.is_dir():
+            raise MrcError(f"{device} is not attached (mrcctl attach {device} --sid SID)")
+        att = cls(device, directory)
+        for name, (key, value, percpu) in layout.MAPS.items():
+            try:
+                att.maps[name] = bpfsys.PinnedMap(str(directory / name), key, value, percpu)
+            except bpfsys.BpfError as e:
+                raise MrcError(f"{device}: pinned state is damaged or from another version ({e}); "
+                               f"`mrcctl detach {device}` clears it")
+        return att
+
+    def close(self):
+        for m in self.maps.values():
+            m.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def config(self) -> layout.Config:
+        return self.maps["config"].lookup(layout.Index(0))
+
+    @property
+    def ifindexes(self) -> list[int]:
+        cfg = self.config
+        return [cfg.devices[i].ifindex for i in range(min(cfg.n_devices, MAX_DEVICES))]
+
+    def device_names(self) -> list[str]:
+        return [_ifname(i) or f"ifindex {i}" for i in self.ifindexes]
+
+    def prog_id(self, name: str) -> int:
+        try:
+            fd = bpfsys.obj_get(str(self.dir / name))
+        except bpfsys.BpfError:
+            return 0
+        try:
+            return bpfsys.prog_info(fd).id
+        finally:
+            os.close(fd)
+
+    def counters(self) -> dict[str, int]:
+        m = self.maps["counters"]
+        names = source.counter_names()
+        return {name: sum(m.lookup(layout.Index(i)) or [0]) for i, name in enumerate(names)}
+
+
+MAX_DEVICES = source.C["MRC_MAX_DEVICES"]
+
+
+def _ifname(index: int) -> str | None:
+    try:
+        return socket.if_indextoname(index)
+    except OSError:
+        return None
+
+
+def _members(directory: Path) -> list[layout.Device]:
+    """The devices an attachment spans, from its pinned config."""
+    cfg = _read_config(directory)
+    if cfg is None:
+        return []
+    return [cfg.devices[i] for i in range(min(cfg.n_devices, MAX_DEVICES))]
+
+
+def owner(device: str) -> str | None:
+    """The attachment (its first device's name) that DEVICE belongs to."""
+    if pins.device_dir(device).is_dir():
+        return device
+    for first in pins.attached_devices():
+        if any(_ifname(d.ifindex) == device for d in _members(pins.device_dir(first))):
+            return first
+    return None
+
+
+def resolve_device(device: str | None) -> str:
+    """The attachment a command is about: the one DEVICE belongs to, or
+    the only one here."""
+    if device:
+        return owner(device) or device
+    attached = pins.attached_devices()
+    if len(attached) == 1:
+        return attached[0]
+    if not attached:
+        raise MrcError("no device is attached in this network namespace (mrcctl attach DEV --sid SID)")
+    raise MrcError(f"several devices are attached ({', '.join(attached)}): say which with --dev")
+
+
+# Defaults for a datacenter: round trips of tens of microseconds.
+TIMERS = {"loss_hold_us": 20000, "ack_timeout_us": 1000, "probe_us": 5000, "fb_interval_us": 100,
+          "reorder_max_us": 16000}
+
+
+def _check_free(ipr: IPRoute, devices: list[str]) -> list[int]:
+    """Every device exists, carries no XDP program and is not ours yet."""
+    if len(set(devices)) != len(devices):
+        raise MrcError(f"a device is named twice: {' '.join(devices)}")
+    if len(devices) > MAX_DEVICES:
+        raise MrcError(f"{len(devices)} devices: one attachment spans at most {MAX_DEVICES}")
+    indexes = []
+    for device in devices:
+        index = hooks.ifindex(ipr, device)
+        first = owner(device)
+        if first:
+            raise MrcError(f"{device} is already attached (mrcctl detach {first} first)")
+        xdp = hooks.device_info(ipr, index)["xdp_prog_id"]
+        if xdp:
+            raise MrcError(f"{device} already has an XDP program (id {xdp}); remove it first")
+        indexes.append(index)
+    return indexes
+
+
+def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granularity: str,
+          undo: list) -> tuple[layout.Device, str]:
+    """Hook the programs to one device; what it changed goes on `undo`."""
+    info = hooks.device_info(ipr, index)
+    flags = 0
+    used_mode = hooks.xdp_attach(device, rx.fd, mode)
+    undo.append(lambda: hooks.xdp_detach(device, used_mode))
+    if used_mode == "skb":
+        flags |= CFG_XDP_SKB
+    if not hooks.has_clsact(ipr, index):
+        hooks.add_clsact(ipr, index)
+        undo.append(lambda: hooks.del_clsact(ipr, index))
+        flags |= CFG_CLSACT_OURS
+    hooks.tc_attach(ipr, index, tx.fd, "mrc_tx")
+    undo.append(lambda: hooks.tc_detach(ipr, index))
+    hooks.tc_attach(ipr, index, fb.fd, "mrc_fb", hooks.TC_INGRESS_PARENT)
+    undo.append(lambda: hooks.tc_detach(ipr, index, hooks.TC_INGRESS_PARENT))
+    saved_segs = offload.gso_max_segs(device)
+    if granularity == "packet" and saved_segs != 1:
+        offload.set_gso_max_segs(device, 1)
+        undo.append(lambda: offload.set_gso_max_segs(device, saved_segs))
+    return layout.Device(ifindex=index, flags=flags, saved_gso_max_segs=saved_segs,
+                         mtu=info["mtu"]), used_mode
+
+
+def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
+           granularity: str = "packet", **timers: int) -> dict:
+    """Attach one datapath to DEVICES (one, or a host's plane devices)."""
+    require_root()
+    devices = [devices] if isinstance(devices, str) else list(devices)
+    if not devices:
+        raise MrcError("attach needs a device")
+    sid = parse_sid(sid_text)
+    pins.ensure_bpffs()
+    directory = pins.device_dir(devices[0])
+    unknown = set(timers) - set(TIMERS)
+    if unknown:
+        raise MrcError(f"unknown timer(s): {', '.join(sorted(unknown))}")
+    timers = {**TIMERS, **{k: v for k, v in timers.items() if v is not None}}
+    undo: list = []
+    with IPRoute() as ipr:
+        indexes = _check_free(ipr, devices)
+        module, tx, rx, fb = compile_datapath()
+        try:
+            directory.mkdir(parents=True)
+            undo.append(lambda: pins.remove_tree(directory))
+            for name in layout.MAPS:
+                bpfsys.obj_pin(module[name].map_fd, str(directory / name))
+            bpfsys.obj_pin(tx.fd, str(directory / PROG_TX))
+            bpfsys.obj_pin(rx.fd, str(directory / PROG_RX))
+            bpfsys.obj_pin(fb.fd, str(directory / PROG_FB))
+
+            cfg = layout.Config(n_devices=len(devices), **timers)
+            ctypes.memmove(cfg.sid, sid.packed, 16)
+            modes = []
+            for i, (device, index) in enumerate(zip(devices, indexes)):
+                cfg.devices[i], used_mode = _hook(ipr, device, index, tx, rx, fb, mode,
+                                                  granularity, undo)
+                modes.append(used_mode)
+            cfg.mtu = min(cfg.devices[i].mtu for i in range(len(devices)))
+            config = bpfsys.PinnedMap(str(directory / "config"), *layout.MAPS["config"])
+            config.update(layout.Index(0), cfg)
+            config.close()
+        except BaseException as e:
+            for step in reversed(undo):
+                step()
+            if isinstance(e, (MrcError, KeyboardInterrupt)):
+                raise
+            raise MrcError(f"attach {' '.join(devices)} failed: {e}")
+    return {"device": devices[0], "devices": devices, "ifindex": indexes[0], "sid": str(sid),
+            "xdp_mode": modes[0], "granularity": offload.granularity(devices[0]),
+            "timers": timers, "pins": str(directory)}
+
+
+def _unhook(ipr: IPRoute, member: layout.Device | None, device: str, ids: tuple[int, int, int],
+            removed: dict) -> None:
+    """Take our programs off one device; leave anything that is not ours."""
+    rx_id, tx_id, fb_id = ids
+    found = ipr.link_lookup(ifname=device)
+    if not found:
+        return
+    index = found[0]
+    flags = member.flags if member else 0
+    info = hooks.device_info(ipr, index)
+    if info["xdp_prog_id"] and info["xdp_prog_id"] == rx_id:
+        hooks.xdp_detach(device, info["xdp_mode"])
+        removed["xdp"] = True
+    if hooks.tc_egress_prog_ids(index).get(hooks.TC_PRIO) == tx_id:
+        hooks.tc_detach(ipr, index)
+        removed["tc"] = True
+    if fb_id and hooks.tc_egress_prog_ids(index, "ingress").get(hooks.TC_PRIO) == fb_id:
+        hooks.tc_detach(ipr, index, hooks.TC_INGRESS_PARENT)
+    if flags & CFG_CLSACT_OURS and not hooks.tc_egress_prog_ids(index) \
+            and not hooks.tc_egress_prog_ids(index, "ingress"):
+        hooks.del_clsact(ipr, index)
+        removed["clsact"] = True
+    removed["routes"] += routes.remove_all(ipr, index)
+    saved = member.saved_gso_max_segs if member else 0
+    if saved and offload.gso_max_segs(device) != saved:
+        offload.set_gso_max_segs(device, saved)
+
+
+def detach(device: str) -> dict:
+    """Undo attach, on every device of the attachment DEVICE belongs to.
+    Works from the program pins and the config alone, so state left by
+    another version (or damaged) can still be cleared."""
+    require_root()
+    pins.ensure_bpffs()
+    first = owner(device)
+    if first is None:
+        raise MrcError(f"{device} is not attached")
+    directory = pins.device_dir(first)
+    probe = Attachment(first, directory)
+    ids = probe.prog_id(PROG_RX), probe.prog_id(PROG_TX), probe.prog_id(PROG_FB)
+    members = _members(directory)
+    names = [_ifname(m.ifindex) for m in members] or [first]
+    removed = {"device": first, "devices": [n for n in names if n], "xdp": False, "tc": False,
+               "clsact": False, "routes": 0}
+    with IPRoute() as ipr:
+        if not members:     # unreadable config: at least the device it is named after
+            _unhook(ipr, None, first, ids, removed)
+        for member, name in zip(members, names):
+            if name:
+                _unhook(ipr, member, name, ids, removed)
+    pins.remove_tree(directory)
+    try:
+        pins.netns_dir().rmdir()
+    except OSError:
+        pass
+    return removed
+
+
+def _read_config(directory: Path) -> layout.Config | None:
+    """The pinned config, or None when it is missing or of another layout."""
+    try:
+        fd = bpfsys.obj_get(str(directory / "config"))
+    except bpfsys.BpfError:
+        return None
+    try:
+        if bpfsys.map_info(fd).value_size != ctypes.sizeof(layout.Config):
+            return None
+        cfg = layout.Config()
+        attr = bpfsys._MapElemAttr(map_fd=fd, key=ctypes.addressof(layout.Index(0)),
+                                   value=ctypes.addressof(cfg))
+        bpfsys._bpf(bpfsys.BPF_MAP_LOOKUP_ELEM, attr)
+        return cfg
+    except bpfsys.BpfError:
+        return None
+    finally:
+        os.close(fd)

@@ -1,0 +1,93 @@
+"""The datapath's C source and the constants it shares with Python.
+
+bpf/mrc_common.h is the single definition of sizes, flags and counters:
+this module reads its ``#define``s and ``enum mrc_counter`` so Python never
+keeps a second copy of them.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+
+# In a checkout the sources are the tree's bpf/; an installed package carries
+# them as mrc_ebpf/bpf (pyproject maps the one onto the other).
+_HERE = Path(__file__).resolve().parent
+_INSTALLED, _CHECKOUT = _HERE.parent / "bpf", _HERE.parent.parent / "bpf"
+BPF_DIR = Path(os.environ.get("MRC_BPF_DIR") or (_CHECKOUT if (_CHECKOUT / "mrc.c").is_file() else _INSTALLED))
+LAB_BPF_DIR = BPF_DIR / "lab"
+MAIN_SOURCE = BPF_DIR / "mrc.c"
+COMMON_HEADER = BPF_DIR / "mrc_common.h"
+
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+
+
+def expand(path: Path = MAIN_SOURCE, _seen: set | None = None) -> str:
+    """Inline the quoted includes of `path` (each file once), keeping
+    #line markers so compiler messages name the real file and line.
+
+    bcc rewrites map calls and finds programs only in the one file it is
+    given; this makes the whole datapath that one file.
+    """
+    seen = set() if _seen is None else _seen
+    path = path.resolve()
+    if path in seen:
+        return ""
+    seen.add(path)
+    out = [f'#line 1 "{path}"']
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        match = _QUOTED_INCLUDE.match(line)
+        if not match:
+            out.append(line)
+            continue
+        included = _resolve(match.group(1), path.parent)
+        out.append(expand(included, seen))
+        out.append(f'#line {number + 1} "{path}"')
+    return "\n".join(out) + "\n"
+
+
+def _resolve(name: str, here: Path) -> Path:
+    for base in (here, BPF_DIR):
+        candidate = base / name
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"#include \"{name}\" not found from {here}")
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"/\*.*?\*/|//[^\n]*", "", text, flags=re.S)
+
+
+@functools.lru_cache(maxsize=None)
+def constants() -> dict[str, int]:
+    """Integer #defines of mrc_common.h, function-like macros excluded."""
+    values: dict[str, int] = {}
+    text = _strip_comments(COMMON_HEADER.read_text())
+    for name, expr in re.findall(r"^[ \t]*#define[ \t]+(MRC_\w+)[ \t]+(.+?)[ \t]*$", text, flags=re.M):
+        expr = re.sub(r"\b(MRC_\w+)\b", lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), expr)
+        if re.fullmatch(r"[0-9xXa-fA-F()+\-*/ <>|&]+", expr):
+            values[name] = int(eval(expr, {"__builtins__": {}}))  # noqa: S307 - digits and operators only
+    return values
+
+
+@functools.lru_cache(maxsize=None)
+def counter_names() -> list[str]:
+    """Names of enum mrc_counter in index order, without the MRC_ prefix."""
+    text = _strip_comments(COMMON_HEADER.read_text())
+    body = re.search(r"enum\s+mrc_counter\s*{(.*?)}", text, flags=re.S).group(1)
+    names = [n.strip() for n in body.split(",") if n.strip()]
+    if any("=" in n for n in names):
+        raise ValueError("enum mrc_counter must not assign values")
+    assert names[-1] == "MRC_COUNTER_MAX"
+    return [n[len("MRC_"):].lower() for n in names[:-1]]
+
+
+C = constants()
+
+
+def prefixed(prefix: str) -> list[str]:
+    """The names of C's `PREFIX*` constants, lower case, by value
+    (`prefixed("MRC_POLICY_")` -> ["rr", "weighted", ...])."""
+    return [n[len(prefix):].lower() for n, _ in sorted(C.items(), key=lambda kv: kv[1])
+            if n.startswith(prefix)]

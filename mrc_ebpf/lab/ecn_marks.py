@@ -1,0 +1,143 @@
+"""The test fabric's ECN-marking switch queues (`mrcctl fabric up
+--ecn-threshold TIME`).
+
+Datacenter switches mark ECN-capable packets CE once a queue passes a
+threshold, so that ECN/DCTCP senders slow down before anything is lost
+(and MRC's congestion signal, trimming, plays the same role).  This
+kernel has no qdisc that marks (no RED, fq_codel or pie), so the fabric
+runs its own: bpf/ecn_mark.c at TC egress of every rate-limited
+leaf-spine device, both directions, modelling the tbf's backlog as a
+virtual queue at the link's rate and marking when more than the
+threshold is queued in front of a packet.  Test equipment like faults.py.
+
+The mark lands on whatever header the switch sees: the outer IPv6 header
+of a packet mrc-ebpf encapsulated (which its RX carries to the inner
+packet, bpf/lib/ecn.h) or the packet itself on plain ECMP.
+
+State: one program and one map for the whole fabric, the map keyed by
+each device's MAC address (ifindexes repeat across namespaces), pinned
+at /run/mrc-ebpf/fabric-ecn/<fabric> so `fabric show` reads the marks
+later; the TC filters keep the program loaded after `fabric up` exits
+and go with the namespaces on `fabric down`, which removes the pin.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import re
+from pathlib import Path
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from mrc_ebpf.datapath import bpfsys, hooks, pins
+from mrc_ebpf.errors import MrcError
+from mrc_ebpf.lab.netns import inside
+from mrc_ebpf.datapath.source import LAB_BPF_DIR
+
+SOURCE = LAB_BPF_DIR / "ecn_mark.c"
+MARK_PRIO = 0xEC          # its own filter priority on clsact egress
+MAP = "queues"
+_TIME = re.compile(r"(\d+(?:\.\d+)?)(ns|us|ms|s)")
+_UNIT = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+MAX_THRESHOLD_NS = 1_000_000_000
+
+
+class QueueKey(ctypes.Structure):
+    _fields_ = [("mac", ctypes.c_uint8 * 6), ("pad", ctypes.c_uint16)]
+
+
+class Queue(ctypes.Structure):
+    """struct ecn_queue in bpf/ecn_mark.c (tests check the two agree)."""
+    _fields_ = [("ns_per_kbyte", ctypes.c_uint64), ("threshold_ns", ctypes.c_uint64),
+                ("busy_until", ctypes.c_uint64), ("packets", ctypes.c_uint64),
+                ("ect", ctypes.c_uint64), ("marked", ctypes.c_uint64)]
+
+
+def parse_threshold(text: str) -> int:
+    """'1ms', '500us', '0.5ms' -> ns (more than 0, at most 1 s)."""
+    m = _TIME.fullmatch(str(text).strip())
+    if not m:
+        raise MrcError(f"bad ECN threshold {text!r}: a time such as 1ms or 500us")
+    ns = round(float(m.group(1)) * _UNIT[m.group(2)])
+    if not 0 < ns <= MAX_THRESHOLD_NS:
+        raise MrcError(f"bad ECN threshold {text!r}: more than 0, at most 1s")
+    return ns
+
+
+def pin_path(fabric: str) -> Path:
+    return pins.BASE / "fabric-ecn" / fabric
+
+
+def key_of(mac: str) -> QueueKey:
+    k = QueueKey()
+    for i, b in enumerate(bytes.fromhex(mac.replace(":", ""))):
+        k.mac[i] = b
+    return k
+
+
+def install(fabric: str, devices: list[tuple[str, str, int]], threshold_ns: int) -> dict[str, dict]:
+    """Mark on every (namespace, device, rate in bit/s); returns
+    {mac: {"ns", "dev"}} for the fabric's state.  Undone on failure
+    (the caller deletes the namespaces, which takes the filters)."""
+    try:
+        from bcc import BPF
+    except ImportError:
+        raise MrcError("bcc is not installed: apt-get install python3-bpfcc (see README)")
+    pins.ensure_bpffs()
+    try:
+        module = BPF(src_file=str(SOURCE).encode())
+        fn = module.load_func(b"ecn_mark", BPF.SCHED_CLS)
+    except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
+        raise MrcError(f"cannot load {SOURCE.name}: {e}")
+    table = module[MAP.encode()]
+    path = pin_path(fabric)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            path.unlink()             # a fabric of that name that is gone
+        bpfsys.obj_pin(table.map_fd, str(path))
+        found = {}
+        for ns, dev, rate in devices:
+            with inside(ns), IPRoute() as ipr:
+                index = ipr.link_lookup(ifname=dev)
+                if not index:
+                    raise MrcError(f"no device {dev} in {ns}")
+                index = index[0]
+                mac = ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
+                q = Queue(ns_per_kbyte=round(8e12 / rate), threshold_ns=threshold_ns)
+                table[table.Key.from_buffer_copy(key_of(mac))] = table.Leaf.from_buffer_copy(q)
+                if not hooks.has_clsact(ipr, index):
+                    hooks.add_clsact(ipr, index)
+                try:
+                    ipr.tc("add-filter", "bpf", index, hooks.TC_HANDLE, fd=fn.fd, name="mrc_ecn_mark",
+                           parent=hooks.TC_EGRESS_PARENT, classid=1, direct_action=True, prio=MARK_PRIO)
+                except NetlinkError as e:
+                    raise MrcError(f"cannot add the ECN marker on {dev} in {ns}: {e}")
+            found[mac] = {"ns": ns, "dev": dev}
+        return found
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    finally:
+        module.cleanup()          # the pin and the filters hold what must stay
+
+
+def read(fabric: str) -> dict[str, Queue] | None:
+    """mac -> the queue's counters, or None without a marker pinned."""
+    try:
+        m = bpfsys.PinnedMap(str(pin_path(fabric)), QueueKey, Queue)
+    except (bpfsys.BpfError, FileNotFoundError):
+        return None
+    try:
+        return {":".join(f"{b:02x}" for b in k.mac): v for k, v in m.items()}
+    finally:
+        m.close()
+
+
+def remove(fabric: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        pin_path(fabric).unlink()
+    with contextlib.suppress(OSError):
+        pin_path(fabric).parent.rmdir()

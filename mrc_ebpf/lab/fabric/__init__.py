@@ -1,0 +1,50 @@
+"""An emulated two-tier leaf-spine fabric of network namespaces.
+
+`mrcctl fabric up` builds it, `show` describes it, `down` removes it; the
+state is a JSON file under STATE_DIR (on /run, which `ip netns exec`
+leaves alone), so every later command finds the fabric.
+
+Shape: P planes; plane p has K spines and L leaves, every leaf linked to
+every spine of its plane.  Hosts 1..L*H each have one NIC per plane (eth<p>)
+to leaf (h-1)//H+1 of that plane.
+
+Names (nodes are namespaces NAME-<node>; devices are short and repeat
+across namespaces):
+
+  plane 0:  spines s1..sK, leaves l1..lL      plane p>0: p<p>s1.., p<p>l1..
+  hosts:    h1..h<L*H> (one per plane-independent host)
+  devices:  host eth<p> (its NIC in plane p); leaf s<k> (uplink to spine
+            k) and h<h> (to host h); spine l<l> (to leaf l)
+  links:    "<spine>-<leaf>" (s1-l2, p1s1-p1l2), "<host>-<leaf>" (h1-l1,
+            h1-p1l1); either order is accepted.  "a>b" is the direction a
+            to b only (a fault is installed on b's ingress).  A node name
+            (s1, l2, h3) stands for all of its links.
+
+Addressing (test ranges only):
+
+  uSID block fc00:0::/32, 16-bit IDs.  Spine s of plane p: ID
+  0x100*(p+1)+s, SID fc00:0:<id>:: (End, or End with NEXT-C-SID for uSID).
+  Host h: ID 0xe000+h, SID fc00:0:<id>:: on every plane.
+  Host data: fd00:0:<h>::1/128 on lo (prefix fd00:0:<h>::/64) and
+  198.18.<h/256>.<h%256>/32 on lo.
+  Spine-leaf links: fd01:<p>:<s>:<l>::1/64 (spine), ::2 (leaf).
+  Host-leaf links: link-local only, fe80::1 (leaf) and fe80::2 (host), so a
+  host's only global addresses are its data addresses (source selection).
+
+Routing: hosts send fc00:0:<(p+1)00>::/40 (plane p's spines) out of eth<p>,
+everything else of fc00::/16, fd00::/16 and 198.18.0.0/15 out of eth0 (plane
+0).  Leaves route spine SIDs to their spine (static), their own hosts'
+SIDs/prefixes to the host, and remote hosts' SIDs/prefixes by kernel ECMP
+over all spines of the plane, hashed on the 5-tuple (fib_multipath_hash_policy
+3, fields 0x37: what policy 1 means on a switch; see sysctls()).
+Spines route every host SID/prefix to the host's leaf in their plane.
+"""
+from __future__ import annotations
+
+from .plan import (DEFAULT_MTU, DEFAULT_NAME, DEFAULT_RATE, ENCODINGS, MAX_MTU, MIN_MTU, MODES,  # noqa: F401
+                   QUEUE_LATENCY, STATE_DIR, SYSCTL_RE, Fabric, parse_mode, parse_rate)
+from .state import check_name, existing_namespaces, list_names, load, locked, state_path  # noqa: F401
+from .build import down, up  # noqa: F401
+from .show import describe, node_ns  # noqa: F401
+from .failures import fail, heal  # noqa: F401
+from .attach import attach, detach  # noqa: F401

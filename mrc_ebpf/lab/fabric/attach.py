@@ -1,0 +1,121 @@
+"""mrc-ebpf on a fabric's hosts (`fabric attach` / `fabric detach`)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from mrc_ebpf.errors import MrcError
+from mrc_ebpf.lab.procs import run_parallel, ROOT
+
+from .plan import Fabric
+from .state import existing_namespaces, locked
+
+
+def _mrcctl(ns: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "mrc_ebpf.cli.mrcctl", "--netns", ns, *args]
+
+
+def _pick_hosts(fab: Fabric, hosts: str | None) -> list[int]:
+    if not hosts:
+        return fab.hosts()
+    out = []
+    for item in hosts.split(","):
+        item = item.strip()
+        m = re.fullmatch(r"h?(\d+)", item)
+        if not m or not 1 <= int(m.group(1)) <= fab.N:
+            raise MrcError(f"no host {item!r} in fabric {fab.name} (h1..h{fab.N})")
+        if int(m.group(1)) not in out:
+            out.append(int(m.group(1)))
+    return out
+
+
+def _check(r: subprocess.CompletedProcess, what: str) -> None:
+    if r.returncode != 0:
+        msg = r.stderr.strip().splitlines()
+        msg = msg[-1] if msg else f"exit {r.returncode}"
+        raise MrcError(f"{what}: {msg.removeprefix('mrcctl: error: ')}")
+
+
+def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
+           ipv4: bool = False) -> dict:
+    with locked(name) as state:
+        fab = Fabric(state["spec"])
+        if state["status"] != "up":
+            raise MrcError(f"fabric {name} is {state['status']}")
+        chosen = _pick_hosts(fab, hosts)
+        if len(chosen) < 2:
+            raise MrcError("attach needs at least two hosts")
+        already = [fab.host(h) for h in chosen if fab.host(h) in state["attached"]]
+        if already:
+            raise MrcError(f"already attached: {', '.join(already)} (mrcctl fabric detach first)")
+        devs = [f"eth{p}" for p in range(fab.P)]
+        done = []
+        try:
+            # attach in parallel (each loads the programs: a bcc compile)
+            results = run_parallel([_mrcctl(fab.ns(fab.host(h)), "attach", *devs, "--sid", fab.host_sid(h),
+                                         *extra) for h in chosen], limit=2)
+            for h, r in zip(chosen, results):
+                if r.returncode == 0:
+                    done.append(h)
+            for h, r in zip(chosen, results):
+                _check(r, f"attach on {fab.host(h)}")
+            jobs = []
+            for a in chosen:
+                ns = fab.ns(fab.host(a))
+                cmds = []
+                for b in chosen:
+                    if a == b:
+                        continue
+                    prefixes = [fab.prefix6(b)] + ([fab.prefix4(b)] if ipv4 else [])
+                    for prefix in prefixes:
+                        cmds.append(_mrcctl(ns, *fab.path_add_args(a, b, prefix)))
+                        if policy:
+                            cmds.append(_mrcctl(ns, "path", "policy", prefix, policy))
+                jobs.append(cmds)
+            _run_sequences(jobs, f"fabric {name}")
+        except BaseException:
+            run_parallel([_mrcctl(fab.ns(fab.host(h)), "detach", "--all") for h in done], limit=4)
+            raise
+        for h in chosen:
+            state["attached"][fab.host(h)] = {"devices": devs, "sid": fab.host_sid(h), "ipv4": ipv4,
+                                              "peers": [fab.host(b) for b in chosen if b != h],
+                                              "policy": policy or "rr", "extra": list(extra)}
+    return {"name": name, "hosts": [fab.host(h) for h in chosen], "devices": devs,
+            "policy": policy or "rr", "paths_per_peer": fab.P * fab.K}
+
+
+def _run_sequences(jobs: list[list[list[str]]], what: str, limit: int = 2) -> None:
+    """Each job is a list of commands run in order; jobs run side by side."""
+    cursors = [0] * len(jobs)
+    running: dict[int, subprocess.Popen] = {}
+    try:
+        while any(c < len(j) for c, j in zip(cursors, jobs)) or running:
+            for i, job in enumerate(jobs):
+                if i not in running and cursors[i] < len(job) and len(running) < limit:
+                    running[i] = subprocess.Popen(job[cursors[i]], stdout=subprocess.PIPE,
+                                                  stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            i = next(iter(running))
+            proc = running.pop(i)
+            out, err = proc.communicate(timeout=300)
+            cmd = jobs[i][cursors[i]]
+            cursors[i] += 1
+            _check(subprocess.CompletedProcess(cmd, proc.returncode, out, err),
+                   f"{' '.join(cmd[5:8])} in {cmd[4]}")
+    finally:
+        for proc in running.values():
+            proc.kill()
+            proc.wait()
+
+
+def detach(name: str, hosts: str | None) -> dict:
+    with locked(name) as state:
+        fab = Fabric(state["spec"])
+        chosen = [fab.host(h) for h in _pick_hosts(fab, hosts)] if hosts else list(state["attached"])
+        present = existing_namespaces()
+        targets = [h for h in chosen if fab.ns(h) in present]
+        results = run_parallel([_mrcctl(fab.ns(h), "detach", "--all") for h in targets], limit=4)
+        for h, r in zip(targets, results):
+            _check(r, f"detach on {h}")
+        for h in chosen:
+            state["attached"].pop(h, None)
+    return {"name": name, "detached": chosen}

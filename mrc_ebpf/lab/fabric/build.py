@@ -1,0 +1,179 @@
+"""Building a fabric's namespaces, links and routes (`fabric up`) and removing them (`fabric down`)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from mrc_ebpf.lab import ecn_marks, faults
+from mrc_ebpf.errors import MrcError
+from mrc_ebpf.lab.procs import run, run_parallel
+
+from .plan import DEFAULT_MTU, DEFAULT_RATE, ENCODINGS, Fabric, MAX_HOSTS, MAX_LEAVES, MAX_MTU, MAX_PLANES, MAX_SPINES, MIN_MTU, SYSCTL_RE, parse_rate
+from .state import check_name, existing_namespaces, locked, state_path
+
+
+def _batch(cmd: list[str], lines: list[str], what: str) -> None:
+    if not lines:
+        return
+    r = subprocess.run([*cmd, "-batch", "-"], input="\n".join(lines) + "\n",
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        err = " ".join(r.stderr.split())[:300]
+        raise MrcError(f"{what}: {err or f'exit {r.returncode}'}")
+
+
+def _ns_sysctl(ns: str, keys: list[str]) -> None:
+    run(["ip", "netns", "exec", ns, "sysctl", "-qw", *keys])
+
+
+def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1,
+       rate: str | None = DEFAULT_RATE, host_rate: str | None = None, encoding: str = "srh",
+       mtu: int = DEFAULT_MTU, host_sysctls: list[str] = (), ecn_threshold: str | None = None) -> dict:
+    check_name(name)
+    for what, v, hi in (("--spines", spines, MAX_SPINES), ("--leaves", leaves, MAX_LEAVES),
+                        ("--hosts-per-leaf", hosts_per_leaf, MAX_HOSTS), ("--planes", planes, MAX_PLANES)):
+        if not isinstance(v, int) or not 1 <= v <= hi:
+            raise MrcError(f"{what} {v}: must be 1..{hi}")
+    if leaves * hosts_per_leaf > MAX_HOSTS:
+        raise MrcError(f"{leaves * hosts_per_leaf} hosts: at most {MAX_HOSTS}")
+    if encoding not in ENCODINGS:
+        raise MrcError(f"bad encoding {encoding!r}: srh or usid")
+    if not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_MTU:
+        raise MrcError(f"--mtu {mtu}: must be {MIN_MTU}..{MAX_MTU}")
+    for kv in host_sysctls:
+        if not SYSCTL_RE.match(kv):
+            raise MrcError(f"bad --host-sysctl {kv!r}: net.KEY=VALUE")
+    rate_bits, host_bits = parse_rate(rate), parse_rate(host_rate)
+    if ecn_threshold is not None:
+        ecn_marks.parse_threshold(ecn_threshold)
+        if not rate_bits:
+            raise MrcError("--ecn-threshold needs a --rate: only rate-limited links have queues to mark")
+    spec = {"name": name, "planes": planes, "spines": spines, "leaves": leaves,
+            "hosts_per_leaf": hosts_per_leaf, "encoding": encoding,
+            "rate": rate if rate_bits else None, "host_rate": host_rate if host_bits else None,
+            "mtu": mtu, "host_sysctls": list(host_sysctls), "ecn_threshold": ecn_threshold}
+    fab = Fabric(spec)
+    planned = fab.namespaces()
+    if state_path(name).exists():
+        raise MrcError(f"fabric {name} already exists (mrcctl fabric down {name} first)")
+    clash = sorted(set(planned) & existing_namespaces())
+    if clash:
+        raise MrcError(f"namespace {clash[0]} already exists (not made by fabric {name}); "
+                       f"pick another NAME")
+    if os.geteuid() != 0:
+        raise MrcError("fabric up needs root")
+    started = time.monotonic()
+    state = {"spec": spec, "status": "building", "namespaces": planned, "faults": [],
+             "attached": {}, "created": time.time()}
+    with locked(name, create=state) as state:
+        try:
+            _build(fab)
+            if ecn_threshold is not None:
+                state["ecn_marking"] = ecn_marks.install(name, fab.marking_devices(),
+                                                         ecn_marks.parse_threshold(ecn_threshold))
+        except BaseException as e:
+            state["_removed"] = True
+            _teardown(fab, state, quiet=True)
+            state_path(name).unlink(missing_ok=True)
+            if isinstance(e, MrcError):
+                raise MrcError(f"fabric up {name} failed, removed what it made: {e}")
+            if isinstance(e, (subprocess.TimeoutExpired, OSError)):
+                raise MrcError(f"fabric up {name} failed, removed what it made: {e}")
+            raise
+        state["status"] = "up"
+        state["build_s"] = round(time.monotonic() - started, 2)
+    return {"name": name, "namespaces": len(planned), "hosts": fab.N, "links": len(fab.links()),
+            "build_s": state["build_s"], "state": str(state_path(name)), **spec}
+
+
+def _build(fab: Fabric) -> None:
+    nodes = fab.nodes()
+    _batch(["ip"], [f"netns add {d['ns']}" for d in nodes.values()], "creating namespaces")
+    # defaults first, so devices made afterwards inherit them
+    for node, d in nodes.items():
+        _ns_sysctl(d["ns"], fab.sysctls(node))
+    _batch(["ip"], [f"link add {lk['a']['dev']} netns {lk['a']['ns']} type veth peer name "
+                    f"{lk['b']['dev']} netns {lk['b']['ns']}" for lk in fab.links()], "creating links")
+    for node, d in nodes.items():
+        _ns_sysctl(d["ns"], fab.sysctls(node) + fab.dev_sysctls(node))
+        _batch(["ip", "-n", d["ns"]], fab.addr_cmds(node), f"addresses of {node}")
+        _batch(["tc", "-n", d["ns"]], fab.tc_cmds(node), f"qdiscs of {node}")
+    for node, d in nodes.items():
+        _batch(["ip", "-n", d["ns"]], fab.route_cmds(node), f"routes of {node}")
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def _has_pins(ns: str) -> bool:
+    """Does the datapath have pinned state in namespace ns?  (Its pin
+    directory is named by the namespace's cookie: look from inside.)"""
+    import ctypes
+
+    from mrc_ebpf.datapath import pins
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        target = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    except OSError:
+        return False
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if libc.setns(target, _CLONE_NEWNET) != 0:
+            return True          # cannot tell: let detach --all decide
+        try:
+            d = pins.netns_dir()
+            return d.is_dir() and any(d.iterdir())
+        finally:
+            if libc.setns(home, _CLONE_NEWNET) != 0:
+                raise MrcError("cannot return to the original network namespace")
+    except OSError:
+        return True
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+def _teardown(fab: Fabric, state: dict, quiet: bool = False) -> list[str]:
+    """Remove everything of fab that exists; return what could not be removed."""
+    problems = []
+    present = existing_namespaces()
+    hosts = [fab.ns(fab.host(h)) for h in fab.hosts() if fab.ns(fab.host(h)) in present]
+    hosts = [ns for ns in hosts if _has_pins(ns)]
+    # pins outlive a namespace: take the datapath's state down first (as Topology.destroy)
+    for ns, r in zip(hosts, run_parallel([[sys.executable, "-m", "mrc_ebpf.cli.mrcctl", "--netns", ns, "detach",
+                                        "--all"] for ns in hosts], limit=4)):
+        if r.returncode != 0:
+            problems.append(f"detach in {ns}: {r.stderr.strip()}")
+    for f in state.get("faults", []):
+        if f.get("kind") == "gray" and f["ns"] in present:
+            with contextlib.suppress(Exception):
+                faults.heal(f["ns"], f["dev"])
+    mine = [ns for ns in state.get("namespaces", fab.namespaces()) if ns in present]
+    if mine:
+        r = subprocess.run(["ip", "-force", "-batch", "-"], input="".join(f"netns del {ns}\n" for ns in mine),
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0 and not quiet:
+            problems.append(" ".join(r.stderr.split())[:300])
+    ecn_marks.remove(fab.name)
+    for ns in state.get("namespaces", fab.namespaces()):
+        try:
+            faults.forget(ns)
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            problems.append(f"fault pins of {ns}: {e}")
+    left = sorted(set(mine) & existing_namespaces())
+    if left:
+        problems.append(f"namespaces left: {', '.join(left)}")
+    return problems
+
+
+def down(name: str) -> dict:
+    with locked(name) as state:
+        fab = Fabric(state["spec"])
+        problems = _teardown(fab, state)
+        if any(p.startswith("namespaces left") for p in problems):
+            raise MrcError(f"fabric down {name}: {'; '.join(problems)}")
+        state["_removed"] = True
+        state_path(name).unlink(missing_ok=True)
+    return {"name": name, "removed": len(state.get("namespaces", [])), "problems": problems}

@@ -1,0 +1,573 @@
+"""mrc-perf: an iperf3-like benchmark that also reads the MRC datapath.
+
+A client and a server talk over a control TCP connection (perf_control)
+and move data over TCP or UDP streams (perf_tcp, perf_udp).  Each side
+records intervals of its own streams and, when a datapath is attached in
+its network namespace, per-path deltas of its maps (perf_mrc); at the
+end each side sends its results to the other, so the client's report
+holds both ends.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+
+from mrc_ebpf.errors import MrcError
+from mrc_ebpf.perf.control import (DEFAULT_PORT, TCP_LENGTH, UDP_RATE, VERSION, Control, Params, PeerGone,
+                           check_congestion, congestion_of, set_congestion)
+from mrc_ebpf.perf.mrc_view import MrcView
+from mrc_ebpf.perf.report import header, interval_lines, mrc_summary_lines, summary_lines
+from mrc_ebpf.perf.tcp import DATA_HELLO, DATA_MAGIC, TcpReceiver, TcpSender
+from mrc_ebpf.perf.udp import HEADER, KIND_HELLO, MAGIC, UdpReceiver, UdpSender, big_buffers, hello, receive
+
+SETUP_TIMEOUT = 10.0
+# a UDP receiver is done when nothing arrived for this long after the
+# sender's `end` (longer than any queue the tests build), or at DRAIN_MAX
+UDP_IDLE, DRAIN_MAX = 0.25, 3.0
+# TCP data still queued when the sender stops is read (so its close
+# completes) but not counted
+TCP_DRAIN_MAX = 10.0
+_now = time.monotonic_ns
+
+__all__ = ["DEFAULT_PORT", "Params", "Output", "run_client", "serve"]
+
+
+class Output:
+    """Text lines as the test goes (iperf3's habit) or one JSON document at the end."""
+
+    def __init__(self, json_mode: bool, stream=None):
+        self.json_mode = json_mode
+        self.stream = stream or sys.stdout
+        self.lock = threading.Lock()
+
+    def line(self, text: str = "") -> None:
+        if not self.json_mode:
+            with self.lock:
+                print(text, file=self.stream, flush=True)
+
+
+class Recorder:
+    """Snapshots of cumulative counters at interval boundaries; every
+    report is a difference of two snapshots, so the intervals add up to
+    the summary exactly."""
+
+    def __init__(self, streams, params: Params, role: str, mrc: MrcView | None, out: Output):
+        self.streams, self.params, self.role, self.mrc, self.out = streams, params, role, mrc, out
+        self.kind = streams[0].kind
+        self.intervals: list[dict] = []
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def _snap(self, t: int) -> dict:
+        return {"t": t, "streams": [s.snapshot() for s in self.streams],
+                "mrc": self.mrc.snapshot() if self.mrc else None}
+
+    def _report(self, a: dict, b: dict, final: bool = False) -> dict:
+        seconds = (b["t"] - a["t"]) / 1e9
+        reports = [s.report(sa, sb, seconds, final)
+                   for s, sa, sb in zip(self.streams, a["streams"], b["streams"])]
+        total = type(self.streams[0]).sum(self.streams, a["streams"], b["streams"], seconds, reports,
+                                          final)
+        return {"start": round((a["t"] - self.t0) / 1e9, 6), "end": round((b["t"] - self.t0) / 1e9, 6),
+                "seconds": round(seconds, 6), "streams": reports, "sum": total,
+                "mrc": self.mrc.delta(a["mrc"], b["mrc"], seconds) if self.mrc else None}
+
+    def begin(self, t0: int) -> None:
+        self.t0 = t0
+        self.first = self.prev = self._snap(t0)
+        self.out.line(header(self.kind, self.role))
+        if self.params.interval:
+            self.thread = threading.Thread(target=self._loop, daemon=True)
+            self.thread.start()
+
+    def _loop(self) -> None:
+        step = int(self.params.interval * 1e9)
+        # the last boundary is left to finish(): the test's end closes the
+        # last interval, so no sliver of an interval follows it
+        horizon = self.t0 + int(self.params.duration * 1e9) - step // 10
+        k = 1
+        while self.t0 + k * step < horizon:
+            if self.stop.wait(max(0.0, (self.t0 + k * step - _now()) / 1e9)):
+                return
+            self._emit(self._snap(_now()))
+            k += 1
+
+    def _emit(self, snap: dict) -> None:
+        rec = self._report(self.prev, snap)
+        self.prev = snap
+        self.intervals.append(rec)
+        for text in interval_lines(rec, self.kind, self.role, len(self.streams) > 1):
+            self.out.line(text)
+
+    def finish(self, end_ns: int) -> dict:
+        self.stop.set()
+        if self.thread:
+            self.thread.join()
+        snap = self._snap(max(end_ns, self.prev["t"]))
+        if snap["t"] > self.prev["t"] or not self.intervals:
+            self._emit(snap)
+        return self._report(self.first, snap, final=True)
+
+
+
+def _announce(out, mrc, connected: list[dict]) -> None:
+    """iperf3's opening lines, and which datapath this end reads."""
+    if mrc:
+        out.line(f"MRC datapath here: {mrc.device} SID {mrc.sid}; per-path lines follow each interval")
+    for c in connected:
+        out.line(f"[{c['id']:>3}] local {c['local_host']} port {c['local_port']} connected to "
+                 f"{c['remote_host']} port {c['remote_port']}")
+
+def _workers(role, params, streams, udp_feeds, stop, deadline):
+    if role == "sender":
+        return [threading.Thread(target=s.run, args=(deadline, stop, params.bitrate, params.length),
+                                 daemon=True) for s in streams]
+    if params.protocol == "tcp":
+        return [threading.Thread(target=s.run, args=(stop, params.length), daemon=True)
+                for s in streams]
+    return [threading.Thread(target=receive, args=(sock, feed, stop), daemon=True)
+            for sock, feed in udp_feeds]
+
+
+def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc, out, t0,
+              congestion: str | None) -> tuple:
+    """Run this side of a started test; returns (local results, remote results).
+    `congestion`: the TCP congestion control this end's data streams run."""
+    stop = threading.Event()
+    recorder = Recorder(streams, params, role, mrc, out)
+    deadline = t0 + int(params.duration * 1e9)
+    threads = _workers(role, params, streams, udp_feeds, stop, deadline)
+    recorder.begin(t0)
+    for t in threads:
+        t.start()
+    try:
+        if role == "sender":
+            for t in threads:
+                t.join()
+            summary = recorder.finish(_now())
+            local = _results(role, mrc, recorder, summary,
+                             next((s.error for s in streams if s.error), None), congestion)
+            ctrl.send({"op": "end", "results": local})
+            remote = ctrl.expect("results", TCP_DRAIN_MAX + 30, "the receiver")["results"]
+            return local, remote
+        remote = ctrl.expect("end", params.duration + 60, "the sender")["results"]
+        _drain(params, streams, threads)
+        stop.set()
+        for t in threads:
+            t.join()
+        if params.protocol == "udp":
+            sent = {s["id"]: s["packets"] for s in remote["summary"]["streams"]}
+            for s in streams:
+                s.sent = sent.get(s.id)
+        last = max(s.end_ns for s in streams)
+        summary = recorder.finish(last or _now())
+        local = _results(role, mrc, recorder, summary,
+                         next((s.error for s in streams if s.error), None), congestion)
+        ctrl.send({"op": "results", "results": local})
+        return local, remote
+    finally:
+        stop.set()
+        recorder.stop.set()
+
+
+def _drain(params, streams, threads) -> None:
+    """Wait for what is still in flight after the sender stopped."""
+    if params.protocol == "tcp":
+        for s in streams:
+            s.freeze()
+        give_up = time.monotonic() + TCP_DRAIN_MAX
+        for t in threads:
+            t.join(max(0.0, give_up - time.monotonic()))
+        return
+    give_up = _now() + int(DRAIN_MAX * 1e9)
+    while _now() < give_up:
+        last = max(s.last_ns for s in streams)
+        if _now() - last > UDP_IDLE * 1e9:
+            return
+        time.sleep(UDP_IDLE / 5)
+
+
+def _results(role, mrc, recorder, summary, error, congestion) -> dict:
+    return {"role": role, "mrc": mrc.info() if mrc else None, "tcp_congestion": congestion,
+            "intervals": recorder.intervals, "summary": summary, "error": error}
+
+
+SIDE_KEYS = ("role", "mrc", "tcp_congestion", "intervals")
+
+
+def _document(who, ctrl_sock, params, connected, local, remote, timestamp) -> dict:
+    lh, lp = ctrl_sock.getsockname()[:2]
+    rh, rp = ctrl_sock.getpeername()[:2]
+    by_role = {local["role"]: local, remote["role"]: remote}
+    errors = [r["error"] for r in (local, remote) if r.get("error")]
+    return {
+        "tool": "mrc-perf", "version": VERSION,
+        "start": {"timestamp": timestamp, "role": who, "local_host": lh, "local_port": lp,
+                  "remote_host": rh, "remote_port": rp, "test": params.to_json(),
+                  "connected": connected},
+        "local": {k: local.get(k) for k in SIDE_KEYS},
+        "remote": {k: remote.get(k) for k in SIDE_KEYS},
+        "end": {"sender": by_role["sender"]["summary"], "receiver": by_role["receiver"]["summary"]},
+        "error": errors[0] if errors else None,
+    }
+
+
+def _print_end(out: Output, doc: dict, params: Params) -> None:
+    for text in summary_lines(doc["end"], params.protocol, params.streams > 1):
+        out.line(text)
+    if params.protocol == "tcp":    # iperf3's snd_tcp_congestion / rcv_tcp_congestion
+        cc = {doc[k]["role"]: doc[k]["tcp_congestion"] for k in ("local", "remote")}
+        out.line(f"TCP congestion control: sender {cc['sender']}, receiver {cc['receiver']}")
+    if doc["local"]["mrc"] or doc["remote"]["mrc"]:
+        for text in mrc_summary_lines(doc["end"], doc["local"], doc["remote"]):
+            out.line(text)
+    if doc["error"]:
+        out.line(f"warning: {doc['error']}")
+
+
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _udp_length(ctrl_sock: socket.socket) -> int:
+    """As iperf3: the control connection's MSS, which fits in the path MTU
+    (SRv6 encapsulation lowers it through the route's MTU) with room for a
+    UDP header."""
+    try:
+        mss = ctrl_sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+    except OSError:
+        mss = 0
+    return mss if HEADER.size <= mss <= 9000 else 1200
+
+
+# --------------------------------------------------------------------- client
+
+def _connect(host: str, port: int, bind: str | None) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise MrcError(f"cannot resolve {host}: {e.strerror}")
+    if bind:
+        infos = [i for i in infos if i[0] == _family(bind)] or infos
+    last = None
+    for family, kind, proto, _, addr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            if bind:
+                sock.bind((bind, 0))
+            sock.settimeout(SETUP_TIMEOUT)
+            sock.connect(addr)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as e:
+            sock.close()
+            last = e
+    what = last.strerror if isinstance(last, OSError) and last.strerror else str(last or "no address")
+    if isinstance(last, socket.timeout):
+        what = "timed out"
+    raise MrcError(f"cannot connect to {host} port {port}: {what}")
+
+
+def run_client(host: str, port: int, params: Params, out: Output, bind: str | None = None,
+               mrc_device: str | None = None, use_mrc: bool = True) -> dict:
+    params.check()
+    if params.congestion is not None:      # refused here, before the server hears of it
+        check_congestion(params.congestion)
+    out.line(f"Connecting to host {host}, port {port}")
+    csock = _connect(host, port, bind)
+    try:
+        return _client_test(csock, params, out, mrc_device, use_mrc)
+    finally:
+        csock.close()
+
+
+def _client_test(csock, params, out, mrc_device, use_mrc) -> dict:
+    ctrl = Control(csock)
+    local_addr, remote_addr = csock.getsockname(), csock.getpeername()
+    mrc = MrcView.open(mrc_device, remote_addr[0]) if use_mrc else None
+    if not params.length:
+        params.length = TCP_LENGTH if params.protocol == "tcp" else _udp_length(csock)
+    params.check()
+    cookie = os.urandom(16)
+    timestamp = time.time()
+    ctrl.send({"op": "params", "version": VERSION, "cookie": cookie.hex(),
+               "sid": mrc.sid if mrc else None, "params": params.to_json()})
+    reply = ctrl.expect("accept", SETUP_TIMEOUT, "the server")
+    if mrc:
+        mrc.peer_sid = reply.get("sid")
+    socks, connected = [], []
+    try:
+        for i in range(1, params.streams + 1):
+            kind = socket.SOCK_STREAM if params.protocol == "tcp" else socket.SOCK_DGRAM
+            s = socket.socket(csock.family, kind)
+            socks.append(s)
+            s.bind((local_addr[0], 0))
+            if params.protocol == "udp":
+                big_buffers(s)
+            else:
+                set_congestion(s, params.congestion)
+            s.settimeout(SETUP_TIMEOUT)
+            try:
+                s.connect(remote_addr[:2])
+                if params.protocol == "tcp":
+                    s.sendall(DATA_HELLO.pack(DATA_MAGIC, cookie, i))
+            except OSError as e:
+                raise MrcError(f"cannot open data stream {i}: {e.strerror or e}")
+            lh, lp = s.getsockname()[:2]
+            connected.append({"id": i, "local_host": lh, "local_port": lp,
+                              "remote_host": remote_addr[0], "remote_port": remote_addr[1]})
+        if params.protocol == "tcp":
+            ctrl.expect("start", SETUP_TIMEOUT, "the server")
+        else:
+            _udp_handshake(ctrl, socks)
+        t0 = _now()
+        _announce(out, mrc, connected)
+        role = "receiver" if params.reverse else "sender"
+        streams, feeds = _make_streams(role, params, socks)
+        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0,
+                                  congestion_of(socks[0]) if params.protocol == "tcp" else None)
+        doc = _document("client", csock, params, connected, local, remote, timestamp)
+        _print_end(out, doc, params)
+        out.line("")
+        out.line("mrc-perf Done.")
+        return doc
+    finally:
+        for s in socks:
+            s.close()
+        if mrc:
+            mrc.close()
+
+
+def _udp_handshake(ctrl: Control, socks) -> None:
+    """Hellos tell the server the streams' addresses; repeated, since
+    datagrams may be lost, until the server says start."""
+    give_up = time.monotonic() + SETUP_TIMEOUT
+    while time.monotonic() < give_up:
+        for i, s in enumerate(socks, start=1):
+            hello(s, i)
+        msg = ctrl.recv(0.1)
+        if msg is not None:
+            Control.check(msg, "start", "the server")
+            return
+    raise MrcError(f"the server did not hear the UDP streams within {SETUP_TIMEOUT:.0f} s "
+                   f"(a firewall, or no route back?)")
+
+
+def _make_streams(role, params, socks, addrs=None):
+    """Stream objects for this side, and the (socket, {id: receiver}) feeds
+    that UDP receive loops read."""
+    tcp = params.protocol == "tcp"
+    if role == "sender":
+        if tcp:
+            return [TcpSender(i, s) for i, s in enumerate(socks, 1)], []
+        if addrs:       # the server's one UDP socket, to each client stream
+            return [UdpSender(i, socks[0], addrs[i]) for i in range(1, params.streams + 1)], []
+        return [UdpSender(i, s) for i, s in enumerate(socks, 1)], []
+    if tcp:
+        return [TcpReceiver(i, s) for i, s in enumerate(socks, 1)], []
+    streams = [UdpReceiver(i) for i in range(1, params.streams + 1)]
+    if len(socks) == 1 and params.streams > 1:
+        return streams, [(socks[0], {s.id: s for s in streams})]
+    return streams, [(sock, {s.id: s}) for sock, s in zip(socks, streams)]
+
+
+# --------------------------------------------------------------------- server
+
+def _listen(bind: str | None, port: int, kind: int) -> socket.socket:
+    family = _family(bind) if bind else socket.AF_INET6
+    addr = bind or "::"
+    sock = socket.socket(family, kind)
+    try:
+        if kind == socket.SOCK_STREAM:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and not bind:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((addr, port))
+        if kind == socket.SOCK_STREAM:
+            sock.listen(128)
+    except OSError as e:
+        sock.close()
+        proto = "TCP" if kind == socket.SOCK_STREAM else "UDP"
+        raise MrcError(f"cannot listen on {proto} {addr} port {port}: {e.strerror or e}")
+    return sock
+
+
+def serve(port: int, out: Output, bind: str | None = None, one_off: bool = False,
+          mrc_device: str | None = None, use_mrc: bool = True, on_doc=None,
+          on_error=None) -> int:
+    """Serve tests until interrupted (or one with one_off); returns the exit
+    status: with one_off, that of the test."""
+    listener = _listen(bind, port, socket.SOCK_STREAM)
+    try:
+        while True:
+            out.line("-" * 61)
+            out.line(f"Server listening on {port}")
+            out.line("-" * 61)
+            conn, addr = listener.accept()
+            status = 0
+            try:
+                doc = _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc)
+                if on_doc:
+                    on_doc(doc)
+            except MrcError as e:
+                status = 1
+                if on_error:
+                    on_error(str(e))
+            finally:
+                conn.close()
+            if one_off:
+                return status
+    finally:
+        listener.close()
+
+
+def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc) -> dict:
+    ctrl = Control(conn)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    msg = ctrl.expect("params", SETUP_TIMEOUT, "the client")
+    try:
+        if msg.get("version") != VERSION:
+            raise MrcError(f"client speaks protocol {msg.get('version')}, this server {VERSION}")
+        params = Params.from_json(msg.get("params") or {})
+        cookie = bytes.fromhex(str(msg.get("cookie", "")))
+        if len(cookie) != 16:
+            raise MrcError("protocol error: bad cookie")
+    except (MrcError, ValueError) as e:
+        ctrl.error(str(e))
+        raise MrcError(f"rejected a client: {e}")
+    out.line(f"Accepted connection from {addr[0]}, port {addr[1]}")
+    mrc = MrcView.open(mrc_device, addr[0]) if use_mrc else None
+    if mrc:
+        mrc.peer_sid = msg.get("sid")
+    usock = None
+    socks: list[socket.socket] = []
+    try:
+        if params.protocol == "udp":
+            try:
+                usock = _listen(conn.getsockname()[0] if bind else None, port, socket.SOCK_DGRAM)
+            except MrcError as e:
+                ctrl.error(str(e))
+                raise
+            big_buffers(usock)
+        ctrl.send({"op": "accept", "sid": mrc.sid if mrc else None})
+        timestamp = time.time()
+        if params.protocol == "tcp":
+            socks = _accept_streams(listener, cookie, params.streams)
+            try:
+                for s in socks:
+                    set_congestion(s, params.congestion)
+            except MrcError as e:
+                ctrl.error(str(e))
+                raise
+            connected = [_conn_info(i, s) for i, s in enumerate(socks, 1)]
+            addrs = None
+        else:
+            addrs = _udp_hellos(usock, params.streams)
+            socks = [usock]
+            lh, lp = conn.getsockname()[0], usock.getsockname()[1]
+            connected = [{"id": i, "local_host": lh, "local_port": lp, "remote_host": a[0],
+                          "remote_port": a[1]} for i, a in sorted(addrs.items())]
+        ctrl.send({"op": "start"})
+        t0 = _now()
+        _announce(out, mrc, connected)
+        role = "sender" if params.reverse else "receiver"
+        streams, feeds = _make_streams(role, params, socks, addrs)
+        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0,
+                                  congestion_of(socks[0]) if params.protocol == "tcp" else None)
+        doc = _document("server", conn, params, connected, local, remote, timestamp)
+        _print_end(out, doc, params)
+        return doc
+    except PeerGone as e:
+        raise MrcError(f"client {addr[0]}: {e}")
+    except MrcError as e:
+        ctrl.error(str(e))
+        raise
+    finally:
+        for s in socks:
+            s.close()
+        if usock is not None:
+            usock.close()
+        if mrc:
+            mrc.close()
+
+
+def _conn_info(i: int, s: socket.socket) -> dict:
+    lh, lp = s.getsockname()[:2]
+    rh, rp = s.getpeername()[:2]
+    return {"id": i, "local_host": lh, "local_port": lp, "remote_host": rh, "remote_port": rp}
+
+
+def _accept_streams(listener, cookie: bytes, n: int) -> list[socket.socket]:
+    """The test's data connections; anything else that connects meanwhile
+    (another client) is told the server is busy."""
+    got: dict[int, socket.socket] = {}
+    give_up = time.monotonic() + SETUP_TIMEOUT
+    try:
+        while len(got) < n:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise MrcError(f"only {len(got)} of {n} data streams connected within "
+                               f"{SETUP_TIMEOUT:.0f} s")
+            listener.settimeout(left)
+            try:
+                s, _ = listener.accept()
+            except socket.timeout:
+                continue
+            s.settimeout(2)
+            try:
+                raw = _read_exact(s, DATA_HELLO.size)
+                magic, their_cookie, sid = DATA_HELLO.unpack(raw)
+            except (OSError, ValueError):
+                magic = their_cookie = None
+                sid = 0
+            if magic == DATA_MAGIC and their_cookie == cookie and 1 <= sid <= n and sid not in got:
+                got[sid] = s
+                continue
+            if _is_control(magic):
+                Control(s).error("the server is busy running a test; try again later")
+            s.close()
+    except BaseException:
+        for s in got.values():
+            s.close()
+        raise
+    finally:
+        listener.settimeout(None)
+    return [got[i] for i in range(1, n + 1)]
+
+
+def _is_control(magic) -> bool:
+    return isinstance(magic, bytes) and magic.startswith(b"{")
+
+
+def _read_exact(s: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise ValueError("short")
+        data += chunk
+    return data
+
+
+def _udp_hellos(usock: socket.socket, n: int) -> dict[int, tuple]:
+    addrs: dict[int, tuple] = {}
+    buf = bytearray(2048)
+    give_up = time.monotonic() + SETUP_TIMEOUT
+    while len(addrs) < n:
+        left = give_up - time.monotonic()
+        if left <= 0:
+            raise MrcError(f"heard only {len(addrs)} of {n} UDP streams within {SETUP_TIMEOUT:.0f} s")
+        usock.settimeout(left)
+        try:
+            size, addr = usock.recvfrom_into(buf)
+        except socket.timeout:
+            continue
+        if size < HEADER.size:
+            continue
+        magic, kind, sid, _, _ = HEADER.unpack_from(buf)
+        if magic == MAGIC and kind == KIND_HELLO and 1 <= sid <= n:
+            addrs[sid] = addr
+    return addrs
