@@ -126,10 +126,10 @@ int mrc_tx(struct __sk_buff *skb)
 		return tx_pass();
 
 	if ((mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_MARK ?
-	    choose_pinned(peer, mark, cfg, MRC_TX_PINNED_PROBE, &choice) :
+	    path_select_pinned(peer, mark, cfg, MRC_TX_PINNED_PROBE, &choice) :
 	    (mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_COPY_MARK ?
-	    choose_pinned(peer, mark, cfg, MRC_TX_PROBE_COPY, &choice) :
-	    choose_path(skb, peer, tx_class(inner.tos), cfg, !control, &choice))
+	    path_select_pinned(peer, mark, cfg, MRC_TX_PROBE_COPY, &choice) :
+	    path_select(skb, peer, tx_class(inner.tos), cfg, !control, &choice))
 		return tx_drop(MRC_TX_DROP_NO_PATH);
 	if (choice.probe_copy) {
 		/* the copy comes back through this hook (marked), is cut to
@@ -175,7 +175,7 @@ int mrc_tx(struct __sk_buff *skb)
 		 : srh_write_encap(skb, cfg, path, nseg, inner.proto, inner.tos, &choice))
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
-	path_sent(choice.live, peer->peer_id, choice.tx_ns);
+	failover_path_sent(choice.live, peer->peer_id, choice.tx_ns);
 	if (control)
 		count(MRC_TX_CONTROL);
 	pstats = path_stats.lookup(&choice.path_index);

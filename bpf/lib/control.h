@@ -13,7 +13,7 @@
 
 #define IPPROTO_NONE_	59	/* IPv6-NoNxt, also valid as an IPv4 protocol */
 
-static __always_inline __u16 ipv4_csum(const __u16 *words)
+static __always_inline __u16 control_ipv4_csum(const __u16 *words)
 {
 	__u32 sum = 0, i;
 
@@ -81,7 +81,7 @@ static __always_inline int control_from_clone(struct __sk_buff *skb, int reply)
 		out.saddr = reply ? in->daddr : in->saddr;
 		out.daddr = reply ? in->saddr : in->daddr;
 		out.tot_len = bpf_htons(sizeof(out));
-		out.check = ipv4_csum((const __u16 *)&out);
+		out.check = control_ipv4_csum((const __u16 *)&out);
 		if (control_cut(skb, ETH_HLEN + sizeof(out)) ||
 		    bpf_skb_store_bytes(skb, ETH_HLEN, &out, sizeof(out), 0))
 			return -1;

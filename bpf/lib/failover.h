@@ -11,7 +11,7 @@
 #include "lib/maps.h"
 #include "lib/compiler.h"
 
-static __always_inline void event_log(__u32 peer_id, __u16 path_id, __u16 type, __u64 now,
+static __always_inline void failover_event_log(__u32 peer_id, __u16 path_id, __u16 type, __u64 now,
 				      __u64 since)
 {
 	__u32 zero = 0, slot;
@@ -45,7 +45,7 @@ enum path_use {
  * packets taught (struct mrc_peer_acks), which halves back once it has
  * held MRC_REORDER_HOLD_NS without a late packet.
  */
-static __always_inline __u64 ack_window(struct mrc_peer_acks *acks, const struct mrc_config *cfg,
+static __always_inline __u64 failover_ack_window(struct mrc_peer_acks *acks, const struct mrc_config *cfg,
 					__u64 now)
 {
 	__u64 base = (__u64)cfg->ack_timeout_us * 1000;
@@ -92,7 +92,7 @@ static __always_inline __u64 ack_window(struct mrc_peer_acks *acks, const struct
  * and a learnt window wide enough to see the black hole 6-17 ms late;
  * the stillness AND this rule, 67 and 110, no better than this rule.
  */
-static __always_inline __u64 queue_allowance(const struct mrc_config *cfg, __u32 peer_id,
+static __always_inline __u64 failover_queue_allowance(const struct mrc_config *cfg, __u32 peer_id,
 					     __u16 path_id)
 {
 	__u32 index = peer_id * MRC_MAX_PATHS + path_id;
@@ -113,11 +113,11 @@ static __always_inline __u64 queue_allowance(const struct mrc_config *cfg, __u32
  * covers D, and a hold later it halves back, so a black hole is again
  * seen within ack_timeout once the paths agree again.
  */
-static __always_inline void ack_window_widen(struct mrc_peer_acks *acks,
+static __always_inline void failover_ack_window_widen(struct mrc_peer_acks *acks,
 					     const struct mrc_config *cfg, __u64 now)
 {
 	__u64 max = (__u64)cfg->reorder_max_us * 1000;
-	__u64 wide = 2 * ack_window(acks, cfg, now);
+	__u64 wide = 2 * failover_ack_window(acks, cfg, now);
 
 	if (wide > max)
 		wide = max;
@@ -138,7 +138,7 @@ static __always_inline void ack_window_widen(struct mrc_peer_acks *acks,
  * nothing to compare with), and one that never sent feedback (no mrc-ebpf
  * there) has no clock at all.
  */
-static __always_inline enum path_use path_check(struct mrc_path_live *live,
+static __always_inline enum path_use failover_path_check(struct mrc_path_live *live,
 						const struct mrc_config *cfg,
 						__u32 peer_id, __u16 path_id, __u64 now)
 {
@@ -161,10 +161,10 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 	    __sync_bool_compare_and_swap(&live->down_ns, down, 0)) {
 		if (live->late_ns > down) {
 			/* sent before the down: the path was late, not dead */
-			ack_window_widen(acks, cfg, now);
-			event_log(peer_id, path_id, MRC_EV_LATE, now, down);
+			failover_ack_window_widen(acks, cfg, now);
+			failover_event_log(peer_id, path_id, MRC_EV_LATE, now, down);
 		} else {
-			event_log(peer_id, path_id, MRC_EV_UP, now, down);
+			failover_event_log(peer_id, path_id, MRC_EV_UP, now, down);
 		}
 		down = 0;
 	}
@@ -177,14 +177,14 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 	}
 	if (!since)
 		return PATH_USE;
-	window = ack_window(acks, cfg, now) + queue_allowance(cfg, peer_id, path_id);
+	window = failover_ack_window(acks, cfg, now) + failover_queue_allowance(cfg, peer_id, path_id);
 	if (acks->max_ns > since + window || acks->last_ns > since + window * MRC_SILENCE_FACTOR) {
 		/* one CPU wins the transition and logs it */
 		if (__sync_bool_compare_and_swap(&live->down_ns, 0, now)) {
 			live->down_after_ns = live->last_sent_ns;
 			live->next_probe_ns = now + probe_ns;
 			live->downs++;
-			event_log(peer_id, path_id, MRC_EV_DOWN, now, since);
+			failover_event_log(peer_id, path_id, MRC_EV_DOWN, now, since);
 		}
 		return PATH_SKIP;
 	}
@@ -194,7 +194,7 @@ static __always_inline enum path_use path_check(struct mrc_path_live *live,
 /* After a packet left on the path: start its acknowledgement clock, if
  * the peer has ever acknowledged anything (else there is no clock: a
  * clock started before the peer's first feedback would run out on it). */
-static __always_inline void path_sent(struct mrc_path_live *live, __u32 peer_id, __u64 now)
+static __always_inline void failover_path_sent(struct mrc_path_live *live, __u32 peer_id, __u64 now)
 {
 	struct mrc_peer_acks *acks;
 	__u64 before = live->last_sent_ns;

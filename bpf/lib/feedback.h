@@ -45,7 +45,7 @@ static __always_inline void feedback_due(const __u8 *src_sid, const struct mrc_c
 
 /* The index of the lowest set bit of w (w != 0), without branches: the
  * number of ones below it. */
-static __always_inline __u32 lowest_bit(__u64 w)
+static __always_inline __u32 feedback_lowest_bit(__u64 w)
 {
 	__u64 x = (w & -w) - 1;
 
@@ -67,7 +67,7 @@ static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer)
 #pragma unroll
 	for (i = 0; i < MRC_MAX_PATHS / 64; i++) {
 		if (peer->loss_news[i]) {
-			bit = lowest_bit(peer->loss_news[i]);
+			bit = feedback_lowest_bit(peer->loss_news[i]);
 			peer->loss_news[i] &= ~(1ULL << bit);
 			return i * 64 + bit;
 		}
@@ -113,7 +113,7 @@ static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_r
 	for (i = 0; i < FB_PATHS_PER_REPORT; i++) {
 		if (!left)
 			break;
-		bit = lowest_bit(left);
+		bit = feedback_lowest_bit(left);
 		left &= left - 1;
 		heard |= 1ULL << (bit & 63);
 		tx = peer->latest_tx[(base + bit) & (MRC_MAX_PATHS - 1)];
@@ -183,7 +183,7 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
  * after `since32` (the low 32 bits of our clock): file that per path.
  */
 /* Our clock, from its low 32 bits echoed back (less than 4.29 s old). */
-static __always_inline __u64 widen_ns(__u32 low, __u64 now)
+static __always_inline __u64 feedback_widen_ns(__u32 low, __u64 now)
 {
 	return now - (__u32)((__u32)now - low);
 }
@@ -192,7 +192,7 @@ static __always_inline __u64 widen_ns(__u32 low, __u64 now)
  * A down path whose send from before the down (at or after the last one
  * before it) is acknowledged now was late, not dead: noted here, where the
  * exact send time is known (a probe's acknowledgement would hide it),
- * and acted on by the next path_check.
+ * and acted on by the next failover_path_check.
  */
 static __always_inline void feedback_late(__u32 peer_id, __u16 path_id, __u64 exact, __u64 now)
 {
@@ -212,7 +212,7 @@ static __always_inline void feedback_ack(__u32 peer_id, __u32 block, __u64 heard
 {
 	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
 	__u32 base = (block & (MRC_MAX_PATHS / 64 - 1)) * 64, bit;
-	__u64 since = widen_ns(since32, now), exact = widen_ns(path_tx32, now);
+	__u64 since = feedback_widen_ns(since32, now), exact = feedback_widen_ns(path_tx32, now);
 	__u64 *ns;
 
 	if (!acks)

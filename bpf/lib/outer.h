@@ -32,7 +32,7 @@ static __always_inline void outer_ip6_init(struct ipv6hdr *ip6, const struct mrc
 
 /* The MRC TLV of this packet; `type` is MRC_TLV_TYPE in an SRH,
  * MRC_OPT_TYPE in a Destination Options header (same layout). */
-static __always_inline void mrc_tlv_init(struct mrc_tlv *tlv, __u8 type, const struct mrc_path *path,
+static __always_inline void outer_tlv_init(struct mrc_tlv *tlv, __u8 type, const struct mrc_path *path,
 					 const struct path_choice *choice)
 {
 	tlv->type = type;

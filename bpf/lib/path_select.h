@@ -34,7 +34,7 @@ struct path_choice {
  * forgotten (score 0): a path we stopped using gets no fresh reports, so
  * without this it could never win again; this way it is tried again.
  */
-static __always_inline __u64 health_score(__u32 peer_id, __u16 path_id, __u64 now,
+static __always_inline __u64 path_select_health_score(__u32 peer_id, __u16 path_id, __u64 now,
 					  __u64 hold_ns)
 {
 	__u32 index = peer_id * MRC_MAX_PATHS + path_id;
@@ -59,7 +59,7 @@ static __always_inline __u64 health_score(__u32 peer_id, __u16 path_id, __u64 no
  */
 #define ADAPTIVE_MARGIN_US	1000
 
-static __always_inline __u16 spray_pick(const struct mrc_spray *list, __u32 at)
+static __always_inline __u16 path_select_pick(const struct mrc_spray *list, __u32 at)
 {
 	barrier_var(at);
 	at &= MRC_SPRAY_SLOTS - 1;	/* at < n <= MRC_SPRAY_SLOTS, a power of two */
@@ -67,10 +67,10 @@ static __always_inline __u16 spray_pick(const struct mrc_spray *list, __u32 at)
 }
 
 /* The path at list position `at`: its id, index and live state. */
-static __always_inline struct mrc_path_live *live_at(const struct mrc_spray *list, __u32 at,
+static __always_inline struct mrc_path_live *path_select_live_at(const struct mrc_spray *list, __u32 at,
 						     __u32 peer_id, __u16 *id, __u32 *index)
 {
-	*id = spray_pick(list, at);
+	*id = path_select_pick(list, at);
 	if (*id >= MRC_MAX_PATHS)
 		return NULL;
 	*index = peer_id * MRC_MAX_PATHS + *id;
@@ -79,21 +79,21 @@ static __always_inline struct mrc_path_live *live_at(const struct mrc_spray *lis
 
 /* The policies whose pick is a turn handed out by a counter, which a
  * packet whose turn's path is down can skip. */
-static __always_inline int takes_turns(__u8 policy)
+static __always_inline int path_select_takes_turns(__u8 policy)
 {
 	return policy == MRC_POLICY_RR || policy == MRC_POLICY_WEIGHTED ||
 	       policy == MRC_POLICY_BYTES;
 }
 
 /* Turns of bytes rather than packets (adaptive's turn is bytes' turn). */
-static __always_inline int turns_of_bytes(__u8 policy, const struct mrc_spray *list)
+static __always_inline int path_select_turns_of_bytes(__u8 policy, const struct mrc_spray *list)
 {
 	return (policy == MRC_POLICY_BYTES || policy == MRC_POLICY_ADAPTIVE) && list->quantum;
 }
 
 /* Byte turns: the turn holding a packet of `len` bytes that starts at the
  * peer's byte count, which it advances. */
-static __always_inline __u32 byte_turn(const struct mrc_spray *list, __u32 n,
+static __always_inline __u32 path_select_byte_turn(const struct mrc_spray *list, __u32 n,
 				       struct mrc_peer_tx *ptx, __u32 len)
 {
 	__u64 off = __sync_fetch_and_add(&ptx->bytes, len);
@@ -110,10 +110,10 @@ static __always_inline __u32 byte_turn(const struct mrc_spray *list, __u32 n,
  * counter's new value put it two turns on, and the path after the down
  * one got nothing).
  */
-static __always_inline __u32 skip_turn(const struct mrc_spray *list, __u32 n,
+static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list, __u32 n,
 				       struct mrc_peer_tx *ptx, __u8 policy, __u32 at)
 {
-	if (turns_of_bytes(policy, list))
+	if (path_select_turns_of_bytes(policy, list))
 		__sync_fetch_and_add(&ptx->bytes, list->quantum);
 	else
 		__sync_fetch_and_add(&ptx->seq, 1);
@@ -124,7 +124,7 @@ static __always_inline __u32 skip_turn(const struct mrc_spray *list, __u32 n,
  * From the policy's pick at list position `at`: the first path that is
  * up among it and MRC_REROUTE_TRIES more entries.  Under the turn-taking
  * policies (rr, weighted, bytes) the first of them is the next turn
- * (skip_turn): a down path's turn is skipped, as if it were not in the
+ * (path_select_skip_turn): a down path's turn is skipped, as if it were not in the
  * list, and the others carry exactly equal shares.
  * The next entry without taking the turn would give the successor double;
  * a random one spreads the turns only on average, and the remaining paths'
@@ -141,22 +141,22 @@ static __always_inline __u32 skip_turn(const struct mrc_spray *list, __u32 n,
  * path due a probe, or else fails open: it goes on the pick, which is
  * being probed, rather than being dropped.
  */
-static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __u32 at,
+static __always_inline int path_select_live(const struct mrc_spray *list, __u32 n, __u32 at,
 				       __u32 peer_id, struct mrc_peer_tx *ptx, __u8 policy,
 				       const struct mrc_config *cfg, __u64 now, int may_copy,
 				       struct path_choice *choice)
 {
-	int turns = takes_turns(policy);
+	int turns = path_select_takes_turns(policy);
 	enum path_use use = PATH_SKIP;
 	struct mrc_path_live *live = NULL;
 	__u32 t, pos, copy_pos = 0, index = 0;
 	__u16 id = 0, copy = 0;
 
 	for (t = 0, pos = at; t <= MRC_REROUTE_TRIES; t++) {
-		live = live_at(list, pos, peer_id, &id, &index);
+		live = path_select_live_at(list, pos, peer_id, &id, &index);
 		if (!live)
 			return -1;
-		use = path_check(live, cfg, peer_id, id, now);
+		use = failover_path_check(live, cfg, peer_id, id, now);
 		if (use == PATH_PROBE && may_copy && !copy) {
 			count(MRC_TX_PROBE);
 			live->probes++;
@@ -167,7 +167,7 @@ static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __
 		if (use != PATH_SKIP)
 			break;
 		if (t == 0 && turns)
-			pos = skip_turn(list, n, ptx, policy, pos);
+			pos = path_select_skip_turn(list, n, ptx, policy, pos);
 		else if (t == (__u32)turns && n > 1)
 			pos = (pos + 1 + bpf_get_prandom_u32() % (n - 1)) % n;
 		else
@@ -175,20 +175,20 @@ static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __
 	}
 	if (use == PATH_SKIP && copy) {
 		/* nothing else is up: the packet is the probe itself */
-		live = live_at(list, copy_pos, peer_id, &id, &index);
+		live = path_select_live_at(list, copy_pos, peer_id, &id, &index);
 		if (!live)
 			return -1;
 		copy = 0;
 		use = PATH_USE;		/* counted as a probe above */
 		choice->probe = 1;
 	} else if (use == PATH_SKIP) {
-		live = live_at(list, at, peer_id, &id, &index);
+		live = path_select_live_at(list, at, peer_id, &id, &index);
 		if (!live)
 			return -1;
 		use = PATH_PROBE;
 		count(MRC_TX_FAIL_OPEN);
 		if (__sync_bool_compare_and_swap(&ptx->fail_open_ns, 0, now))
-			event_log(peer_id, id, MRC_EV_FAIL_OPEN, now, 0);
+			failover_event_log(peer_id, id, MRC_EV_FAIL_OPEN, now, 0);
 	} else {
 		if (t > 0)
 			count(MRC_TX_REROUTE);
@@ -212,7 +212,7 @@ static __always_inline int choose_live(const struct mrc_spray *list, __u32 n, __
  * Picks the packet's path from the spray list of its peer and class.
  * O(1) for every policy: one list lookup, then one or two entries of it.
  */
-static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_peer *peer,
+static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_peer *peer,
 				       __u8 tclass, const struct mrc_config *cfg, int may_copy,
 				       struct path_choice *choice)
 {
@@ -254,11 +254,11 @@ static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_p
 		__u64 hold = (__u64)cfg->loss_hold_us * 1000;
 		__u64 score_a, score_b;
 
-		a = turns_of_bytes(peer->policy, list) ? byte_turn(list, n, ptx, skb->len)
+		a = path_select_turns_of_bytes(peer->policy, list) ? path_select_byte_turn(list, n, ptx, skb->len)
 						       : choice->peer_seq % n;
 		b = (a + 1 + bpf_get_prandom_u32() % (n > 1 ? n - 1 : 1)) % n;
-		score_a = health_score(peer_id, spray_pick(list, a), now, hold);
-		score_b = health_score(peer_id, spray_pick(list, b), now, hold);
+		score_a = path_select_health_score(peer_id, path_select_pick(list, a), now, hold);
+		score_b = path_select_health_score(peer_id, path_select_pick(list, b), now, hold);
 		at = 2 * score_b + ADAPTIVE_MARGIN_US < score_a ? b : a;
 		break;
 	}
@@ -270,14 +270,14 @@ static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_p
 		 * 3500-byte MTU rr's paths carried 69-88 MB for equal counts,
 		 * the busiest path's queue grew and reordered the flow.  One
 		 * atomic add, as for the sequence number. */
-		at = turns_of_bytes(peer->policy, list) ? byte_turn(list, n, ptx, skb->len)
+		at = path_select_turns_of_bytes(peer->policy, list) ? path_select_byte_turn(list, n, ptx, skb->len)
 							: choice->peer_seq % n;
 		break;
 	}
 	default:	/* MRC_POLICY_RR, MRC_POLICY_WEIGHTED (its list repeats by weight) */
 		at = choice->peer_seq % n;
 	}
-	return choose_live(list, n, at, peer_id, ptx, peer->policy, cfg, now, may_copy, choice);
+	return path_select_live(list, n, at, peer_id, ptx, peer->policy, cfg, now, may_copy, choice);
 }
 
 /*
@@ -288,7 +288,7 @@ static __always_inline int choose_path(struct __sk_buff *skb, const struct mrc_p
  * comes back up and one that does not is taken down by the usual clock:
  * user space only supplies packets for paths that carry no traffic.
  */
-static __always_inline int choose_pinned(const struct mrc_peer *peer, __u32 mark,
+static __always_inline int path_select_pinned(const struct mrc_peer *peer, __u32 mark,
 					 const struct mrc_config *cfg, __u32 counter,
 					 struct path_choice *choice)
 {
@@ -309,7 +309,7 @@ static __always_inline int choose_pinned(const struct mrc_peer *peer, __u32 mark
 	/* sent whatever the verdict, but the check applies what feedback
 	 * said: an acknowledged probe brings the path up, an overdue one
 	 * takes it down */
-	path_check(choice->live, cfg, peer_id, id, bpf_ktime_get_ns());
+	failover_path_check(choice->live, cfg, peer_id, id, bpf_ktime_get_ns());
 	/* It takes no turn: it shares the number the next packet gets.
 	 * Taking one moved rr's turns on by one at each probe, and the path
 	 * after the probed one lost a turn per probe interval (3%). */

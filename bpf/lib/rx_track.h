@@ -17,7 +17,7 @@
 #include "lib/compiler.h"
 
 /* bucket 0: 0; bucket i: [2^(i-1), 2^i); the last bucket takes the rest */
-static __always_inline __u32 log2_bucket(__u64 v)
+static __always_inline __u32 rx_track_log2_bucket(__u64 v)
 {
 	__u32 bucket = 0, i;
 
@@ -64,7 +64,7 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 		p->min_owd_ns = owd;
 	qdelay_us = (__u64)(owd - (__s64)p->min_owd_ns) / 1000;	/* >= 0 */
 	p->qdelay_us = (p->qdelay_us * 7 + qdelay_us) / 8;
-	p->qdelay_hist[log2_bucket(qdelay_us) & (MRC_HIST_BUCKETS - 1)]++;
+	p->qdelay_hist[rx_track_log2_bucket(qdelay_us) & (MRC_HIST_BUCKETS - 1)]++;
 	return gap;
 }
 
@@ -106,7 +106,7 @@ static __always_inline void rx_track_peer(const __u8 *src_sid, const struct mrc_
 		peer->max_peer_seq = peer_seq;
 	} else if (peer_seq != peer->max_peer_seq) {
 		peer->reordered++;
-		peer->reorder_hist[log2_bucket(peer->max_peer_seq - peer_seq) &
+		peer->reorder_hist[rx_track_log2_bucket(peer->max_peer_seq - peer_seq) &
 				   (MRC_HIST_BUCKETS - 1)]++;
 	}
 }

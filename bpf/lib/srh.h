@@ -72,7 +72,7 @@ static __always_inline int srh_write_encap(struct __sk_buff *skb, const struct m
 #undef STORE_SEGMENT
 	off += nseg * 16;
 
-	mrc_tlv_init(&tlv, MRC_TLV_TYPE, path, choice);
+	outer_tlv_init(&tlv, MRC_TLV_TYPE, path, choice);
 	if (bpf_skb_store_bytes(skb, off, &tlv, sizeof(tlv), 0))
 		return -1;
 	return outer_set_ethertype(skb, inner_proto);

@@ -42,7 +42,7 @@ static __always_inline int usid_write_encap(struct __sk_buff *skb, const struct 
 		       skb->len - ETH_HLEN - sizeof(struct ipv6hdr), IPPROTO_DSTOPTS);
 	hdr.doh.nexthdr = inner_proto;
 	hdr.doh.hdrlen = MRC_DOH_LEN / 8 - 1;
-	mrc_tlv_init(&hdr.doh.mrc, MRC_OPT_TYPE, path, choice);
+	outer_tlv_init(&hdr.doh.mrc, MRC_OPT_TYPE, path, choice);
 	hdr.doh.padn_type = MRC_OPT_PADN;
 	hdr.doh.padn_len = sizeof(hdr.doh.padn);
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, &hdr, sizeof(hdr), 0))

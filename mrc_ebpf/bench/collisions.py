@@ -41,7 +41,7 @@ import time
 
 from mrc_ebpf.lab import netns
 from mrc_ebpf.perf.control import set_congestion
-from mrc_ebpf.bench.runner import fmt3, log, mmm, percentile
+from mrc_ebpf.bench.runner import fmt_spread, log, spread, percentile
 
 TITLE = "message/round completion in permutation and all-to-all rounds: MRC spraying vs ECMP vs ideal"
 
@@ -202,7 +202,7 @@ def run(p: dict, env) -> dict:
                     per[kind] = {"ideal_ms": ideal, "messages_per_round": len(tr),
                                  "message_ms": {"p50": percentile(msgs, 0.5), "p99": percentile(msgs, 0.99),
                                                 "max": max(msgs)},
-                                 "round_ms": mmm(rounds), "round_p99_ms": percentile(rounds, 0.99),
+                                 "round_ms": spread(rounds), "round_p99_ms": percentile(rounds, 0.99),
                                  "round_p99_over_ideal": percentile(rounds, 0.99) / ideal,
                                  "retransmits": after["TcpRetransSegs"] - before["TcpRetransSegs"],
                                  "rtos": after["TcpExtTCPTimeouts"] - before["TcpExtTCPTimeouts"],
@@ -230,7 +230,7 @@ def table(results: dict):
         for kind, s in per.items():
             rows.append([mode, kind, s["messages_per_round"], f"{s['message_ms']['p50']:.1f}",
                          f"{s['message_ms']['p99']:.1f}", f"{s['message_ms']['max']:.1f}",
-                         fmt3(s["round_ms"]), f"{s['round_p99_ms']:.1f}", f"{s['ideal_ms']:.1f}",
+                         fmt_spread(s["round_ms"]), f"{s['round_p99_ms']:.1f}", f"{s['ideal_ms']:.1f}",
                          f"{s['round_p99_over_ideal']:.2f}", s.get("retransmits", ""), s.get("rtos", ""),
                          s.get("ce_delivered", ""),
                          "-" if s.get("path_downs", "") is None else s.get("path_downs", "")])

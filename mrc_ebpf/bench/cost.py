@@ -189,15 +189,15 @@ def _flood(env, ns, seconds: float, port: int) -> dict:
 
 
 def run(p: dict, env) -> dict:
-    from mrc_ebpf.bench.runner import log, mmm, namespaces
+    from mrc_ebpf.bench.runner import log, spread, namespaces
     log(f"cost: BPF_PROG_TEST_RUN, {p['runs']} runs per point")
     progs = measure(p["runs"], tuple(p["policies"]), p["repeat"])
     prog_rows = []
     for i, row in enumerate(progs[0]):
         tx = [rep[i]["tx_ns"]["median"] for rep in progs]
         rx = [rep[i]["rx_ns"]["median"] for rep in progs]
-        prog_rows.append({"policy": row["policy"], "paths": row["paths"], "tx_ns_median": mmm(tx),
-                          "rx_ns_median": mmm(rx), "runs": [{"tx_ns": rep[i]["tx_ns"], "rx_ns": rep[i]["rx_ns"]}
+        prog_rows.append({"policy": row["policy"], "paths": row["paths"], "tx_ns_median": spread(tx),
+                          "rx_ns_median": spread(rx), "runs": [{"tx_ns": rep[i]["tx_ns"], "rx_ns": rep[i]["rx_ns"]}
                                                              for rep in progs]})
     flat = {}
     for pol in p["policies"]:
@@ -233,12 +233,12 @@ def run(p: dict, env) -> dict:
     through = {}
     for setup in p["setups"]:
         ratios = [r["pps"] / base["pps"] for r, base in zip(runs[setup], runs["none"])]
-        through[setup] = {"pps": mmm([r["pps"] for r in runs[setup]]),
-                          "payload_gbps": mmm([r["payload_gbps"] for r in runs[setup]]),
-                          "wire_gbps": mmm([r["wire_gbps"] for r in runs[setup]]),
+        through[setup] = {"pps": spread([r["pps"] for r in runs[setup]]),
+                          "payload_gbps": spread([r["payload_gbps"] for r in runs[setup]]),
+                          "wire_gbps": spread([r["wire_gbps"] for r in runs[setup]]),
                           "frame_bytes": runs[setup][0]["frame_bytes"],
-                          "ratio_to_none": mmm(ratios), "runs": runs[setup]}
-    mrc_vs_kernel = mmm([m["pps"] / k["pps"] for m, k in zip(runs["mrc"], runs["kernel"])])
+                          "ratio_to_none": spread(ratios), "runs": runs[setup]}
+    mrc_vs_kernel = spread([m["pps"] / k["pps"] for m, k in zip(runs["mrc"], runs["kernel"])])
     return {"prog_test_run": prog_rows, "flatness_256_over_1": flat, "throughput": through,
             "mrc_over_kernel_pps": mrc_vs_kernel,
             "notes": [f"mrc/kernel pps ratio {mrc_vs_kernel['median']:.2f} "
@@ -248,13 +248,13 @@ def run(p: dict, env) -> dict:
 
 
 def table(results: dict):
-    from mrc_ebpf.bench.runner import fmt3
+    from mrc_ebpf.bench.runner import fmt_spread
     headers = ["what", "setting", "TX ns/pkt", "RX ns/pkt", "pps", "payload Gbit/s", "vs none"]
-    rows = [("prog_test_run", f"{r['policy']}, {r['paths']} paths", fmt3(r["tx_ns_median"]),
-             fmt3(r["rx_ns_median"]), "", "", "") for r in results["prog_test_run"]]
+    rows = [("prog_test_run", f"{r['policy']}, {r['paths']} paths", fmt_spread(r["tx_ns_median"]),
+             fmt_spread(r["rx_ns_median"]), "", "", "") for r in results["prog_test_run"]]
     for setup, t in results["throughput"].items():
-        rows.append(("64 B UDP flood", setup, "", "", fmt3(t["pps"]), fmt3(t["payload_gbps"]),
-                     fmt3(t["ratio_to_none"])))
+        rows.append(("64 B UDP flood", setup, "", "", fmt_spread(t["pps"]), fmt_spread(t["payload_gbps"]),
+                     fmt_spread(t["ratio_to_none"])))
     return headers, rows
 
 

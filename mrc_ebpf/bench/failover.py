@@ -18,7 +18,7 @@ UDP load: `load` x K x rate of payload (0.3: 60 Mbit/s on 4 x 50), 16
 flows.  It was chosen when rr gave an excluded path's turns all to the
 next path of the spray list (2/K of the load on one path: at 0.4 that
 link ran full and dropped); they now spread over the others at random
-(choose_live in bpf/lib/path_select.h), and 0.3 is kept so runs compare.
+(path_select_live in bpf/lib/path_select.h), and 0.3 is kept so runs compare.
 ECMP keeps 3/4 of the load whatever it is: 75% < 90%.
 
 ECMP flows are not left to chance: before the runs, source ports are
@@ -97,7 +97,7 @@ import time
 
 from mrc_ebpf.lab import netns
 from mrc_ebpf.bench.flowtool import read_log
-from mrc_ebpf.bench.runner import PY, fmt3, log, mmm
+from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
 
 TITLE = "goodput across a far-side black hole of 1 of 4 paths: MRC failover vs kernel ECMP"
 NSTAT_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes", "TcpExtTCPSpuriousRTOs",
@@ -609,32 +609,32 @@ def _summary(p, runs, calib):
     for mode, by in runs.items():
         summary[mode] = {}
         for proto, rs in by.items():
-            s = {"outage_ms": mmm([r["outage_ms"] for r in rs]),
-                 "recovery_ms": mmm([r["recovery_ms"] for r in rs]),
-                 "dips_after_recovery": mmm([r["dips_after_recovery"] for r in rs]),
+            s = {"outage_ms": spread([r["outage_ms"] for r in rs]),
+                 "recovery_ms": spread([r["recovery_ms"] for r in rs]),
+                 "dips_after_recovery": spread([r["dips_after_recovery"] for r in rs]),
                  "recovered": [r["recovered"] for r in rs],
                  "outage_until_end_ms": [r["outage_until_end_ms"] for r in rs], "runs": rs}
             if proto == "udp":
                 for k in ("lost", "sent", "lost_after_fail", "lost_first_10ms"):
-                    s[k] = mmm([r[k] for r in rs])
+                    s[k] = spread([r[k] for r in rs])
             else:
                 for k in ("retransmits", "rtos", "pre_failure_bps", "post_failure_bps",
                           "pre_failure_windows_below_capacity"):
-                    s[k] = mmm([r[k] for r in rs])
-                s["stalled_conns"] = mmm([len(r["stalled_conns"]) for r in rs])
+                    s[k] = spread([r[k] for r in rs])
+                s["stalled_conns"] = spread([len(r["stalled_conns"]) for r in rs])
             if mode == "mrc":
                 for k in ("exclusion_from_fail_us", "exclusion_from_first_loss_us",
                           "healthy_path_downs_per_s"):
-                    s[k] = mmm([r.get(k) for r in rs])
+                    s[k] = spread([r.get(k) for r in rs])
             summary[mode][proto] = s
     notes = []
     for mode in summary:
         for proto, s in summary[mode].items():
             r = s["runs"][0]
-            what = (f"outage {_outage_text(s)}; lost {fmt3(s['lost'])} of {fmt3(s['sent'])}"
+            what = (f"outage {_outage_text(s)}; lost {fmt_spread(s['lost'])} of {fmt_spread(s['sent'])}"
                     if proto == "udp" else
-                    f"outage {_outage_text(s)}; stalled connections {fmt3(s['stalled_conns'])}; "
-                    f"retransmits {fmt3(s['retransmits'])}, RTOs {fmt3(s['rtos'])}")
+                    f"outage {_outage_text(s)}; stalled connections {fmt_spread(s['stalled_conns'])}; "
+                    f"retransmits {fmt_spread(s['retransmits'])}, RTOs {fmt_spread(s['rtos'])}")
             notes.append(f"{mode} {proto}: {what}")
             if proto == "udp" and mode == "ecmp":
                 notes.append(f"  ecmp udp check: flows on s1 {r['flows_on_s1']}, black-holed "
@@ -656,7 +656,7 @@ def _outage_text(s) -> str:
     if n_bad:
         ends = [x for x in s["outage_until_end_ms"] if x is not None]
         return f"until the end (>= {min(ends):.0f} ms) in {n_bad}/{len(s['recovered'])} runs"
-    return f"{fmt3(s['outage_ms'])} ms"
+    return f"{fmt_spread(s['outage_ms'])} ms"
 
 
 def table(results: dict):
@@ -666,16 +666,16 @@ def table(results: dict):
     rows = []
     for mode, by in results["modes"].items():
         for proto, s in by.items():
-            dips = fmt3(s.get("dips_after_recovery"))
+            dips = fmt_spread(s.get("dips_after_recovery"))
             if "pre_failure_windows_below_capacity" in s:
-                dips += f" ({fmt3(s['pre_failure_windows_below_capacity'])})"
+                dips += f" ({fmt_spread(s['pre_failure_windows_below_capacity'])})"
             rows.append([mode, proto, _outage_text(s), f"{sum(s['recovered'])}/{len(s['recovered'])}",
-                         fmt3(s.get("recovery_ms")), dips,
-                         f"{fmt3(s['lost'])} ({fmt3(s['lost_after_fail'])})" if "lost" in s else "",
-                         fmt3(s.get("retransmits")) if "retransmits" in s else "",
-                         fmt3(s.get("rtos")) if "rtos" in s else "",
-                         fmt3(s.get("stalled_conns")) if "stalled_conns" in s else "",
-                         fmt3(s.get("exclusion_from_fail_us")) if "exclusion_from_fail_us" in s else ""])
+                         fmt_spread(s.get("recovery_ms")), dips,
+                         f"{fmt_spread(s['lost'])} ({fmt_spread(s['lost_after_fail'])})" if "lost" in s else "",
+                         fmt_spread(s.get("retransmits")) if "retransmits" in s else "",
+                         fmt_spread(s.get("rtos")) if "rtos" in s else "",
+                         fmt_spread(s.get("stalled_conns")) if "stalled_conns" in s else "",
+                         fmt_spread(s.get("exclusion_from_fail_us")) if "exclusion_from_fail_us" in s else ""])
     return headers, rows
 
 

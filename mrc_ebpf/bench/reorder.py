@@ -69,7 +69,7 @@ import statistics
 import subprocess
 import time
 
-from mrc_ebpf.bench.runner import PY, fmt3, log, mmm
+from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
 
 TITLE = "TCP goodput and reordering over 4 sprayed paths as one path's queueing delay grows"
 NSTAT_KEYS = ("TcpExtTCPSACKReorder", "TcpExtTCPTSReorder", "TcpExtTCPRenoReorder", "TcpRetransSegs",
@@ -322,20 +322,20 @@ def _summary(levels: dict) -> dict:
         def others(r, key):
             v = [x[key] for x in r["paths"] if x["path_id"] != 0 and x[key] is not None]
             return statistics.median(v) if v else None
-        summary[d] = {"fraction": mmm([r["fraction"] for r in rs]),
-                      "ping_idle_extra_ms": mmm([r["ping_idle_extra_ms"] for r in rs]),
-                      "ping_during_extra_ms": mmm([r["ping_during_extra_ms"] for r in rs]),
-                      "ping_during_s1_ms": mmm([(r["ping_during"].get("s1") or {}).get("median_ms") for r in rs]),
-                      "mrc_reorder_fraction": mmm([r["mrc_reorder_fraction"] for r in rs]),
-                      "sack_reorder": mmm([r["nstat"]["TcpExtTCPSACKReorder"] for r in rs]),
-                      "retransmits": mmm([r["nstat"]["TcpRetransSegs"] for r in rs]),
-                      "dsack_recv": mmm([r["nstat"]["TcpExtTCPDSACKRecv"] for r in rs]),
-                      "slow_path_qdelay_mean_us": mmm([path0(r, "qdelay_mean_us") for r in rs]),
-                      "other_paths_qdelay_mean_us": mmm([others(r, "qdelay_mean_us") for r in rs]),
-                      "slow_path_qdelay_p50_us": mmm([path0(r, "qdelay_p50_us") for r in rs]),
-                      "slow_path_share": mmm([path0(r, "share") for r in rs]),
-                      "slow_path_downs": mmm([path0(r, "downs") for r in rs]),
-                      "slow_link_drops": mmm([r["slow_link_tbf"]["drops"] for r in rs]),
+        summary[d] = {"fraction": spread([r["fraction"] for r in rs]),
+                      "ping_idle_extra_ms": spread([r["ping_idle_extra_ms"] for r in rs]),
+                      "ping_during_extra_ms": spread([r["ping_during_extra_ms"] for r in rs]),
+                      "ping_during_s1_ms": spread([(r["ping_during"].get("s1") or {}).get("median_ms") for r in rs]),
+                      "mrc_reorder_fraction": spread([r["mrc_reorder_fraction"] for r in rs]),
+                      "sack_reorder": spread([r["nstat"]["TcpExtTCPSACKReorder"] for r in rs]),
+                      "retransmits": spread([r["nstat"]["TcpRetransSegs"] for r in rs]),
+                      "dsack_recv": spread([r["nstat"]["TcpExtTCPDSACKRecv"] for r in rs]),
+                      "slow_path_qdelay_mean_us": spread([path0(r, "qdelay_mean_us") for r in rs]),
+                      "other_paths_qdelay_mean_us": spread([others(r, "qdelay_mean_us") for r in rs]),
+                      "slow_path_qdelay_p50_us": spread([path0(r, "qdelay_p50_us") for r in rs]),
+                      "slow_path_share": spread([path0(r, "share") for r in rs]),
+                      "slow_path_downs": spread([path0(r, "downs") for r in rs]),
+                      "slow_link_drops": spread([r["slow_link_tbf"]["drops"] for r in rs]),
                       "runs": rs}
     return summary
 
@@ -346,11 +346,11 @@ def table(results: dict):
                "retrans", "DSACKs"]
     rows = []
     for pol, d, s in ((pol, d, s) for pol, by_d in results["policies"].items() for d, s in by_d.items()):
-        rows.append([pol, d, fmt3(s["ping_idle_extra_ms"]), fmt3(s["ping_during_extra_ms"]),
-                     f"{fmt3(s['slow_path_qdelay_mean_us'])} / {fmt3(s['other_paths_qdelay_mean_us'])}",
-                     fmt3(s["slow_link_drops"]), fmt3(s["slow_path_share"]), fmt3(s["slow_path_downs"]),
-                     fmt3(s["fraction"]), fmt3(s["mrc_reorder_fraction"]), fmt3(s["sack_reorder"]),
-                     fmt3(s["retransmits"]), fmt3(s["dsack_recv"])])
+        rows.append([pol, d, fmt_spread(s["ping_idle_extra_ms"]), fmt_spread(s["ping_during_extra_ms"]),
+                     f"{fmt_spread(s['slow_path_qdelay_mean_us'])} / {fmt_spread(s['other_paths_qdelay_mean_us'])}",
+                     fmt_spread(s["slow_link_drops"]), fmt_spread(s["slow_path_share"]), fmt_spread(s["slow_path_downs"]),
+                     fmt_spread(s["fraction"]), fmt_spread(s["mrc_reorder_fraction"]), fmt_spread(s["sack_reorder"]),
+                     fmt_spread(s["retransmits"]), fmt_spread(s["dsack_recv"])])
     return headers, rows
 
 

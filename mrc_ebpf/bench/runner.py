@@ -48,7 +48,7 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def mmm(values) -> dict:
+def spread(values) -> dict:
     """min/median/max (and n) of a list of numbers; None entries skipped."""
     v = [x for x in values if x is not None]
     if not v:
@@ -56,8 +56,8 @@ def mmm(values) -> dict:
     return {"min": min(v), "median": statistics.median(v), "max": max(v), "n": len(v)}
 
 
-def fmt3(s: dict, scale: float = 1.0, digits: int = 3) -> str:
-    """'median (min-max)' of an mmm() dict."""
+def fmt_spread(s: dict, scale: float = 1.0, digits: int = 3) -> str:
+    """'median (min-max)' of an spread() dict."""
     if not s or s.get("median") is None:
         return "-"
     f = lambda x: f"{x * scale:.{digits}g}"  # noqa: E731

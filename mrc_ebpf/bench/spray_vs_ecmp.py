@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 
-from mrc_ebpf.bench.runner import fmt3, log, mmm
+from mrc_ebpf.bench.runner import fmt_spread, log, spread
 
 TITLE = "TCP goodput, fraction of K x rate: MRC spraying vs kernel ECMP vs one path"
 MODES = ("ecmp", "rr", "bytes", "adaptive", "single")
@@ -125,11 +125,11 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
                                               "retransmits": tx.get("retransmits"),
                                               "sender_bps": tx["bits_per_second"]})
         ceiling = _ceilings(env, fab, p["modes"])
-    summary = {m: {n: {"fraction": mmm([r["fraction"] for r in runs]),
-                       "of_ceiling": (mmm([r["fraction"] / ceiling[m] for r in runs])
+    summary = {m: {n: {"fraction": spread([r["fraction"] for r in runs]),
+                       "of_ceiling": (spread([r["fraction"] / ceiling[m] for r in runs])
                                       if ceiling.get(m) else None),
-                       "goodput_bps": mmm([r["goodput_bps"] for r in runs]),
-                       "retransmits": mmm([r["retransmits"] for r in runs]),
+                       "goodput_bps": spread([r["goodput_bps"] for r in runs]),
+                       "retransmits": spread([r["retransmits"] for r in runs]),
                        "runs": runs} for n, runs in by_n.items()} for m, by_n in raw.items()}
     return {"ceiling": ceiling, "modes": summary}
 
@@ -151,8 +151,8 @@ def table(results: dict):
     for mtu in _mtus(results):
         r = results["mtus"][mtu]
         for n in sorted(r["modes"][modes[0]], key=int):
-            rows.append([mtu, n, *[fmt3(r["modes"][m][n]["fraction"]) for m in modes],
-                         *[fmt3(r["modes"][m][n]["retransmits"]) for m in modes]])
+            rows.append([mtu, n, *[fmt_spread(r["modes"][m][n]["fraction"]) for m in modes],
+                         *[fmt_spread(r["modes"][m][n]["retransmits"]) for m in modes]])
         ceiling = r.get("ceiling", {})
         rows.append([mtu, "header ceiling", *[f"{ceiling[m]:.3f}" if ceiling.get(m) else "" for m in modes],
                      *["" for _ in modes]])

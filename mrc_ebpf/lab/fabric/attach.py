@@ -22,8 +22,8 @@ def _pick_hosts(fab: Fabric, hosts: str | None) -> list[int]:
     for item in hosts.split(","):
         item = item.strip()
         m = re.fullmatch(r"h?(\d+)", item)
-        if not m or not 1 <= int(m.group(1)) <= fab.N:
-            raise MrcError(f"no host {item!r} in fabric {fab.name} (h1..h{fab.N})")
+        if not m or not 1 <= int(m.group(1)) <= fab.host_count:
+            raise MrcError(f"no host {item!r} in fabric {fab.name} (h1..h{fab.host_count})")
         if int(m.group(1)) not in out:
             out.append(int(m.group(1)))
     return out
@@ -48,7 +48,7 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
         already = [fab.host(h) for h in chosen if fab.host(h) in state["attached"]]
         if already:
             raise MrcError(f"already attached: {', '.join(already)} (mrcctl fabric detach first)")
-        devs = [f"eth{p}" for p in range(fab.P)]
+        devs = [f"eth{p}" for p in range(fab.planes)]
         done = []
         try:
             # attach in parallel (each loads the programs: a bcc compile)
@@ -81,7 +81,7 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
                                               "peers": [fab.host(b) for b in chosen if b != h],
                                               "policy": policy or "rr", "extra": list(extra)}
     return {"name": name, "hosts": [fab.host(h) for h in chosen], "devices": devs,
-            "policy": policy or "rr", "paths_per_peer": fab.P * fab.K}
+            "policy": policy or "rr", "paths_per_peer": fab.planes * fab.spines}
 
 
 def _run_sequences(jobs: list[list[list[str]]], what: str, limit: int = 2) -> None:

@@ -84,7 +84,7 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
             raise
         state["status"] = "up"
         state["build_s"] = round(time.monotonic() - started, 2)
-    return {"name": name, "namespaces": len(planned), "hosts": fab.N, "links": len(fab.links()),
+    return {"name": name, "namespaces": len(planned), "hosts": fab.host_count, "links": len(fab.links()),
             "build_s": state["build_s"], "state": str(state_path(name)), **spec}
 
 

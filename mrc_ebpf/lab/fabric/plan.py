@@ -66,8 +66,8 @@ class Fabric:
     def __init__(self, spec: dict):
         self.spec = spec
         self.name = spec["name"]
-        self.P, self.K, self.L, self.H = spec["planes"], spec["spines"], spec["leaves"], spec["hosts_per_leaf"]
-        self.N = self.L * self.H
+        self.planes, self.spines, self.leaves, self.hosts_per_leaf = spec["planes"], spec["spines"], spec["leaves"], spec["hosts_per_leaf"]
+        self.host_count = self.leaves * self.hosts_per_leaf
         self.encoding = spec["encoding"]
         self.rate, self.host_rate = spec["rate"], spec["host_rate"]
         self.mtu = spec.get("mtu", DEFAULT_MTU)
@@ -90,18 +90,18 @@ class Fabric:
         return f"{self.name}-{node}"
 
     def leaf_of(self, h: int) -> int:
-        return (h - 1) // self.H + 1
+        return (h - 1) // self.hosts_per_leaf + 1
 
     def hosts(self) -> list[int]:
-        return list(range(1, self.N + 1))
+        return list(range(1, self.host_count + 1))
 
     def nodes(self) -> dict[str, dict]:
         """node -> {kind, plane, index, ns}; hosts have plane None."""
         out = {}
-        for p in range(self.P):
-            for s in range(1, self.K + 1):
+        for p in range(self.planes):
+            for s in range(1, self.spines + 1):
                 out[self.spine(p, s)] = {"kind": "spine", "plane": p, "index": s}
-            for l in range(1, self.L + 1):
+            for l in range(1, self.leaves + 1):
                 out[self.leaf(p, l)] = {"kind": "leaf", "plane": p, "index": l}
         for h in self.hosts():
             out[self.host(h)] = {"kind": "host", "plane": None, "index": h}
@@ -155,16 +155,16 @@ class Fabric:
         """Every link: name, kind, plane, rate and its two ends (a, b).
         Fabric links: a = spine, b = leaf.  Host links: a = host, b = leaf."""
         out = []
-        for p in range(self.P):
-            for s in range(1, self.K + 1):
-                for l in range(1, self.L + 1):
+        for p in range(self.planes):
+            for s in range(1, self.spines + 1):
+                for l in range(1, self.leaves + 1):
                     net = self.link_net(p, s, l)
                     sp, lf = self.spine(p, s), self.leaf(p, l)
                     out.append({"name": f"{sp}-{lf}", "kind": "fabric", "plane": p, "rate": self.rate,
                                 "a": {"node": sp, "ns": self.ns(sp), "dev": f"l{l}", "addr": f"{net}1"},
                                 "b": {"node": lf, "ns": self.ns(lf), "dev": f"s{s}", "addr": f"{net}2"}})
         for h in self.hosts():
-            for p in range(self.P):
+            for p in range(self.planes):
                 hn, lf = self.host(h), self.leaf(p, self.leaf_of(h))
                 out.append({"name": f"{hn}-{lf}", "kind": "host", "plane": p, "rate": self.host_rate,
                             "a": {"node": hn, "ns": self.ns(hn), "dev": f"eth{p}", "addr": "fe80::2"},
@@ -179,8 +179,8 @@ class Fabric:
         """Host a -> host b: one path per (plane, spine)."""
         out = []
         dst = self.host_id(b)
-        for p in range(self.P):
-            for s in range(1, self.K + 1):
+        for p in range(self.planes):
+            for s in range(1, self.spines + 1):
                 sid = self.spine_id(p, s)
                 path = {"plane": p, "spine": self.spine(p, s)}
                 if self.encoding == "usid":
@@ -268,7 +268,7 @@ class Fabric:
         cmds = []
         if kind == "host":
             h = info["index"]
-            for q in range(self.P):
+            for q in range(self.planes):
                 cmds.append(f"route replace fc00:0:{0x100 * (q + 1):x}::/40 via fe80::1 dev eth{q}")
             cmds += ["route replace fc00::/16 via fe80::1 dev eth0",
                      "route replace fd00::/16 via fe80::1 dev eth0",
@@ -276,7 +276,7 @@ class Fabric:
             return cmds
         if kind == "leaf":
             l = info["index"]
-            ups = [(f"s{s}", f"{self.link_net(p, s, l)}1") for s in range(1, self.K + 1)]
+            ups = [(f"s{s}", f"{self.link_net(p, s, l)}1") for s in range(1, self.spines + 1)]
             for s, (dev, gw) in enumerate(ups, start=1):
                 cmds.append(f"route replace {self.spine_sid(p, s)}/48 via {gw} dev {dev}")
             ecmp6 = " ".join(f"nexthop via {gw} dev {dev}" for dev, gw in ups)

@@ -21,7 +21,7 @@ def describe(name: str) -> dict:
                       "addr6": fab.addr6(h), "prefix6": fab.prefix6(h), "addr4": fab.addr4(h),
                       "prefix4": fab.prefix4(h),
                       "nics": [{"plane": p, "dev": f"eth{p}", "leaf": fab.leaf(p, fab.leaf_of(h)),
-                                "leaf_dev": f"h{h}"} for p in range(fab.P)],
+                                "leaf_dev": f"h{h}"} for p in range(fab.planes)],
                       "attached": state.get("attached", {}).get(hn)})
     switches = []
     for node, d in nodes.items():
@@ -92,6 +92,6 @@ def node_ns(name: str, node: str) -> str:
         return nodes[node]["ns"]
     if node in state["namespaces"]:
         return node
-    raise MrcError(f"no host or switch {node!r} in fabric {name} (hosts h1..h{fab.N}, "
-                   f"spines s1..s{fab.K}, leaves l1..l{fab.L}"
-                   + (", plane p>0: p<p>s<k>, p<p>l<k>" if fab.P > 1 else "") + ")")
+    raise MrcError(f"no host or switch {node!r} in fabric {name} (hosts h1..h{fab.host_count}, "
+                   f"spines s1..s{fab.spines}, leaves l1..l{fab.leaves}"
+                   + (", plane p>0: p<p>s<k>, p<p>l<k>" if fab.planes > 1 else "") + ")")
