@@ -127,9 +127,15 @@ static __always_inline int rx_check_doh(struct ipv6hdr *ip6, void *data_end, __u
 {
 	struct doh_mrc *doh = (void *)(ip6 + 1);
 
+	/* the length first: a shorter header (valid, just not ours) before
+	 * a short inner packet is the wrong option layout, not truncated */
+	if ((void *)&doh->mrc > data_end)
+		return MRC_RX_DROP_TRUNCATED;
+	if (doh->hdrlen != MRC_DOH_LEN / 8 - 1)
+		return MRC_RX_DROP_OPTION;
 	if ((void *)(doh + 1) > data_end)
 		return MRC_RX_DROP_TRUNCATED;
-	if (doh->hdrlen != MRC_DOH_LEN / 8 - 1 || doh->padn_type != MRC_OPT_PADN ||
+	if (doh->padn_type != MRC_OPT_PADN ||
 	    doh->padn_len != sizeof(doh->padn) || doh->mrc.type != MRC_OPT_TYPE ||
 	    doh->mrc.len != MRC_TLV_LEN)
 		return MRC_RX_DROP_OPTION;
