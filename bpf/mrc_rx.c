@@ -21,7 +21,8 @@
  *         above last_entry), 7 active_segment (destination == list[0]),
  *         8 tlv (each TLV inside the SRH, at most MRC_MAX_TLVS),
  *         9 mrc_tlv (length, version)
- *   DOH:  3 truncated, 10 option (exactly MRC option + PadN), 9 mrc_tlv
+ *   DOH:  3 truncated, 10 option (hdr_ext_len, then exactly MRC option
+ *         + PadN), 9 mrc_tlv
  *   11 inner_proto    next header IPv6 or IPv4
  *   12 inner_header   version, lengths agree with what is left
  *   then: MRC_F_CONTROL -> consumed (rx_control); 13 ecn (RFC 6040)
