@@ -131,6 +131,8 @@ def m_byte(rng, b, base):
 
 
 def m_truncate(rng, b, base):
+    if len(b) <= 15:
+        return "truncate(nothing to cut)"
     cut = rng.randrange(14, len(b))
     del b[cut:]
     if rng.random() < 0.6:
