@@ -313,10 +313,11 @@ MUTATIONS = [m_bitflip, m_bitflip, m_byte, m_truncate, m_extend, m_length, m_len
              m_ext_field, m_ext_field, m_tlv, m_tlv, m_inner, m_outer]
 
 
-def cases(seed: int, n: int, pool: int = 400):
+def cases(seed: int, n: int, pool: int | None = None):
     """n (description, frame) pairs: a few valid frames unchanged, mostly
     mutated ones, some garbage."""
     rng = random.Random(seed)
+    pool = pool or min(400, max(50, n // 20))
     bases = [make_base(rng) for _ in range(pool)]
     for i in range(n):
         r = rng.random()

@@ -112,6 +112,11 @@ def rx_rows() -> list[Row]:
                     continue
                 row(f"ecn {name} {fam} {enc}", build(inner, tc=0x20 | outer), "XDP_PASS",
                     F.decapsulated(expected), decap(inner, ce=ce))
+    for dscp in (0, 0x0a, 0x2e, 0x3f):      # the mark changes two bits, the DSCP none
+        for fam, mk in (("ipv6", lambda e: F.inner6(tc=dscp << 2 | e)),
+                        ("ipv4", lambda e: F.inner4(tos=dscp << 2 | e))):
+            row(f"ecn CE onto ECT(0) {fam} dscp {dscp:#x}", F.srh_packet(mk(2), tc=3), "XDP_PASS",
+                F.decapsulated(mk(3)), decap(mk(2), ce=True))
     for fam, inner in (("ipv6", F.inner6()), ("ipv4", F.inner4())):
         row(f"ecn CE onto Not-ECT {fam}: dropped", F.srh_packet(inner, tc=3), "XDP_DROP", None, {**drop("ecn"), "rx_mrc_tlv": 1})
     row("ecn CE onto Not-ECT usid: dropped", F.usid_packet(F.inner6(), tc=3), "XDP_DROP", None, {**drop("ecn"), "rx_mrc_tlv": 1})
