@@ -1,17 +1,8 @@
-"""One compile of the real datapath for every packet-table and fuzz test."""
+"""The packet-table and fuzz tests share one compile of the real datapath
+(the session fixture `datapath` in tests/conftest.py)."""
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def datapath():
-    from .harness import Datapath
-    dp = Datapath()
-    try:
-        yield dp
-    finally:
-        dp.close()
 
 
 @pytest.fixture
