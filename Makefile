@@ -2,7 +2,7 @@
 # Both run `make setup` first, which installs only what is missing.
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-unit vm-test bench clean
+.PHONY: setup demo test test-unit fuzz vm-test bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,12 @@ test: setup
 
 test-unit: setup
 	$(PY) -m pytest -q tests -m "not root"
+
+# RX under 1,000,000 fuzzed frames (tests/datapath/test_fuzz.py; `make
+# test` runs a short run).  FUZZ_SEED=N for another seed, FUZZ_CASES=N.
+fuzz: setup
+	MRC_FUZZ_CASES=$(or $(FUZZ_CASES),1000000) MRC_FUZZ_SEED=$(or $(FUZZ_SEED),1) \
+		$(PY) -m pytest -q -s tests/datapath/test_fuzz.py
 
 # The kernel-touching tests inside a virtme-ng VM on Debian's 6.1 kernel
 # (KERNEL=/path/to/bzImage for another); installs qemu, the kernel image and

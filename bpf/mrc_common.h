@@ -399,6 +399,7 @@ enum mrc_counter {
 	MRC_TX_PROBE_COPY,		/* a header-only copy of a data packet tested a down path */
 	MRC_RX_CE,			/* a fabric queue's CE mark carried to the inner header */
 	MRC_RX_DROP_ECN,		/* outcome: outer CE on a Not-ECT inner packet (RFC 6040) */
+	MRC_RX_DROP_OUTER_HEADER,	/* outcome: outer version is not 6, or its source is multicast */
 	MRC_COUNTER_MAX,
 };
 

@@ -9,6 +9,23 @@
  * counted by reason.  Packets for anyone else pass untouched.
  *
  * Every packet is counted in MRC_RX_SEEN and in exactly one outcome.
+ *
+ * The rules, in the order they are checked (the first that fails is the
+ * drop reason; docs/design/rx-validation.md gives each one's RFC):
+ *   ours?  Ethernet type IPv6, whole fixed header, destination == our
+ *          SID, next header Routing or Destination Options; else PASS
+ *   1 outer_header    version 6, source not multicast (RFC 8200, 4291)
+ *   2 payload_len     40 + payload length == the frame's L3 bytes
+ *   SRH:  3 truncated, 4 routing_type (4), 5 srh_len (fits the packet,
+ *         holds last_entry + 1 segments), 6 segments_left (0, and not
+ *         above last_entry), 7 active_segment (destination == list[0]),
+ *         8 tlv (each TLV inside the SRH, at most MRC_MAX_TLVS),
+ *         9 mrc_tlv (length, version)
+ *   DOH:  3 truncated, 10 option (hdr_ext_len, then exactly MRC option
+ *         + PadN), 9 mrc_tlv
+ *   11 inner_proto    next header IPv6 or IPv4
+ *   12 inner_header   version, lengths agree with what is left
+ *   then: MRC_F_CONTROL -> consumed (rx_control); 13 ecn (RFC 6040)
  */
 #include "lib/counters.h"
 #include "lib/addr.h"
@@ -111,9 +128,15 @@ static __always_inline int rx_check_doh(struct ipv6hdr *ip6, void *data_end, __u
 {
 	struct doh_mrc *doh = (void *)(ip6 + 1);
 
+	/* the length first: a shorter header (valid, just not ours) before
+	 * a short inner packet is the wrong option layout, not truncated */
+	if ((void *)&doh->mrc > data_end)
+		return MRC_RX_DROP_TRUNCATED;
+	if (doh->hdrlen != MRC_DOH_LEN / 8 - 1)
+		return MRC_RX_DROP_OPTION;
 	if ((void *)(doh + 1) > data_end)
 		return MRC_RX_DROP_TRUNCATED;
-	if (doh->hdrlen != MRC_DOH_LEN / 8 - 1 || doh->padn_type != MRC_OPT_PADN ||
+	if (doh->padn_type != MRC_OPT_PADN ||
 	    doh->padn_len != sizeof(doh->padn) || doh->mrc.type != MRC_OPT_TYPE ||
 	    doh->mrc.len != MRC_TLV_LEN)
 		return MRC_RX_DROP_OPTION;
@@ -156,6 +179,8 @@ int mrc_rx(struct xdp_md *ctx)
 
 	/* From here on the packet claims to be ours: whatever is wrong
 	 * with it is dropped, never decapsulated. */
+	if (ip6->version != 6 || ip6->saddr.s6_addr[0] == 0xff)
+		return rx_drop(MRC_RX_DROP_OUTER_HEADER);
 	l3_len = data_end - (void *)ip6;
 	if (bpf_ntohs(ip6->payload_len) + sizeof(*ip6) != l3_len)
 		return rx_drop(MRC_RX_DROP_PAYLOAD_LEN);

@@ -89,6 +89,19 @@ class Interop(KernelPeerLine):
         return json.loads(mrcctl("stats", "-j", netns=self.A).stdout)["counters"]
 
 
+@pytest.fixture(scope="session")
+def datapath():
+    """The datapath compiled once per session, not attached: for tests
+    that run its programs with BPF_PROG_TEST_RUN (tests/datapath/) or
+    read what bcc compiled (test_layout)."""
+    from datapath.harness import Datapath
+    dp = Datapath()
+    try:
+        yield dp
+    finally:
+        dp.close()
+
+
 @pytest.fixture
 def topo():
     t = Topology(prefix=f"mrct{os.getpid() % 10000}{int(time.time() * 1000) % 1000}")

@@ -23,11 +23,8 @@ def flatten(ct, base=0, prefix=""):
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    from mrc_ebpf.datapath.loader import compile_datapath
-    module, *_ = compile_datapath()
-    yield module
-    module.cleanup()
+def compiled(datapath):
+    return datapath.module      # the session's compile (tests/conftest.py)
 
 
 @pytest.mark.parametrize("name", sorted(layout.MAPS))

@@ -136,9 +136,9 @@ class PinnedMap:
 
     fd = -1
 
-    def __init__(self, path: str, key_type, value_type, percpu: bool = False):
+    def __init__(self, path: str, key_type, value_type, percpu: bool = False, fd: int | None = None):
         self.path = path
-        fd = obj_get(path)
+        fd = obj_get(path) if fd is None else fd
         self.key_type = key_type
         self.percpu = percpu
         self.value_type = value_type * possible_cpus() if percpu else value_type
@@ -151,6 +151,12 @@ class PinnedMap:
                            f"{info.value_size}/{ctypes.sizeof(value_type)} bytes)")
         self.max_entries = info.max_entries
         self.fd = fd
+
+    @classmethod
+    def from_fd(cls, fd: int, key_type, value_type, percpu: bool = False, name: str = "map"):
+        """A map this process loaded itself (e.g. bcc's), not pinned: works
+        on a duplicate of `fd`, closed with this object."""
+        return cls(name, key_type, value_type, percpu, fd=os.dup(fd))
 
     def close(self):
         if self.fd >= 0:
