@@ -8,13 +8,17 @@
 #include <linux/in.h>
 #include <linux/ipv6.h>
 
+/* fault_config.mode */
+#define FAULT_MODE_BLACKHOLE	1
+#define FAULT_MODE_LOSS		2
+
 /* Mirrored by faults.Config: only `threshold` is read here, the rest is
  * what `status` and `heal` need to know later from the pin alone. */
 struct fault_config {
 	__u64	threshold;	/* drop when prandom_u32() < threshold: 1 << 32 drops all */
-	__u32	mode;
-	__u32	flags;
-	__u64	loss_bits;	/* the requested loss, a double */
+	__u32	mode;		/* FAULT_MODE_* */
+	__u32	flags;		/* MRC_DEV_F_CLSACT_OURS (bpf/mrc_common.h) or 0 */
+	__u64	loss;		/* the requested loss: a double, written and read by Python */
 	__u64	netns_cookie;	/* tells stale pins of a deleted namespace from live ones */
 	__u32	ifindex;
 	__u32	pad;
@@ -22,7 +26,7 @@ struct fault_config {
 
 /* FAULT_FIRST_DROP_NS is no counter: per CPU, the kernel time of its first
  * drop (the earliest over CPUs is when the failure began to bite) */
-enum { FAULT_DROPPED, FAULT_PASSED, FAULT_DROPPED_SKBS, FAULT_FIRST_DROP_NS, FAULT_NR_COUNTERS };
+enum fault_counter { FAULT_DROPPED, FAULT_PASSED, FAULT_DROPPED_SKBS, FAULT_FIRST_DROP_NS, FAULT_NR_COUNTERS };
 
 BPF_ARRAY(config, struct fault_config, 1);
 BPF_PERCPU_ARRAY(counters, __u64, FAULT_NR_COUNTERS);

@@ -95,6 +95,7 @@ import socket
 import tempfile
 import time
 
+from mrc_ebpf.datapath import layout
 from mrc_ebpf.lab import netns
 from mrc_ebpf.bench.flowtool import read_log
 from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
@@ -102,7 +103,7 @@ from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
 TITLE = "goodput across a far-side black hole of 1 of 4 paths: MRC failover vs kernel ECMP"
 NSTAT_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes", "TcpExtTCPSpuriousRTOs",
               "TcpExtTCPSACKReorder")
-MRC_OVERHEAD = 128          # outer IPv6 40 + SRH 8 + 2 segments 32 + TLV 48 (README "MTU")
+MRC_OVERHEAD = layout.encap_len(2)        # a path through a spine: 2 segments (128 bytes)
 ETH, IP6, UDP, TCP_HDR = 14, 40, 8, 32    # TCP with timestamps
 
 
@@ -113,7 +114,8 @@ def params(short: bool) -> dict:
             "bucket_ms": 1.0, "window_ms": 10, "tcp_window_ms": 100, "threshold": 0.9, "stable_ms": 50, "pre_ms": 300,
             "late_ms": 100, "tail_ms": 30, "judged": 0.5,
             "mtu": 1500, "fault": "s1>l2 blackhole (l2 ingress from s1)",
-            "mrc_policy": "rr", "mrc": "ack-timeout 1000 us, probe 5000 us (mrcctl attach defaults)",
+            "mrc_policy": "rr", "mrc": f"ack-timeout {layout.TIMER_DEFAULTS['ack_timeout_us']} us, "
+                                       f"probe {layout.TIMER_DEFAULTS['probe_us']} us (mrcctl attach defaults)",
             # no ECN marking: at 1 ms, classic ECN holds cubic under the 90%
             # line the outage is measured against (README, collisions)
             "ecn_threshold": None}

@@ -15,6 +15,7 @@ import click
 from tabulate import tabulate
 
 from mrc_ebpf.errors import MrcError
+from mrc_ebpf.datapath.layout import TIMER_DEFAULTS
 from mrc_ebpf.datapath.source import prefixed
 
 EXIT_ERROR = 1
@@ -103,15 +104,15 @@ def cli(ctx, json_, netns_name):
 @click.option("--granularity", type=click.Choice(["packet", "burst"]), default="packet",
               show_default=True,
               help="Spray each packet (sets gso_max_segs 1), or each GSO burst (faster, coarser).")
-@click.option("--loss-hold-us", type=click.IntRange(0, 10_000_000), default=20000, show_default=True,
+@click.option("--loss-hold-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["loss_hold_us"], show_default=True,
               help="adaptive: how long a path that reported a loss is avoided.")
-@click.option("--ack-timeout-us", type=click.IntRange(50, 10_000_000), default=1000, show_default=True,
+@click.option("--ack-timeout-us", type=click.IntRange(50, 10_000_000), default=TIMER_DEFAULTS["ack_timeout_us"], show_default=True,
               help="A path whose packets go unacknowledged this long is taken down.")
-@click.option("--probe-us", type=click.IntRange(10, 10_000_000), default=5000, show_default=True,
+@click.option("--probe-us", type=click.IntRange(10, 10_000_000), default=TIMER_DEFAULTS["probe_us"], show_default=True,
               help="A down path is tried with one packet this often.")
-@click.option("--fb-interval-us", type=click.IntRange(10, 10_000_000), default=100, show_default=True,
+@click.option("--fb-interval-us", type=click.IntRange(10, 10_000_000), default=TIMER_DEFAULTS["fb_interval_us"], show_default=True,
               help="One-way traffic: the receiver sends feedback at least this often.")
-@click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=16000, show_default=True,
+@click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["reorder_max_us"], show_default=True,
               help="Late packets widen --ack-timeout-us up to this; 0 keeps it fixed.")
 @json_option
 @click.pass_context
