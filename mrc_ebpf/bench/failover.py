@@ -15,11 +15,8 @@ is switched back to loss=1e-9 the same way (one compile per scenario);
 healed at the end.
 
 UDP load: `load` x K x rate of payload (0.3: 60 Mbit/s on 4 x 50), 16
-flows.  It was chosen when rr gave an excluded path's turns all to the
-next path of the spray list (2/K of the load on one path: at 0.4 that
-link ran full and dropped); they now spread over the others at random
-(path_select_live in bpf/lib/path_select.h), and 0.3 is kept so runs compare.
-ECMP keeps 3/4 of the load whatever it is: 75% < 90%.
+flows; why 0.3: docs/design/failover.md.  ECMP keeps 3/4 of the load
+whatever it is: 75% < 90%.
 
 ECMP flows are not left to chance: before the runs, source ports are
 picked by probing (a few packets or SYNs per candidate port from h1,
@@ -50,11 +47,10 @@ Measures, per run (UDP and TCP):
     (sliding by one bucket; TCP: `tcp_window_ms`) whose goodput is below
     `threshold` x the reference, looking at the run but its last
     `tail_ms` (the senders winding down).  TCP gets 100 ms windows
-    because a bulk TCP flow's own goodput, with nothing failed, is below
-    90% of its mean in 10-45% of 10 ms windows here (RTT-scale bursts,
-    MRC's reordering recoveries), ~0-5% at 100 ms: the
-    `pre_failure_windows_below` fields are that noise floor, the same
-    test run on the `pre_ms` before the failure.  A UDP window whose
+    because a bulk TCP flow's own goodput dips below 90% of its mean in
+    many 10 ms windows with nothing failed (docs/design/failover.md):
+    the `pre_failure_windows_below` fields are that noise floor, the
+    same test run on the `pre_ms` before the failure.  A UDP window whose
     reference is under `judged` (0.5) of the nominal one is not judged
     either way (`unjudged_ms`): the loaded machine can starve the sender
     for 100 ms and more, and a window it offered one datagram in is 0%

@@ -273,14 +273,12 @@ DEFAULT_CC = "cubic"
 #   takes a packet overtaken by later ones for lost, and keeps that
 #   minimum for 5 minutes (300), so on an idle fabric it is tens of
 #   microseconds while sprayed paths' queues differ by milliseconds; with
-#   0 it is the current RTT, queues included.  One cubic flow over 4 x 100
-#   Mbit/s (`bytes`, 3500-byte MTU): 0.84-0.85 of capacity with 9-10k
-#   spurious retransmissions in 8 s, 0.92 with 74-1300.  Flows that are
-#   not reordered (ECMP) do not notice.
+#   0 it is the current RTT, queues included.  Flows that are not
+#   reordered (ECMP) do not notice.
 # - tcp_rto_min_us 5000 (Linux 6.11+; left out where the kernel lacks it):
 #   the 200 ms floor is for the Internet; a fabric's RTT is microseconds
-#   plus its queues, and one RTO decided a collisions round (p99 3.0 of
-#   the ideal against 1.4 with 5 ms).
+#   plus its queues.
+# What each changed, measured: docs/performance.md ("The host profile").
 DEFAULT_HOST_SYSCTLS = tuple(
     kv for kv in ("net.ipv4.tcp_min_rtt_wlen=0", "net.ipv4.tcp_rto_min_us=5000")
     if os.path.exists("/proc/sys/" + kv.split("=")[0].replace(".", "/")))
