@@ -61,6 +61,15 @@ def json_option(f):
     return wrapper
 
 
+def _fail(ctx: click.Context, message: str) -> None:
+    """One line on stderr and exit 1; under -j the error as JSON on stdout
+    too ({"error": ...}), so a program reads it without parsing text."""
+    click.echo(f"mrcctl: error: {message}", err=True)
+    if (ctx.obj or {}).get("json"):
+        click.echo(json.dumps({"error": message}))
+    sys.exit(EXIT_ERROR)
+
+
 class Group(click.Group):
     """Turns MrcError (and stray OS errors) into one line and exit 1."""
 
@@ -68,11 +77,9 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except MrcError as e:
-            click.echo(f"mrcctl: error: {e}", err=True)
-            sys.exit(EXIT_ERROR)
+            _fail(ctx, str(e))
         except PermissionError as e:
-            click.echo(f"mrcctl: error: {e.strerror or e} (run as root)", err=True)
-            sys.exit(EXIT_ERROR)
+            _fail(ctx, f"{e.strerror or e} (run as root)")
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except Exception as e:  # a bug: say so in one line; MRC_DEBUG=1 shows where

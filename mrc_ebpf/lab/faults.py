@@ -24,8 +24,10 @@ attempt were not missed by the hook: after a retransmission timeout TCP
 picks a new random txhash (net.core.txrehash), the veth carries it across
 namespaces as skb->hash with l4_hash set, and fib_multipath_hash_policy 1
 uses that hash as is, so the flow moved to a healthy path.  Policy 3 with
-explicit fields hashes the headers and keeps the flow in the hole.  (The
-old tests/tools/drop_path.py `all` also dropped IPv6 only.)
+explicit fields hashes the headers and keeps the flow in the hole.
+
+The tests black-hole a path (or drop a share of its packets) with this
+too: one mechanism for the fabric, the bench and the tests.
 
 Limits: a loss decision is per skb, so a GSO super-packet (a sender's TSO
 burst crossing veths and routers unsegmented) is lost or kept whole;
