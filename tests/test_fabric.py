@@ -19,6 +19,7 @@ import pytest
 
 from conftest import ROOT, UDP_SEND, XFER, mrcctl
 from mrc_ebpf.lab import fabric as fab_mod
+from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab import netns, procs
 
 pytestmark = pytest.mark.root
@@ -567,7 +568,7 @@ def test_failed_up_removes_what_it_made(monkeypatch):
                                    if node == "l2" else [])
     monkeypatch.setattr(fab_mod.Fabric, "route_cmds", broken)
     try:
-        with pytest.raises(fab_mod.MrcError, match="removed what it made"):
+        with pytest.raises(MrcError, match="removed what it made"):
             fab_mod.up(name, 2, 2, 1)
         assert namespaces(name + "-") == set()
         assert not fab_mod.state_path(name).exists()
