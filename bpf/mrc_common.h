@@ -4,7 +4,7 @@
  * counters are defined.  The datapath (bpf/mrc*.c) and its loader
  * (mrc_ebpf/) both read this file: Python parses the #defines and the
  * `enum mrc_counter` from it at run time, and tests/test_layout.py checks
- * the ctypes mirrors in mrc_ebpf/layout.py against the structs below as
+ * the ctypes mirrors (mrc_ebpf/datapath/mirrors.py) against the structs below as
  * bcc compiles them.
  */
 #ifndef MRC_COMMON_H
@@ -335,10 +335,22 @@ struct mrc_path_stats {
  */
 struct mrc_device {
 	__u32	ifindex;
-	__u32	flags;		/* loader's: what attach changed, for detach */
+	__u32	flags;		/* MRC_DEV_F_*: what attach changed, for detach */
 	__u32	saved_gso_max_segs;	/* restored at detach */
 	__u32	mtu;
 };
+
+/* mrc_device.flags; bit 0 means the same in bpf/lab/fault.c's fault_config.flags */
+#define MRC_DEV_F_CLSACT_OURS	0x01	/* attach added the clsact qdisc: detach removes it */
+#define MRC_DEV_F_XDP_SKB	0x02	/* XDP attached in skb (generic) mode */
+
+/* The timers of mrc_config when `mrcctl attach` is not told otherwise:
+ * for a datacenter, round trips of tens of microseconds */
+#define MRC_DEFAULT_LOSS_HOLD_US	20000
+#define MRC_DEFAULT_ACK_TIMEOUT_US	1000
+#define MRC_DEFAULT_PROBE_US		5000
+#define MRC_DEFAULT_FB_INTERVAL_US	100
+#define MRC_DEFAULT_REORDER_MAX_US	16000
 
 /* config: array of one, written by the loader at attach */
 struct mrc_config {

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from mrc_ebpf.lab.topology import Diamond, KernelPeerLine, Topology, timeout_scale
+from mrc_ebpf.lab import procs
+from mrc_ebpf.lab.topology import Diamond, KernelPeerLine, Topology
 
 ROOT = Path(__file__).resolve().parent.parent
-MRCCTL = [sys.executable, "-m", "mrc_ebpf.cli.mrcctl"]
+MRCCTL = procs.MRCCTL
 XFER = [sys.executable, str(ROOT / "tests" / "tools" / "xfer.py")]
 INJECT = [sys.executable, str(ROOT / "tests" / "tools" / "inject.py")]
 
@@ -47,15 +48,14 @@ def mrcctl(*args, netns: str | None = None, check: bool = True, via_ip_netns: bo
         cmd = ["ip", "netns", "exec", netns, *cmd]
     elif netns:
         cmd += ["--netns", netns]
-    result = subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=ROOT,
-                            timeout=120 * timeout_scale())
+    result = procs.run([*cmd, *args], check=False, timeout=120)
     if check and result.returncode != 0:
         raise AssertionError(f"mrcctl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
     return result
 
 
 class Interop(KernelPeerLine):
-    """mrc_ebpf.topology.KernelPeerLine plus what the tests do on it."""
+    """mrc_ebpf.lab.topology.KernelPeerLine plus what the tests do on it."""
 
     def attach(self, *extra):
         mrcctl("attach", "a0", "--sid", self.A_SID, *extra, netns=self.A)
@@ -117,7 +117,6 @@ def interop(topo):
 
 
 UDP_SEND = [sys.executable, str(ROOT / "tests" / "tools" / "udp_send.py")]
-DROP_PATH = [sys.executable, str(ROOT / "tests" / "tools" / "drop_path.py")]
 
 
 class Spray(Diamond):

@@ -20,6 +20,7 @@ import pytest
 from conftest import ROOT, UDP_SEND, XFER, mrcctl
 from mrc_ebpf.lab import fabric as fab_mod
 from mrc_ebpf.errors import MrcError
+from mrc_ebpf.lab import netns, procs
 
 pytestmark = pytest.mark.root
 
@@ -39,8 +40,7 @@ def one_line_error(r) -> str:
 
 def namespaces(prefix: str = "") -> set[str]:
     """Namespaces named PREFIX-* (other engineers' tests make their own)."""
-    out = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True).stdout
-    return {n["name"] for n in json.loads(out or "[]") if n["name"].startswith(prefix)}
+    return {n for n in netns.existing() if n.startswith(prefix)}
 
 
 COOKIE = ("import socket; s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); "
@@ -67,14 +67,13 @@ class Net:
         return f"{self.name}-{node}"
 
     def exec(self, node, cmd, check=True, timeout=60):
-        r = subprocess.run(["ip", "netns", "exec", self.ns(node), *cmd], capture_output=True,
-                           text=True, timeout=timeout)
+        r = procs.run(cmd, ns=self.ns(node), check=False, timeout=timeout)
         if check and r.returncode != 0:
             raise AssertionError(f"{node}: {' '.join(cmd)}: {r.stderr}")
         return r
 
     def popen(self, node, cmd, **kw):
-        return subprocess.Popen(["ip", "netns", "exec", self.ns(node), *cmd], **kw)
+        return procs.popen(cmd, self.ns(node), **kw)
 
     def tx(self, node, dev) -> int:
         link = json.loads(subprocess.run(["ip", "-n", self.ns(node), "-j", "-s", "link", "show", dev],

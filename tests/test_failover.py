@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import DROP_PATH, UDP_SEND, XFER, mrcctl
+from conftest import UDP_SEND, XFER, mrcctl
+from mrc_ebpf.lab import faults
 
 pytestmark = pytest.mark.root
 
@@ -26,18 +27,18 @@ def events(net, ns=None):
     return json.loads(mrcctl("stats", "--events", "-j", netns=ns or net.A).stdout)["events"]
 
 
-def blackhole(net, router, path_id=None):
-    args = ["all"] if path_id is None else [str(path_id), "1", "0"]
-    proc = net.t.popen(net.R[router], [*DROP_PATH, "rup", *args], stdin=subprocess.PIPE,
-                       stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+def blackhole(net, router, mode="blackhole", loss=1.0) -> tuple[str, str]:
+    """Router k's link from L1 black-holed (the lab's fault program on its
+    receiving end): router k carries exactly path k-1 towards B."""
+    hole = (net.R[router], "rup")
+    faults.inject(*hole, mode, loss)
+    return hole
 
 
-def heal(proc) -> tuple[int, int]:
-    out, _ = proc.communicate("", timeout=60)
-    dropped, first_ns = out.split()
-    return int(dropped), int(first_ns)
+def heal(hole) -> tuple[int, int]:
+    """Heal it: (packets it dropped, kernel time of the first drop)."""
+    healed = faults.heal(*hole)
+    return healed["dropped"], healed["first_drop_ns"]
 
 
 def start_transfer(net, nbytes, port=5201, mbit=0):
@@ -88,7 +89,7 @@ def test_tcp_completes_through_a_blackhole_and_the_path_returns(spray_any):
     server, client = start_transfer(spray, 256 << 20, mbit=200)   # ~11 s
     time.sleep(0.5)
     tcp = tcp_counters(spray)
-    hole = blackhole(spray, BLACKHOLED, BLACKHOLED)
+    hole = blackhole(spray, BLACKHOLED)
     time.sleep(0.5)
     dropped, first_ns = heal(hole)
     tcp = {k: v - tcp[k] for k, v in tcp_counters(spray).items()}
@@ -124,7 +125,7 @@ def test_one_way_udp_fails_over_with_receiver_made_feedback(spray_any):
     spray.attach("rr", "--ack-timeout-us", "300", *FIXED_WINDOW, "--probe-us", "5000")
     spray.udp(2000)                           # feedback flowing, nothing down
     assert not [e for e in events(spray) if e["type"] == "down"]
-    hole = blackhole(spray, BLACKHOLED, BLACKHOLED)
+    hole = blackhole(spray, BLACKHOLED)
     try:
         spray.udp(4000)                       # 0.2 s of one-way traffic
         on_paths = spray.sent()
@@ -174,9 +175,7 @@ def test_every_path_down_fails_open(spray):
 
 def test_random_loss_lowers_weight_without_flapping(spray):
     spray.attach("adaptive")
-    hole = spray.t.popen(spray.R[BLACKHOLED], [*DROP_PATH, "rup", str(BLACKHOLED), "100", "37"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert hole.stdout.readline().strip() == "ready"
+    hole = blackhole(spray, BLACKHOLED, "loss", 0.01)
     try:
         before = spray.sent()
         server, client = start_transfer(spray, 32 << 20)
@@ -296,7 +295,7 @@ def test_probe_finds_a_dead_idle_path_and_its_return(spray):
     spray.attach("rr", "--ack-timeout-us", "500", "--probe-us", "5000")
     clean = probe(spray)
     assert [(p["path_id"], p["received"]) for p in clean["paths"]] == [(k, 3) for k in range(4)]
-    hole = blackhole(spray, BLACKHOLED, BLACKHOLED)
+    hole = blackhole(spray, BLACKHOLED)
     try:
         holed = probe(spray, "--count", "4", "--timeout", "0.3")
     finally:

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from conftest import DROP_PATH, mrcctl
+from conftest import mrcctl
+from mrc_ebpf.lab import faults
 
 pytestmark = pytest.mark.root
 
@@ -86,14 +87,17 @@ def test_loss_on_one_path_counted_exactly(spray_any):
     # and reroute its packets; this test counts losses, so keep it off
     spray.attach("rr", "--ack-timeout-us", "5000000")
     spray.udp(10, pps=1000)
-    dropper = spray.t.popen(spray.R[1], [*DROP_PATH, "rup", "1", "7", "3"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    # R2 carries exactly path 1 towards B: the lab's fault program drops
+    # a seventh of what arrives there
+    faults.inject(spray.R[1], "rup", "loss", 1 / 7)
     try:
-        assert dropper.stdout.readline().strip() == "ready"
         spray.udp(8000)
+        # a loss shows when the path's next packet arrives: a few more
+        # packets, practically none of them dropped, show the last ones
+        faults.rearm(spray.R[1], "rup", "loss", 1e-9)
+        spray.udp(40)
     finally:
-        out, _ = dropper.communicate("", timeout=30)
-    dropped = int(out.split()[0])
+        dropped = faults.heal(spray.R[1], "rup")["dropped"]
     assert dropped > 200
     rx = {r["path_id"]: r for r in spray.stats(spray.B)["received"] if r["from"] == spray.A_SID}
     assert rx[1]["lost"] == dropped

@@ -9,15 +9,15 @@ towards A's SID, for interop both ways.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import DROP_PATH, Spray, mrcctl  # noqa: E402
+from conftest import Spray, mrcctl  # noqa: E402
 
+from mrc_ebpf.lab import faults  # noqa: E402
 from mrc_ebpf.lab.topology import Topology  # noqa: E402
 
 pytestmark = pytest.mark.root
@@ -90,11 +90,10 @@ def test_vm_rr_spray_counts(net):
     assert all(0 <= r - maps[k] <= 10 for k, r in enumerate(routers)), (routers, maps)
 
 
-def _dropper(net, mod, rem):
-    proc = net.t.popen(net.R[1], [*DROP_PATH, "rup", "1", str(mod), str(rem)], stdin=subprocess.PIPE,
-                       stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+def _fault(net, mode, loss=1.0):
+    """R2 (path 1 towards B) drops what arrives from L1: the lab's fault
+    program on its receiving end."""
+    faults.inject(net.R[1], "rup", mode, loss)
 
 
 def test_vm_loss_counted_exactly(net):
@@ -102,23 +101,22 @@ def test_vm_loss_counted_exactly(net):
         rx = net.stats(net.B)["received"]
         return {r["path_id"]: r["lost"] for r in rx if r["from"] == net.A_SID}
     before = lost()
-    dropper = _dropper(net, 7, 3)
+    _fault(net, "loss", 1 / 7)
     try:
         net.udp(700, pps=500)
     finally:
-        out, _ = dropper.communicate("", timeout=120)
+        dropped = faults.heal(net.R[1], "rup")["dropped"]
     net.udp(20, pps=500)      # a loss shows when the path's next packet arrives
-    dropped = int(out.split()[0])
     after = lost()
     assert dropped > 20 and after[1] - before.get(1, 0) == dropped, (before, after, diagnosis(net))
     assert after[0] == before.get(0, 0), (before, after)
 
 
 def test_vm_failover_on_blackhole(net):
-    dropper = _dropper(net, 1, 0)
+    _fault(net, "blackhole")
     try:
         net.udp(1500, pps=500)
     finally:
-        dropper.communicate("", timeout=120)
+        faults.heal(net.R[1], "rup")
     events = json.loads(mrcctl("stats", "--events", "-j", netns=net.A).stdout)["events"]
     assert any(e["type"] == "down" and e["path_id"] == 1 for e in events), events

@@ -63,34 +63,12 @@ static __always_inline __u64 failover_ack_window(struct mrc_peer_acks *acks, con
 
 /*
  * The path's own queue, as the peer last reported it, widens its window:
- * its packets trail the other paths' by that much while it is alive.  On
- * a loaded fabric the queues of equally sprayed paths drift apart (each
- * drains exactly what it gets, so nothing pulls them together) by up to a
- * buffer's depth, and a fixed window took healthy paths down: one TCP
- * flow over 4 x 100 Mbit/s with 20 ms buffers, 3500-byte MTU, saw 6-8
- * downs per path in 8 s and ran at 0.87-0.90 of capacity; 0.90-0.93 with
- * none.  Up to reorder_max_us, so 0 keeps the window exactly ack_timeout.
- * The price: the newest acknowledgement on the other paths also trails by
- * *their* queues, so when every path queues alike a black hole is seen
- * about one queue late (3-24 ms at 9000 bytes under saturating TCP, 20 ms
- * buffers).  Tried: allowing only the excess over a per-peer floor of the
- * reports (falling at once, rising 1/16 of the gap per report) brought
- * the false downs back, 4-10 per path in 8 s (0.92 / 0.90 of capacity at
- * 9000 / 3500 bytes against 0.95 / 0.92): the newest acknowledgement comes
- * by whichever path is fastest at that moment, below any smoothed report.
- * Also tried, with the collisions bench (2 x 4 hosts, 9000 bytes, bytes
- * spraying) as the witness of false downs, where this rule has 52-67 in
- * the permutation rounds and 110 in the all-to-all ones: judging a path
- * by whether its own acknowledgements stand still (no news of it for a
- * window while the peer hears the others) instead of by how far its sends
- * trail.  A black hole was out 0.6-1.9 ms after the failure at 9000 bytes
- * and TCP had 0 RTOs in most runs, but live paths went down 394 and 3907
- * times: a path shared with other peers' flows delivers one peer's
- * packets milliseconds apart.  Allowing the stillness 4x the path's
- * average gap between arrivals (or 2x between sends) left 245-1946; the
- * stillness AND the send comparison without this allowance, 154 and 297,
- * and a learnt window wide enough to see the black hole 6-17 ms late;
- * the stillness AND this rule, 67 and 110, no better than this rule.
+ * equally sprayed paths' queues drift apart by up to a buffer's depth
+ * under load, and a live path must not go down for standing behind the
+ * others.  Bounded by reorder_max_us (0: the window is ack_timeout).  The
+ * price is a black hole seen about a queue late when every path queues
+ * alike.  Measurements, and the variants tried and taken out:
+ * docs/design/failover.md.
  */
 static __always_inline __u64 failover_queue_allowance(const struct mrc_config *cfg, __u32 peer_id,
 					     __u16 path_id)

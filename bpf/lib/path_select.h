@@ -51,11 +51,9 @@ static __always_inline __u64 path_select_health_score(__u32 peer_id, __u16 path_
  * adaptive gives rr's turn to another path only when the turn's path
  * scores worse than twice the other's plus this much: under saturating
  * TCP the paths' reported queues differ by milliseconds from moment to
- * moment, and moving turns on that noise reorders the flows (random picks
- * let the queues drift apart; rr keeps them even).  A shaped or lossy
- * path is far beyond it (a full 20 ms queue; a loss adds 1 s).
- * Measured, one and four cubic flows over 4 x 100 Mbit/s: a quarter plus
- * 200 us gave 0.82 / 0.62 of capacity, this 0.83 / 0.75, rr 0.82 / 0.82.
+ * moment, and moving turns on that noise reorders the flows.  A shaped or
+ * lossy path is far beyond it (a full 20 ms queue; a loss adds 1 s).
+ * How it was chosen: docs/design/spraying.md.
  */
 #define ADAPTIVE_MARGIN_US	1000
 
@@ -127,11 +125,8 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
  * (path_select_skip_turn): a down path's turn is skipped, as if it were not in the
  * list, and the others carry exactly equal shares.
  * The next entry without taking the turn would give the successor double;
- * a random one spreads the turns only on average, and the remaining paths'
- * queues drift apart: measured after a black hole of 1 of 4 paths, four
- * cubic flows ran at 0.88-0.93 of the three paths' capacity with random
- * picks, and reordered (3500-7000 retransmissions against 1000 with
- * nothing failed).  If that turn's path is down too (a run of down paths
+ * a random one lets the remaining paths' queues drift apart
+ * (docs/design/spraying.md).  If that turn's path is down too (a run of down paths
  * in the list), the next try is at random, then in order, as for the
  * other policies from the first try.
  * A down path due a probe is not tested with a data packet (into a black

@@ -15,11 +15,8 @@ is switched back to loss=1e-9 the same way (one compile per scenario);
 healed at the end.
 
 UDP load: `load` x K x rate of payload (0.3: 60 Mbit/s on 4 x 50), 16
-flows.  It was chosen when rr gave an excluded path's turns all to the
-next path of the spray list (2/K of the load on one path: at 0.4 that
-link ran full and dropped); they now spread over the others at random
-(path_select_live in bpf/lib/path_select.h), and 0.3 is kept so runs compare.
-ECMP keeps 3/4 of the load whatever it is: 75% < 90%.
+flows; why 0.3: docs/design/failover.md.  ECMP keeps 3/4 of the load
+whatever it is: 75% < 90%.
 
 ECMP flows are not left to chance: before the runs, source ports are
 picked by probing (a few packets or SYNs per candidate port from h1,
@@ -50,11 +47,10 @@ Measures, per run (UDP and TCP):
     (sliding by one bucket; TCP: `tcp_window_ms`) whose goodput is below
     `threshold` x the reference, looking at the run but its last
     `tail_ms` (the senders winding down).  TCP gets 100 ms windows
-    because a bulk TCP flow's own goodput, with nothing failed, is below
-    90% of its mean in 10-45% of 10 ms windows here (RTT-scale bursts,
-    MRC's reordering recoveries), ~0-5% at 100 ms: the
-    `pre_failure_windows_below` fields are that noise floor, the same
-    test run on the `pre_ms` before the failure.  A UDP window whose
+    because a bulk TCP flow's own goodput dips below 90% of its mean in
+    many 10 ms windows with nothing failed (docs/design/failover.md):
+    the `pre_failure_windows_below` fields are that noise floor, the
+    same test run on the `pre_ms` before the failure.  A UDP window whose
     reference is under `judged` (0.5) of the nominal one is not judged
     either way (`unjudged_ms`): the loaded machine can starve the sender
     for 100 ms and more, and a window it offered one datagram in is 0%
@@ -95,6 +91,7 @@ import socket
 import tempfile
 import time
 
+from mrc_ebpf.datapath import layout
 from mrc_ebpf.lab import netns
 from mrc_ebpf.bench.flowtool import read_log
 from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
@@ -102,7 +99,7 @@ from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
 TITLE = "goodput across a far-side black hole of 1 of 4 paths: MRC failover vs kernel ECMP"
 NSTAT_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes", "TcpExtTCPSpuriousRTOs",
               "TcpExtTCPSACKReorder")
-MRC_OVERHEAD = 128          # outer IPv6 40 + SRH 8 + 2 segments 32 + TLV 48 (README "MTU")
+MRC_OVERHEAD = layout.encap_len(2)        # a path through a spine: 2 segments (128 bytes)
 ETH, IP6, UDP, TCP_HDR = 14, 40, 8, 32    # TCP with timestamps
 
 
@@ -113,7 +110,8 @@ def params(short: bool) -> dict:
             "bucket_ms": 1.0, "window_ms": 10, "tcp_window_ms": 100, "threshold": 0.9, "stable_ms": 50, "pre_ms": 300,
             "late_ms": 100, "tail_ms": 30, "judged": 0.5,
             "mtu": 1500, "fault": "s1>l2 blackhole (l2 ingress from s1)",
-            "mrc_policy": "rr", "mrc": "ack-timeout 1000 us, probe 5000 us (mrcctl attach defaults)",
+            "mrc_policy": "rr", "mrc": f"ack-timeout {layout.TIMER_DEFAULTS['ack_timeout_us']} us, "
+                                       f"probe {layout.TIMER_DEFAULTS['probe_us']} us (mrcctl attach defaults)",
             # no ECN marking: at 1 ms, classic ECN holds cubic under the 90%
             # line the outage is measured against (README, collisions)
             "ecn_threshold": None}

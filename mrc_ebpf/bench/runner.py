@@ -17,8 +17,9 @@ Every host of a scenario's fabric gets the run's host sysctls
 
 The runner adds the repetitions' min/median/max (`summary`), writes
 `<out>/<scenario>.json` and `<out>/<scenario>.png`, and prints a table.
-Shared helpers (a fabric that is always torn down, processes in
-namespaces that are always ended, nstat, interface counters) live here.
+Shared helpers (a fabric that is always torn down, nstat, interface
+counters) live here; processes and namespaces go through the lab's
+harness (mrc_ebpf/lab/procs.py, netns.py).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 from mrc_ebpf.errors import MrcError
+from mrc_ebpf.lab import netns, procs
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "cost",
@@ -73,54 +75,28 @@ def percentile(values, q: float):
 
 # --------------------------------------------------------------------------- processes
 
-class Env:
-    """What a scenario runs with: processes it starts are ended (by pid) on exit."""
+class Env(procs.Procs):
+    """What a scenario runs with: processes it starts are ended (by pid) on
+    exit (lab/procs.py, the lab's process harness)."""
 
     def __init__(self, repeat: int | None = None, congestion: str | None = None):
-        self.procs: list[subprocess.Popen] = []
+        super().__init__()
         self.repeat = repeat
         self.cc = congestion        # TCP congestion control for every benchmark flow
 
     def run(self, ns: str | None, cmd: list[str], check: bool = True, timeout: float = 120,
             input: str | None = None) -> subprocess.CompletedProcess:
-        full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
-        r = subprocess.run(full, capture_output=True, text=True, timeout=timeout, cwd=ROOT, input=input)
-        if check and r.returncode != 0:
-            err = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
-            raise MrcError(f"{' '.join(cmd[:5])} in {ns}: {err}")
-        return r
+        return procs.run(cmd, ns=ns, input=input, check=check, timeout=timeout)
 
     def popen(self, ns: str | None, cmd: list[str], **kw) -> subprocess.Popen:
-        full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
-        p = subprocess.Popen(full, cwd=ROOT, text=True, start_new_session=True, **kw)
-        self.procs.append(p)
-        return p
-
-    def wait(self, p: subprocess.Popen, timeout: float) -> tuple[str, str]:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        finally:
-            self.end(p)
-        return out, err
-
-    def end(self, p: subprocess.Popen) -> None:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)     # its own session: the ip netns exec child too
-            with contextlib.suppress(Exception):
-                p.communicate(timeout=10)
-        if p in self.procs:
-            self.procs.remove(p)
-
-    def close(self) -> None:
-        for p in list(self.procs):
-            self.end(p)
+        kw.setdefault("text", True)
+        return super().popen(ns, cmd, **kw)
 
     # -- mrcctl / mrc-perf / nstat
     def mrcctl(self, ns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return self.run(None, [PY, "-m", "mrc_ebpf.cli.mrcctl", "--netns", ns, *args], check=check)
+        return self.run(None, [*procs.MRCCTL, "--netns", ns, *args], check=check)
 
     def perf_server(self, ns: str, port: int, bind: str) -> subprocess.Popen:
         return self.popen(ns, [PY, "-m", "mrc_ebpf.cli.mrc_perf", "-s", "-1", "-p", str(port), "-B", bind, "-J"])
@@ -213,35 +189,25 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
                 fab_mod.down(name)
             except MrcError as e:
                 log(f"fabric down {name}: {e}")
-                left = [ns for ns in fab_mod.existing_namespaces() if ns.startswith(f"{name}-")]
-                for ns in left:
-                    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+                netns.delete([ns for ns in netns.existing() if ns.startswith(f"{name}-")])
 
 
 @contextlib.contextmanager
 def namespaces(tag: str, nodes: list[str]):
-    """Plain namespaces NAME-<node> (seg6 and forwarding on), always deleted."""
+    """Plain namespaces NAME-<node> (seg6 and forwarding on), always deleted
+    (mrc-ebpf detached first)."""
     name = unique_name(tag)
     MADE.append(name)
-    made = []
+    made = netns.Namespaces()
     try:
         for n in nodes:
-            ns = f"{name}-{n}"
-            subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
-            made.append(ns)
-            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.seg6_enabled=1",
-                            "net.ipv6.conf.default.seg6_enabled=1", "net.ipv6.conf.all.accept_dad=0",
-                            "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.forwarding=1"],
-                           check=True, capture_output=True)
-            subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True, capture_output=True)
+            made.create(f"{name}-{n}", ["net.ipv6.conf.all.seg6_enabled=1", "net.ipv6.conf.default.seg6_enabled=1",
+                                        "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0",
+                                        "net.ipv6.conf.all.forwarding=1"])
         yield {n: f"{name}-{n}" for n in nodes}
     finally:
         with no_interrupt():
-            for ns in made:
-                subprocess.run([PY, "-m", "mrc_ebpf.cli.mrcctl", "--netns", ns, "detach", "--all"],
-                               capture_output=True, cwd=ROOT, timeout=120)
-            for ns in made:
-                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            made.close()
 
 
 # --------------------------------------------------------------------------- running
@@ -273,14 +239,12 @@ DEFAULT_CC = "cubic"
 #   takes a packet overtaken by later ones for lost, and keeps that
 #   minimum for 5 minutes (300), so on an idle fabric it is tens of
 #   microseconds while sprayed paths' queues differ by milliseconds; with
-#   0 it is the current RTT, queues included.  One cubic flow over 4 x 100
-#   Mbit/s (`bytes`, 3500-byte MTU): 0.84-0.85 of capacity with 9-10k
-#   spurious retransmissions in 8 s, 0.92 with 74-1300.  Flows that are
-#   not reordered (ECMP) do not notice.
+#   0 it is the current RTT, queues included.  Flows that are not
+#   reordered (ECMP) do not notice.
 # - tcp_rto_min_us 5000 (Linux 6.11+; left out where the kernel lacks it):
 #   the 200 ms floor is for the Internet; a fabric's RTT is microseconds
-#   plus its queues, and one RTO decided a collisions round (p99 3.0 of
-#   the ideal against 1.4 with 5 ms).
+#   plus its queues.
+# What each changed, measured: docs/performance.md ("The host profile").
 DEFAULT_HOST_SYSCTLS = tuple(
     kv for kv in ("net.ipv4.tcp_min_rtt_wlen=0", "net.ipv4.tcp_rto_min_us=5000")
     if os.path.exists("/proc/sys/" + kv.split("=")[0].replace(".", "/")))

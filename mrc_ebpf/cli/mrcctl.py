@@ -15,6 +15,7 @@ import click
 from tabulate import tabulate
 
 from mrc_ebpf.errors import MrcError
+from mrc_ebpf.datapath.layout import TIMER_DEFAULTS
 from mrc_ebpf.datapath.source import prefixed
 
 EXIT_ERROR = 1
@@ -60,6 +61,15 @@ def json_option(f):
     return wrapper
 
 
+def _fail(ctx: click.Context, message: str) -> None:
+    """One line on stderr and exit 1; under -j the error as JSON on stdout
+    too ({"error": ...}), so a program reads it without parsing text."""
+    click.echo(f"mrcctl: error: {message}", err=True)
+    if (ctx.obj or {}).get("json"):
+        click.echo(json.dumps({"error": message}))
+    sys.exit(EXIT_ERROR)
+
+
 class Group(click.Group):
     """Turns MrcError (and stray OS errors) into one line and exit 1."""
 
@@ -67,11 +77,9 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except MrcError as e:
-            click.echo(f"mrcctl: error: {e}", err=True)
-            sys.exit(EXIT_ERROR)
+            _fail(ctx, str(e))
         except PermissionError as e:
-            click.echo(f"mrcctl: error: {e.strerror or e} (run as root)", err=True)
-            sys.exit(EXIT_ERROR)
+            _fail(ctx, f"{e.strerror or e} (run as root)")
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except Exception as e:  # a bug: say so in one line; MRC_DEBUG=1 shows where
@@ -103,15 +111,15 @@ def cli(ctx, json_, netns_name):
 @click.option("--granularity", type=click.Choice(["packet", "burst"]), default="packet",
               show_default=True,
               help="Spray each packet (sets gso_max_segs 1), or each GSO burst (faster, coarser).")
-@click.option("--loss-hold-us", type=click.IntRange(0, 10_000_000), default=20000, show_default=True,
+@click.option("--loss-hold-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["loss_hold_us"], show_default=True,
               help="adaptive: how long a path that reported a loss is avoided.")
-@click.option("--ack-timeout-us", type=click.IntRange(50, 10_000_000), default=1000, show_default=True,
+@click.option("--ack-timeout-us", type=click.IntRange(50, 10_000_000), default=TIMER_DEFAULTS["ack_timeout_us"], show_default=True,
               help="A path whose packets go unacknowledged this long is taken down.")
-@click.option("--probe-us", type=click.IntRange(10, 10_000_000), default=5000, show_default=True,
+@click.option("--probe-us", type=click.IntRange(10, 10_000_000), default=TIMER_DEFAULTS["probe_us"], show_default=True,
               help="A down path is tried with one packet this often.")
-@click.option("--fb-interval-us", type=click.IntRange(10, 10_000_000), default=100, show_default=True,
+@click.option("--fb-interval-us", type=click.IntRange(10, 10_000_000), default=TIMER_DEFAULTS["fb_interval_us"], show_default=True,
               help="One-way traffic: the receiver sends feedback at least this often.")
-@click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=16000, show_default=True,
+@click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["reorder_max_us"], show_default=True,
               help="Late packets widen --ack-timeout-us up to this; 0 keeps it fixed.")
 @json_option
 @click.pass_context

@@ -11,6 +11,8 @@ import ctypes
 import errno
 import os
 
+from mrc_ebpf.datapath.mirrors import KERNEL_BPF_H, mirror
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _NR_BPF = 321  # x86_64
 
@@ -30,22 +32,26 @@ class BpfError(OSError):
     pass
 
 
+@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
 class _MapElemAttr(ctypes.Structure):
     _fields_ = [("map_fd", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("key", ctypes.c_uint64), ("value", ctypes.c_uint64),
                 ("flags", ctypes.c_uint64)]
 
 
+@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
 class _ObjAttr(ctypes.Structure):
     _fields_ = [("pathname", ctypes.c_uint64), ("bpf_fd", ctypes.c_uint32),
                 ("file_flags", ctypes.c_uint32)]
 
 
+@mirror("union bpf_attr", KERNEL_BPF_H, kind="member", member="info")
 class _InfoAttr(ctypes.Structure):
     _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32),
                 ("info", ctypes.c_uint64)]
 
 
+@mirror("struct bpf_prog_info", KERNEL_BPF_H, kind="prefix")
 class ProgInfo(ctypes.Structure):
     """Head of struct bpf_prog_info (uapi/linux/bpf.h): enough for id/name."""
     _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32),
@@ -56,6 +62,7 @@ class ProgInfo(ctypes.Structure):
                 ("map_ids", ctypes.c_uint64), ("name", ctypes.c_char * 16)]
 
 
+@mirror("struct bpf_map_info", KERNEL_BPF_H, kind="prefix")
 class MapInfo(ctypes.Structure):
     """Head of struct bpf_map_info."""
     _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32),
@@ -64,6 +71,7 @@ class MapInfo(ctypes.Structure):
                 ("name", ctypes.c_char * 16)]
 
 
+@mirror("union bpf_attr", KERNEL_BPF_H, kind="member", member="test")
 class _TestRunAttr(ctypes.Structure):
     _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
                 ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),

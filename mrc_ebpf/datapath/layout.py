@@ -1,19 +1,22 @@
 """ctypes mirrors of the structs in bpf/mrc_common.h.
 
-Sizes come from the header (source.C); tests/test_layout.py compiles the
-datapath with bcc and checks every field offset and size here against the
-Key/Leaf types bcc derives from the C, so a drift fails the tests.
+Sizes come from the header (source.C); each struct is registered as a
+mirror (mirrors.py), and tests/test_layout.py checks every field offset
+and size here against the C as bcc compiles it, so a drift fails the tests.
 """
 from __future__ import annotations
 
 import ctypes
 
+from mrc_ebpf.datapath.mirrors import mirror
+from mrc_ebpf.datapath import source
 from mrc_ebpf.datapath.source import C
 
 u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
 Addr = u8 * 16
 
 
+@mirror("struct mrc_tlv")
 class MrcTlv(ctypes.BigEndianStructure):
     """The MRC TLV as it is on the wire (network byte order)."""
     _pack_ = 1
@@ -24,40 +27,49 @@ class MrcTlv(ctypes.BigEndianStructure):
                 ("fb_since_ns32", u32), ("fb_path_tx32", u32)]
 
 
+@mirror("struct mrc_sid")
 class Sid(ctypes.Structure):
     _fields_ = [("addr", Addr)]
 
 
+@mirror("struct mrc_peer_key")
 class PeerKey(ctypes.Structure):
     _fields_ = [("prefixlen", u32), ("addr", Addr)]
 
 
+@mirror("struct mrc_peer")
 class Peer(ctypes.Structure):
     _fields_ = [("peer_id", u32), ("n_paths", u16), ("policy", u8), ("flags", u8)]
 
 
+@mirror("struct mrc_path")
 class Path(ctypes.Structure):
     _fields_ = [("segments", Sid * C["MRC_MAX_SEGMENTS"]), ("peer_sid", Sid), ("nexthop", Addr), ("oif", u32),
                 ("flowlabel", u32), ("weight", u16), ("n_segments", u8), ("state", u8),
                 ("flags", u8), ("tclass", u8), ("pad", u8 * 2)]
 
 
+@mirror("struct mrc_peer_tx")
 class PeerTx(ctypes.Structure):
     _fields_ = [("seq", u64), ("bytes", u64), ("fail_open_ns", u64)]
 
 
+@mirror("struct mrc_path_tx")
 class PathTx(ctypes.Structure):
     _fields_ = [("seq", u64)]
 
 
+@mirror("struct mrc_path_stats")
 class PathStats(ctypes.Structure):
     _fields_ = [("tx_packets", u64), ("tx_bytes", u64)]
 
 
+@mirror("struct mrc_device")
 class Device(ctypes.Structure):
     _fields_ = [("ifindex", u32), ("flags", u32), ("saved_gso_max_segs", u32), ("mtu", u32)]
 
 
+@mirror("struct mrc_config")
 class Config(ctypes.Structure):
     _fields_ = [("sid", Addr), ("mtu", u32), ("loss_hold_us", u32), ("ack_timeout_us", u32),
                 ("probe_us", u32), ("fb_interval_us", u32), ("reorder_max_us", u32),
@@ -65,18 +77,22 @@ class Config(ctypes.Structure):
                 ("devices", Device * C["MRC_MAX_DEVICES"])]
 
 
+@mirror("struct mrc_spray")
 class Spray(ctypes.Structure):
     _fields_ = [("n", u32), ("quantum", u32), ("ids", u16 * C["MRC_SPRAY_SLOTS"])]
 
 
+@mirror("struct mrc_class_name")
 class ClassName(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 16)]
 
 
+@mirror("struct mrc_path_health")
 class PathHealth(ctypes.Structure):
     _fields_ = [("updated_ns", u64), ("loss_ns", u64), ("qdelay_us", u32), ("lost", u32)]
 
 
+@mirror("struct mrc_rx_key")
 class RxKey(ctypes.Structure):
     _fields_ = [("sid", Addr), ("path_id", u16), ("pad", u16)]
 
@@ -84,12 +100,14 @@ class RxKey(ctypes.Structure):
 Hist = u32 * C["MRC_HIST_BUCKETS"]
 
 
+@mirror("struct mrc_rx_path")
 class RxPath(ctypes.Structure):
     _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
                 ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
                 ("qdelay_hist", Hist)]
 
 
+@mirror("struct mrc_rx_peer")
 class RxPeer(ctypes.Structure):
     _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("loss_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
@@ -97,6 +115,7 @@ class RxPeer(ctypes.Structure):
                 ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist)]
 
 
+@mirror("struct mrc_path_live")
 class PathLive(ctypes.Structure):
     _fields_ = [("unacked_since_ns", u64), ("down_ns", u64), ("next_probe_ns", u64),
                 ("last_sent_ns", u64), ("clock_after_ns", u64), ("down_after_ns", u64),
@@ -104,11 +123,13 @@ class PathLive(ctypes.Structure):
                 ("downs", u32), ("probes", u32)]
 
 
+@mirror("struct mrc_peer_acks")
 class PeerAcks(ctypes.Structure):
     _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("max_ns", u64), ("last_ns", u64),
                 ("window_ns", u64), ("window_hold_ns", u64)]
 
 
+@mirror("struct mrc_event")
 class Event(ctypes.Structure):
     _fields_ = [("seq", u64), ("ns", u64), ("since_ns", u64), ("peer_id", u32),
                 ("path_id", u16), ("type", u16)]
@@ -142,10 +163,19 @@ MAPS = {
 
 
 def srh_len(n_segments: int) -> int:
-    return 8 + 16 * n_segments + C["MRC_TLV_SIZE"]
+    """MRC_SRH_LEN(n_segments) of mrc_common.h: SRH fixed part, segments, TLV."""
+    return source.macro("MRC_SRH_LEN", n_segments)
 
 
 def encap_len(n_segments: int, usid: bool = False) -> int:
-    """Bytes encapsulation adds to a packet: outer IPv6 + SRH + TLV, or
-    for a uSID path outer IPv6 + Destination Options with the TLV."""
-    return C["MRC_USID_ENCAP_LEN"] if usid else 40 + srh_len(n_segments)
+    """Bytes encapsulation adds to a packet: outer IPv6 + SRH + TLV
+    (MRC_ENCAP_LEN), or for a uSID path outer IPv6 + Destination Options
+    with the TLV (MRC_USID_ENCAP_LEN)."""
+    return C["MRC_USID_ENCAP_LEN"] if usid else source.macro("MRC_ENCAP_LEN", n_segments)
+
+
+# The timers of struct mrc_config when attach is not told otherwise
+# (MRC_DEFAULT_*_US of mrc_common.h): {"ack_timeout_us": 1000, ...}
+TIMER_DEFAULTS = {name: C[f"MRC_DEFAULT_{name.upper()}"]
+                  for name in ("loss_hold_us", "ack_timeout_us", "probe_us", "fb_interval_us",
+                               "reorder_max_us")}

@@ -20,8 +20,8 @@ from mrc_ebpf.datapath import routes
 from mrc_ebpf.errors import MrcError
 
 PROG_TX, PROG_RX, PROG_FB = "prog_tx", "prog_rx", "prog_fb"
-CFG_CLSACT_OURS = 0x1       # mrc_device.flags: detach removes clsact too
-CFG_XDP_SKB = 0x2           # mrc_device.flags: XDP attached in skb mode
+CFG_CLSACT_OURS = source.C["MRC_DEV_F_CLSACT_OURS"]   # mrc_device.flags: detach removes clsact too
+CFG_XDP_SKB = source.C["MRC_DEV_F_XDP_SKB"]           # mrc_device.flags: XDP attached in skb mode
 
 
 def require_root() -> None:
@@ -166,9 +166,8 @@ def resolve_device(device: str | None) -> str:
     raise MrcError(f"several devices are attached ({', '.join(attached)}): say which with --dev")
 
 
-# Defaults for a datacenter: round trips of tens of microseconds.
-TIMERS = {"loss_hold_us": 20000, "ack_timeout_us": 1000, "probe_us": 5000, "fb_interval_us": 100,
-          "reorder_max_us": 16000}
+# Defaults for a datacenter (MRC_DEFAULT_*_US of mrc_common.h)
+TIMERS = layout.TIMER_DEFAULTS
 
 
 def _check_free(ipr: IPRoute, devices: list[str]) -> list[int]:

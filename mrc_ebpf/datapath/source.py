@@ -60,25 +60,66 @@ def _strip_comments(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def constants() -> dict[str, int]:
-    """Integer #defines of mrc_common.h, function-like macros excluded."""
+def constants(path: Path = COMMON_HEADER, prefix: str = "MRC_") -> dict[str, int]:
+    """Integer #defines named PREFIX* in the C file at `path` (mrc_common.h
+    by default), function-like macros excluded."""
     values: dict[str, int] = {}
-    text = _strip_comments(COMMON_HEADER.read_text())
-    for name, expr in re.findall(r"^[ \t]*#define[ \t]+(MRC_\w+)[ \t]+(.+?)[ \t]*$", text, flags=re.M):
-        expr = re.sub(r"\b(MRC_\w+)\b", lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), expr)
+    text = _strip_comments(Path(path).read_text())
+    pattern = rf"^[ \t]*#define[ \t]+({re.escape(prefix)}\w+)[ \t]+(.+?)[ \t]*$"
+    for name, expr in re.findall(pattern, text, flags=re.M):
+        expr = re.sub(rf"\b({re.escape(prefix)}\w+)\b",
+                      lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), expr)
         if re.fullmatch(r"[0-9xXa-fA-F()+\-*/ <>|&]+", expr):
             values[name] = int(eval(expr, {"__builtins__": {}}))  # noqa: S307 - digits and operators only
     return values
 
 
 @functools.lru_cache(maxsize=None)
-def counter_names() -> list[str]:
-    """Names of enum mrc_counter in index order, without the MRC_ prefix."""
-    text = _strip_comments(COMMON_HEADER.read_text())
-    body = re.search(r"enum\s+mrc_counter\s*{(.*?)}", text, flags=re.S).group(1)
+def _function_macros(path: Path = COMMON_HEADER) -> dict[str, tuple[list[str], str]]:
+    """Function-like #defines of the file: name -> (parameters, body)."""
+    text = _strip_comments(Path(path).read_text())
+    found = re.findall(r"^[ \t]*#define[ \t]+(\w+)\(([^)]*)\)[ \t]+(.+?)[ \t]*$", text, flags=re.M)
+    return {name: ([p.strip() for p in params.split(",")], body) for name, params, body in found}
+
+
+def macro(name: str, *args: int, path: Path = COMMON_HEADER) -> int:
+    """The value of the function-like macro NAME(ARGS...) of the C file (its
+    body may use integer constants and other such macros):
+    `macro("MRC_SRH_LEN", 2)` -> 88."""
+    macros, values = _function_macros(path), constants(path, "")
+    params, body = macros[name]
+    if len(params) != len(args):
+        raise TypeError(f"{name} takes {len(params)} argument(s)")
+    expr = re.sub(r"\b\w+\b", lambda m: str(args[params.index(m.group(0))])
+                  if m.group(0) in params else m.group(0), body)
+    while True:   # innermost calls first: their arguments are numbers by then
+        call = re.search(r"\b([A-Za-z_]\w*)\(([^()]*)\)", expr)
+        if not call or call.group(1) not in macros:
+            break
+        inner = [int(eval(a, {"__builtins__": {}})) for a in call.group(2).split(",")]  # noqa: S307
+        expr = expr[:call.start()] + str(macro(call.group(1), *inner, path=path)) + expr[call.end():]
+    expr = re.sub(r"\b[A-Za-z_]\w*\b", lambda m: str(values[m.group(0)]), expr)
+    if not re.fullmatch(r"[0-9xXa-fA-F()+\-*/ <>|&]+", expr):
+        raise ValueError(f"{name}: cannot evaluate {body!r}")
+    return int(eval(expr, {"__builtins__": {}}))  # noqa: S307 - digits and operators only
+
+
+@functools.lru_cache(maxsize=None)
+def enum_names(enum: str, path: Path = COMMON_HEADER) -> list[str]:
+    """The names of `enum ENUM` in the C file at `path`, in value order (the
+    enum must not assign values)."""
+    text = _strip_comments(Path(path).read_text())
+    body = re.search(rf"enum\s+{re.escape(enum)}\s*{{(.*?)}}", text, flags=re.S).group(1)
     names = [n.strip() for n in body.split(",") if n.strip()]
     if any("=" in n for n in names):
-        raise ValueError("enum mrc_counter must not assign values")
+        raise ValueError(f"enum {enum} must not assign values")
+    return names
+
+
+@functools.lru_cache(maxsize=None)
+def counter_names() -> list[str]:
+    """Names of enum mrc_counter in index order, without the MRC_ prefix."""
+    names = enum_names("mrc_counter")
     assert names[-1] == "MRC_COUNTER_MAX"
     return [n[len("MRC_"):].lower() for n in names[:-1]]
 

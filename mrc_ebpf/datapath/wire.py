@@ -1,14 +1,15 @@
 """scapy layer for the MRC TLV, so captures decode.
 
 This is the second definition of the wire format (the first is struct
-mrc_tlv in bpf/mrc_common.h); tests/test_layout.py checks the two agree
-field by field.
+mrc_tlv in bpf/mrc_common.h); it is registered as a mirror of it
+(mirrors.py), and tests/test_layout.py checks the two agree field by field.
 """
 from __future__ import annotations
 
 from scapy.fields import ByteField, IntField, LongField, ShortField, XByteField, XLongField
 from scapy.layers.inet6 import IPv6ExtHdrSegmentRoutingTLV
 
+from mrc_ebpf.datapath import layout, mirrors
 from mrc_ebpf.datapath.source import C
 
 
@@ -33,6 +34,7 @@ class MrcTLV(IPv6ExtHdrSegmentRoutingTLV):
 
 
 MrcTLV.register_variant()
+mirrors.register(MrcTLV, "struct mrc_tlv", kind="scapy", of=layout.MrcTlv)
 
 
 def mrc_tlv(packet) -> MrcTLV | None:

@@ -5,7 +5,7 @@ Datacenter switches mark ECN-capable packets CE once a queue passes a
 threshold, so that ECN/DCTCP senders slow down before anything is lost
 (and MRC's congestion signal, trimming, plays the same role).  This
 kernel has no qdisc that marks (no RED, fq_codel or pie), so the fabric
-runs its own: bpf/ecn_mark.c at TC egress of every rate-limited
+runs its own: bpf/lab/ecn_mark.c at TC egress of every rate-limited
 leaf-spine device, both directions, modelling the tbf's backlog as a
 virtual queue at the link's rate and marking when more than the
 threshold is queued in front of a packet.  Test equipment like faults.py.
@@ -30,7 +30,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from mrc_ebpf.datapath import bpfsys, hooks, pins
+from mrc_ebpf.datapath import bpfsys, hooks, mirrors, pins
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab.netns import inside
 from mrc_ebpf.datapath.source import LAB_BPF_DIR
@@ -43,12 +43,14 @@ _UNIT = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 MAX_THRESHOLD_NS = 1_000_000_000
 
 
+@mirrors.mirror("struct ecn_queue_key", SOURCE)
 class QueueKey(ctypes.Structure):
     _fields_ = [("mac", ctypes.c_uint8 * 6), ("pad", ctypes.c_uint16)]
 
 
+@mirrors.mirror("struct ecn_queue", SOURCE)
 class Queue(ctypes.Structure):
-    """struct ecn_queue in bpf/ecn_mark.c (tests check the two agree)."""
+    """struct ecn_queue in bpf/lab/ecn_mark.c (tests/test_layout.py checks the two agree)."""
     _fields_ = [("ns_per_kbyte", ctypes.c_uint64), ("threshold_ns", ctypes.c_uint64),
                 ("busy_until", ctypes.c_uint64), ("packets", ctypes.c_uint64),
                 ("ect", ctypes.c_uint64), ("marked", ctypes.c_uint64)]

@@ -1,6 +1,6 @@
 """Gray failures on a link: black-holing or random loss on its receiving end.
 
-The kernel has no netem, so a fault is our own program (bpf/fault.c) on
+The kernel has no netem, so a fault is our own program (bpf/lab/fault.c) on
 the TC ingress hook (clsact, direct-action cls_bpf) of the device that
 receives the traffic: the sending side's link stays up and its counters
 show nothing wrong, as with a real gray failure.
@@ -24,8 +24,10 @@ attempt were not missed by the hook: after a retransmission timeout TCP
 picks a new random txhash (net.core.txrehash), the veth carries it across
 namespaces as skb->hash with l4_hash set, and fib_multipath_hash_policy 1
 uses that hash as is, so the flow moved to a healthy path.  Policy 3 with
-explicit fields hashes the headers and keeps the flow in the hole.  (The
-old tests/tools/drop_path.py `all` also dropped IPv6 only.)
+explicit fields hashes the headers and keeps the flow in the hole.
+
+The tests black-hole a path (or drop a share of its packets) with this
+too: one mechanism for the fabric, the bench and the tests.
 
 Limits: a loss decision is per skb, so a GSO super-packet (a sender's TSO
 burst crossing veths and routers unsegmented) is lost or kept whole;
@@ -56,7 +58,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from mrc_ebpf.datapath import bpfsys, hooks, pins
+from mrc_ebpf.datapath import bpfsys, hooks, mirrors, pins, source
 from mrc_ebpf.lab.netns import NetnsGone, inside
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.datapath.source import LAB_BPF_DIR
@@ -64,12 +66,14 @@ from mrc_ebpf.datapath.source import LAB_BPF_DIR
 SOURCE = LAB_BPF_DIR / "fault.c"
 PROG, CONFIG, COUNTERS = "prog", "config", "counters"
 FAULT_PRIO = 0xFA   # before the datapath's ingress filter (hooks.TC_PRIO)
-MODES = {"blackhole": 1, "loss": 2}
-CFG_CLSACT_OURS = 0x1
+# FAULT_MODE_* of fault.c: {"blackhole": 1, "loss": 2}
+MODES = {n[len("FAULT_MODE_"):].lower(): v for n, v in source.constants(SOURCE, "FAULT_MODE_").items()}
+CFG_CLSACT_OURS = source.C["MRC_DEV_F_CLSACT_OURS"]   # fault_config.flags
 ARPHRD_ETHER = 1
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
 
 
+@mirrors.mirror("struct fault_config", SOURCE)
 class Config(ctypes.Structure):
     _fields_ = [("threshold", ctypes.c_uint64), ("mode", ctypes.c_uint32),
                 ("flags", ctypes.c_uint32), ("loss", ctypes.c_double),
@@ -77,8 +81,10 @@ class Config(ctypes.Structure):
                 ("pad", ctypes.c_uint32)]
 
 
-COUNTER_NAMES = ("dropped", "passed", "dropped_skbs")   # enum order in fault.c
-FIRST_DROP_NS = len(COUNTER_NAMES)                       # FAULT_FIRST_DROP_NS
+# enum fault_counter: the counters, then FAULT_FIRST_DROP_NS (a time, no counter)
+_ENUM = source.enum_names("fault_counter", SOURCE)
+FIRST_DROP_NS = _ENUM.index("FAULT_FIRST_DROP_NS")
+COUNTER_NAMES = tuple(n[len("FAULT_"):].lower() for n in _ENUM[:FIRST_DROP_NS])
 _ZERO = ctypes.c_uint32(0)
 
 

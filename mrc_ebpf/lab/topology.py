@@ -6,31 +6,22 @@ Only test addresses go here: fd00::/8, fc00::/16, 198.18.0.0/15.
 """
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
-
-class CommandError(RuntimeError):
-    pass
-
-
-def timeout_scale() -> float:
-    """Slower machines (a VM under software emulation) stretch timeouts."""
-    return float(os.environ.get("MRC_TIMEOUT_SCALE", "1"))
-
-
-def run(cmd: list[str], check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * timeout_scale(), **kw)
-    if check and result.returncode != 0:
-        raise CommandError(f"{' '.join(cmd)}: exit {result.returncode}: {result.stderr.strip()}")
-    return result
+from mrc_ebpf.lab import procs
+from mrc_ebpf.lab.netns import Namespaces
+from mrc_ebpf.lab.procs import CommandError, timeout_scale  # noqa: F401 - the tests' too
 
 
 class Topology:
     def __init__(self, prefix: str | None = None):
+        import os
         self.prefix = prefix or f"mrc{os.getpid() % 100000}"
-        self.namespaces: list[str] = []
+        self._made = Namespaces()
+
+    @property
+    def namespaces(self) -> list[str]:
+        return self._made.made
 
     def __enter__(self):
         return self
@@ -39,25 +30,18 @@ class Topology:
         self.destroy()
 
     def ns(self, short: str, forwarding: bool = False, seg6: bool = True) -> str:
-        name = f"{self.prefix}-{short}"
-        run(["ip", "netns", "add", name])
-        self.namespaces.append(name)
-        self.sysctl(name, "net.ipv6.conf.all.accept_dad", 0)
-        self.sysctl(name, "net.ipv6.conf.default.accept_dad", 0)
+        sysctls = ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"]
         if forwarding:
-            self.sysctl(name, "net.ipv6.conf.all.forwarding", 1)
-            self.sysctl(name, "net.ipv4.ip_forward", 1)
+            sysctls += ["net.ipv6.conf.all.forwarding=1", "net.ipv4.ip_forward=1"]
         if seg6:
-            self.sysctl(name, "net.ipv6.conf.all.seg6_enabled", 1)
-            self.sysctl(name, "net.ipv6.conf.default.seg6_enabled", 1)
-        self.exec(name, ["ip", "link", "set", "lo", "up"])
-        return name
+            sysctls += ["net.ipv6.conf.all.seg6_enabled=1", "net.ipv6.conf.default.seg6_enabled=1"]
+        return self._made.create(f"{self.prefix}-{short}", sysctls)
 
     def sysctl(self, ns: str, key: str, value) -> None:
         self.exec(ns, ["sysctl", "-qw", f"{key}={value}"])
 
     def link(self, ns1: str, if1: str, ns2: str, if2: str, mtu: int | None = None) -> None:
-        run(["ip", "link", "add", if1, "netns", ns1, "type", "veth", "peer", "name", if2, "netns", ns2])
+        procs.run(["ip", "link", "add", if1, "netns", ns1, "type", "veth", "peer", "name", if2, "netns", ns2])
         for ns, dev in ((ns1, if1), (ns2, if2)):
             if mtu:
                 self.exec(ns, ["ip", "link", "set", dev, "mtu", str(mtu)])
@@ -73,17 +57,14 @@ class Topology:
         self.exec(ns, ["ip", *family, "route", "add", *args])
 
     def exec(self, ns: str, cmd: list[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        return run(["ip", "netns", "exec", ns, *cmd], check=check, timeout=timeout)
+        return procs.run(cmd, ns=ns, check=check, timeout=timeout)
 
     def popen(self, ns: str, cmd: list[str], **kw) -> subprocess.Popen:
-        return subprocess.Popen(["ip", "netns", "exec", ns, *cmd], **kw)
+        return procs.popen(cmd, ns, **kw)
 
     def destroy(self) -> None:
-        for name in reversed(self.namespaces):
-            # pins outlive a namespace: take the datapath's state down first
-            run([sys.executable, "-m", "mrc_ebpf.cli.mrcctl", "--netns", name, "detach", "--all"], check=False)
-            run(["ip", "netns", "del", name], check=False)
-        self.namespaces.clear()
+        """Every namespace made here, mrc-ebpf's pins in it first."""
+        self._made.close()
 
 
 class KernelPeerLine:

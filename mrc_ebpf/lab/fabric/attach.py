@@ -2,17 +2,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from mrc_ebpf.errors import MrcError
-from mrc_ebpf.lab.procs import run_parallel, ROOT
+from mrc_ebpf.lab.procs import mrcctl_cmd as _mrcctl, mrcctl_result, run_parallel, run_sequences
 
 from .plan import Fabric
 from .state import existing_namespaces, locked
-
-
-def _mrcctl(ns: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "mrc_ebpf.cli.mrcctl", "--netns", ns, *args]
 
 
 def _pick_hosts(fab: Fabric, hosts: str | None) -> list[int]:
@@ -27,13 +21,6 @@ def _pick_hosts(fab: Fabric, hosts: str | None) -> list[int]:
         if int(m.group(1)) not in out:
             out.append(int(m.group(1)))
     return out
-
-
-def _check(r: subprocess.CompletedProcess, what: str) -> None:
-    if r.returncode != 0:
-        msg = r.stderr.strip().splitlines()
-        msg = msg[-1] if msg else f"exit {r.returncode}"
-        raise MrcError(f"{what}: {msg.removeprefix('mrcctl: error: ')}")
 
 
 def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
@@ -58,7 +45,7 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
                 if r.returncode == 0:
                     done.append(h)
             for h, r in zip(chosen, results):
-                _check(r, f"attach on {fab.host(h)}")
+                mrcctl_result(r, f"attach on {fab.host(h)}")
             jobs = []
             for a in chosen:
                 ns = fab.ns(fab.host(a))
@@ -72,7 +59,9 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
                         if policy:
                             cmds.append(_mrcctl(ns, "path", "policy", prefix, policy))
                 jobs.append(cmds)
-            _run_sequences(jobs, f"fabric {name}")
+            for results in run_sequences(jobs):
+                for r in results:    # the failed one, if any, is the last
+                    mrcctl_result(r, f"{' '.join(r.args[6:9])} in {r.args[5]}")
         except BaseException:
             run_parallel([_mrcctl(fab.ns(fab.host(h)), "detach", "--all") for h in done], limit=4)
             raise
@@ -84,29 +73,6 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
             "policy": policy or "rr", "paths_per_peer": fab.planes * fab.spines}
 
 
-def _run_sequences(jobs: list[list[list[str]]], what: str, limit: int = 2) -> None:
-    """Each job is a list of commands run in order; jobs run side by side."""
-    cursors = [0] * len(jobs)
-    running: dict[int, subprocess.Popen] = {}
-    try:
-        while any(c < len(j) for c, j in zip(cursors, jobs)) or running:
-            for i, job in enumerate(jobs):
-                if i not in running and cursors[i] < len(job) and len(running) < limit:
-                    running[i] = subprocess.Popen(job[cursors[i]], stdout=subprocess.PIPE,
-                                                  stderr=subprocess.PIPE, text=True, cwd=ROOT)
-            i = next(iter(running))
-            proc = running.pop(i)
-            out, err = proc.communicate(timeout=300)
-            cmd = jobs[i][cursors[i]]
-            cursors[i] += 1
-            _check(subprocess.CompletedProcess(cmd, proc.returncode, out, err),
-                   f"{' '.join(cmd[5:8])} in {cmd[4]}")
-    finally:
-        for proc in running.values():
-            proc.kill()
-            proc.wait()
-
-
 def detach(name: str, hosts: str | None) -> dict:
     with locked(name) as state:
         fab = Fabric(state["spec"])
@@ -115,7 +81,7 @@ def detach(name: str, hosts: str | None) -> dict:
         targets = [h for h in chosen if fab.ns(h) in present]
         results = run_parallel([_mrcctl(fab.ns(h), "detach", "--all") for h in targets], limit=4)
         for h, r in zip(targets, results):
-            _check(r, f"detach on {h}")
+            mrcctl_result(r, f"detach on {h}")
         for h in chosen:
             state["attached"].pop(h, None)
     return {"name": name, "detached": chosen}

@@ -4,28 +4,17 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 import time
-from mrc_ebpf.lab import ecn_marks, faults
+from mrc_ebpf.lab import ecn_marks, faults, netns
 from mrc_ebpf.errors import MrcError
-from mrc_ebpf.lab.procs import run, run_parallel
+from mrc_ebpf.lab.procs import batch as _batch, run
 
 from .plan import DEFAULT_MTU, DEFAULT_RATE, ENCODINGS, Fabric, MAX_HOSTS, MAX_LEAVES, MAX_MTU, MAX_PLANES, MAX_SPINES, MIN_MTU, SYSCTL_RE, parse_rate
 from .state import check_name, existing_namespaces, locked, state_path
 
 
-def _batch(cmd: list[str], lines: list[str], what: str) -> None:
-    if not lines:
-        return
-    r = subprocess.run([*cmd, "-batch", "-"], input="\n".join(lines) + "\n",
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        err = " ".join(r.stderr.split())[:300]
-        raise MrcError(f"{what}: {err or f'exit {r.returncode}'}")
-
-
 def _ns_sysctl(ns: str, keys: list[str]) -> None:
-    run(["ip", "netns", "exec", ns, "sysctl", "-qw", *keys])
+    run(["sysctl", "-qw", *keys], ns=ns)
 
 
 def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1,
@@ -104,58 +93,18 @@ def _build(fab: Fabric) -> None:
         _batch(["ip", "-n", d["ns"]], fab.route_cmds(node), f"routes of {node}")
 
 
-_CLONE_NEWNET = 0x40000000
-
-
-def _has_pins(ns: str) -> bool:
-    """Does the datapath have pinned state in namespace ns?  (Its pin
-    directory is named by the namespace's cookie: look from inside.)"""
-    import ctypes
-
-    from mrc_ebpf.datapath import pins
-    libc = ctypes.CDLL(None, use_errno=True)
-    try:
-        target = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-    except OSError:
-        return False
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        if libc.setns(target, _CLONE_NEWNET) != 0:
-            return True          # cannot tell: let detach --all decide
-        try:
-            d = pins.netns_dir()
-            return d.is_dir() and any(d.iterdir())
-        finally:
-            if libc.setns(home, _CLONE_NEWNET) != 0:
-                raise MrcError("cannot return to the original network namespace")
-    except OSError:
-        return True
-    finally:
-        os.close(target)
-        os.close(home)
-
-
 def _teardown(fab: Fabric, state: dict, quiet: bool = False) -> list[str]:
     """Remove everything of fab that exists; return what could not be removed."""
-    problems = []
     present = existing_namespaces()
-    hosts = [fab.ns(fab.host(h)) for h in fab.hosts() if fab.ns(fab.host(h)) in present]
-    hosts = [ns for ns in hosts if _has_pins(ns)]
-    # pins outlive a namespace: take the datapath's state down first (as Topology.destroy)
-    for ns, r in zip(hosts, run_parallel([[sys.executable, "-m", "mrc_ebpf.cli.mrcctl", "--netns", ns, "detach",
-                                        "--all"] for ns in hosts], limit=4)):
-        if r.returncode != 0:
-            problems.append(f"detach in {ns}: {r.stderr.strip()}")
     for f in state.get("faults", []):
         if f.get("kind") == "gray" and f["ns"] in present:
             with contextlib.suppress(Exception):
                 faults.heal(f["ns"], f["dev"])
     mine = [ns for ns in state.get("namespaces", fab.namespaces()) if ns in present]
-    if mine:
-        r = subprocess.run(["ip", "-force", "-batch", "-"], input="".join(f"netns del {ns}\n" for ns in mine),
-                           capture_output=True, text=True, timeout=300)
-        if r.returncode != 0 and not quiet:
-            problems.append(" ".join(r.stderr.split())[:300])
+    # the datapath's pins outlive a namespace: netns.delete detaches first
+    problems = netns.delete(mine)
+    if quiet:
+        problems = []
     ecn_marks.remove(fab.name)
     for ns in state.get("namespaces", fab.namespaces()):
         try:

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 from mrc_ebpf.errors import MrcError
-from mrc_ebpf.lab.procs import run
+from mrc_ebpf.lab import netns
 
 from .plan import NAME_RE, STATE_DIR
 
@@ -79,8 +79,4 @@ def load(name: str) -> dict:
 
 
 def existing_namespaces() -> set[str]:
-    r = run(["ip", "-j", "netns", "list"], check=False)
-    try:
-        return {n["name"] for n in json.loads(r.stdout or "[]")}
-    except ValueError:
-        return set()
+    return netns.existing()
