@@ -388,6 +388,8 @@ from mrc_ebpf.cli.fabric_cmd import fabric  # noqa: E402
 cli.add_command(fabric)
 from mrc_ebpf.cli.bench_cmd import bench  # noqa: E402
 cli.add_command(bench)
+from mrc_ebpf.cli import ops_cmd  # noqa: E402
+cli.add_command(ops_cmd.exporter)
 
 
 if __name__ == "__main__":
