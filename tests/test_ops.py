@@ -106,3 +106,64 @@ def test_exporter_matches_stats(spray):
 def test_exporter_bad_listen_one_line():
     r = mrcctl("exporter", "--listen", "nowhere", check=False)
     assert r.returncode == 1 and "bad --listen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_decode_agrees_with_the_maps(spray, tmp_path):
+    """tcpdump on L1's link to A sees every packet A sends and receives
+    encapsulated (A's own XDP decapsulates before a capture on A would);
+    `mrcctl decode` counts them per sender and path, and A's maps count
+    the same: sent per path, and received per sender and path."""
+    spray.attach("rr")
+    pcap = tmp_path / "l1a.pcap"
+    proc = spray.t.popen(spray.L1, ["tcpdump", "-i", "l1a", "-U", "--immediate-mode", "-n", "-w", str(pcap),
+                                    "ip6"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert b"listening on" in proc.stderr.readline(), "tcpdump did not start"
+        assert spray.t.exec(spray.A, ["ping", "-c", "30", "-i", "0.01", "-W", "1", spray.B6],
+                            check=False).returncode == 0
+        spray.udp(200, pps=1000)
+        time.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    by_path = json.loads(mrcctl("stats", "--paths", "-j", netns=spray.A).stdout)
+    out = subprocess.run([*MRCCTL, "decode", str(pcap), "-j"], capture_output=True, text=True, cwd="/",
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    packets, summary = lines[:-1], lines[-1]["summary"]
+    decoded = {(s["src"], s["path_id"]): s["packets"] for s in summary}
+    sent = {(spray.A_SID, r["path_id"]): r["tx_packets"] for r in by_path["sent"]}
+    received = {(r["from"], r["path_id"]): r["rx_packets"] for r in by_path["received"]}
+    assert sent and received and all(sent.values()) and all(received.values())
+    assert {k: v for k, v in decoded.items() if k[0] == spray.A_SID} == sent
+    assert {k: v for k, v in decoded.items() if k[0] == spray.B_SID} == received
+    # each packet's view: the sequences of a path count up from 0 on the wire
+    for (src, pid), n in decoded.items():
+        seqs = [p["mrc"]["path_seq"] for p in packets if (p["mrc"]["src"], p["mrc"]["path_id"]) == (src, pid)]
+        assert sorted(seqs) == list(range(min(seqs), min(seqs) + n))
+    assert any(p["mrc"]["feedback"] for p in packets)       # B's replies carry feedback on A's paths
+
+
+def test_decode_loads_in_plain_scapy(tmp_path):
+    """The scapy layer on its own: a fresh interpreter with scapy and the
+    layer, no bcc, dissects an MRC TLV built by scapy."""
+    code = ("from scapy.all import IPv6, IPv6ExtHdrSegmentRouting, ICMPv6EchoRequest, raw\n"
+            "from mrc_ebpf.datapath import wire\n"
+            "p = IPv6(src='fc00:a::1', dst='fc00:1:1::')/IPv6ExtHdrSegmentRouting(addresses=['fc00:b::1',"
+            "'fc00:1:1::'], segleft=1, tlv_objects=[wire.MrcTLV(path_id=3, path_seq=7)])/IPv6()/ICMPv6EchoRequest()\n"
+            "v = wire.describe(IPv6(raw(p)))\n"
+            "import sys; assert 'bcc' not in sys.modules\n"
+            "print(v['path_id'], v['path_seq'], ','.join(v['segments']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "7", "fc00:1:1::,fc00:b::1"]
+
+
+def test_decode_bad_file_one_line(tmp_path):
+    bad = tmp_path / "not.pcap"
+    bad.write_text("hello")
+    for path in (bad, tmp_path / "missing.pcap"):
+        r = subprocess.run([*MRCCTL, "decode", str(path)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and r.stderr.startswith("mrcctl: error: cannot read"), r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1

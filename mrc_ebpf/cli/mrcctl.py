@@ -390,6 +390,7 @@ from mrc_ebpf.cli.bench_cmd import bench  # noqa: E402
 cli.add_command(bench)
 from mrc_ebpf.cli import ops_cmd  # noqa: E402
 cli.add_command(ops_cmd.exporter)
+cli.add_command(ops_cmd.decode)
 
 
 if __name__ == "__main__":

@@ -59,3 +59,48 @@ def exporter(listen, once):
     except KeyboardInterrupt:
         pass
     server.shutdown()
+
+
+@click.command()
+@click.argument("pcap", type=click.Path(dir_okay=False))
+@click.option("-j", "--json", "json_", is_flag=True, help="One JSON object per packet, one per line.")
+@click.option("--all", "all_", is_flag=True, help="Also list packets without an MRC TLV.")
+@click.pass_context
+def decode(ctx, pcap, json_, all_):
+    """Each packet's MRC view in a capture (tcpdump -w): path, sequences,
+    send time, feedback; then packets per sender and path."""
+    from scapy.error import Scapy_Exception
+    from scapy.utils import PcapReader
+    from mrc_ebpf.datapath import wire
+    as_json = json_ or ctx.obj.get("json")
+    counts: dict[tuple[str, int], int] = {}
+    try:
+        reader = PcapReader(pcap)
+    except (OSError, Scapy_Exception) as e:
+        raise MrcError(f"cannot read {pcap}: {getattr(e, 'strerror', None) or e}")
+    with reader:
+        for number, packet in enumerate(reader, start=1):
+            view = wire.describe(packet)
+            if view is None and not all_:
+                continue
+            row = {"packet": number, "time": float(packet.time), "mrc": view}
+            if view is not None:
+                key = (view["src"], view["path_id"])
+                counts[key] = counts.get(key, 0) + 1
+            if as_json:
+                click.echo(json.dumps(row, separators=(",", ":")))
+            elif view is None:
+                click.echo(f"{number:>6} {row['time']:.6f} -")
+            else:
+                fb = view["feedback"]
+                click.echo(f"{number:>6} {row['time']:.6f} {view['src']} > {','.join(view['segments'])} "
+                           f"path {view['path_id']} seq {view['path_seq']} peer_seq {view['peer_seq']} "
+                           f"tx_ns {view['tx_ns']}{' ' + '+'.join(view['flags']) if view['flags'] else ''}"
+                           + (f" fb path {fb['path_id']} qdelay {fb['qdelay_us']} us lost {fb['lost']}"
+                              if fb else ""))
+    summary = [{"src": src, "path_id": pid, "packets": n} for (src, pid), n in sorted(counts.items())]
+    if as_json:
+        click.echo(json.dumps({"summary": summary}, separators=(",", ":")))
+    else:
+        click.echo("packets per sender and path: " + (", ".join(
+            f"{s['src']} path {s['path_id']}: {s['packets']}" for s in summary) or "none"))
