@@ -47,3 +47,7 @@ fi
 # the bpffs that pins live on (see mrc_ebpf/pins.py for why /run)
 mkdir -p /run/mrc-ebpf
 grep -qs " /run/mrc-ebpf bpf " /proc/mounts || mount -t bpf bpf /run/mrc-ebpf
+
+# iproute2 names the routes' protocol (routes.py ROUTE_PROTO) `mrc`
+mkdir -p /etc/iproute2/rt_protos.d
+[ -f /etc/iproute2/rt_protos.d/mrc.conf ] || printf '77\tmrc\n' > /etc/iproute2/rt_protos.d/mrc.conf

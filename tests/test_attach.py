@@ -140,7 +140,7 @@ def test_not_root_is_refused(tmp_path):
     with os.fdopen(read) as f:
         exit_code, output = f.read().split("\n", 1)
     os.waitpid(pid, 0)
-    assert exit_code == "1" and "must run as root" in output and "Traceback" not in output
+    assert exit_code == "1" and "needs root" in output and "Traceback" not in output
 
 
 def test_path_del_keeps_other_ids(interop):

@@ -26,7 +26,8 @@ CFG_XDP_SKB = 0x2           # mrc_device.flags: XDP attached in skb mode
 
 def require_root() -> None:
     if os.geteuid() != 0:
-        raise MrcError("must run as root (needs CAP_BPF and CAP_NET_ADMIN)")
+        raise MrcError("needs root (CAP_BPF and CAP_NET_ADMIN): the datapath's pins and maps "
+                       "are root's")
 
 
 def parse_sid(text: str) -> ipaddress.IPv6Address:
@@ -74,6 +75,7 @@ class Attachment:
 
     @classmethod
     def open(cls, device: str) -> "Attachment":
+        require_root()      # else every pin reads as EPERM, which is not damage
         pins.ensure_bpffs()
         directory = pins.device_dir(device)
         if not directory.is_dir():
@@ -156,6 +158,7 @@ def owner(device: str) -> str | None:
 def resolve_device(device: str | None) -> str:
     """The attachment a command is about: the one DEVICE belongs to, or
     the only one here."""
+    require_root()
     if device:
         return owner(device) or device
     attached = pins.attached_devices()
@@ -224,6 +227,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
         raise MrcError("attach needs a device")
     sid = parse_sid(sid_text)
     pins.ensure_bpffs()
+    routes.name_protocol()
     directory = pins.device_dir(devices[0])
     unknown = set(timers) - set(TIMERS)
     if unknown:
