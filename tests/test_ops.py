@@ -46,7 +46,7 @@ def _start_exporter(topo, ns, port):
 
 def test_exporter_matches_stats(spray):
     spray.attach("rr")
-    # traffic both ways over all four paths, and a down/up of path 1 (R2's
+    # traffic both ways over all four paths, and a down of path 1 (R2's
     # far link down: a real black hole) so that events exist
     assert spray.t.exec(spray.A, ["ping", "-c", "40", "-i", "0.01", "-W", "1", spray.B6],
                         check=False).returncode == 0
@@ -167,3 +167,35 @@ def test_decode_bad_file_one_line(tmp_path):
         r = subprocess.run([*MRCCTL, "decode", str(path)], capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and r.stderr.startswith("mrcctl: error: cannot read"), r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_monitor_reports_a_black_hole_within_100ms(spray):
+    """`monitor -j` reads the datapath's event ring: a black-holed path's
+    `down` line is read within 100 ms of the event's kernel timestamp,
+    every line is JSON, and the lines are the events the log holds."""
+    spray.attach("rr")
+    assert spray.t.exec(spray.A, ["ping", "-c", "20", "-i", "0.01", "-W", "1", spray.B6],
+                        check=False).returncode == 0
+    before = {e["seq"] for e in json.loads(mrcctl("stats", "--events", "-j", netns=spray.A).stdout)["events"]}
+    proc = spray.t.popen(spray.A, [*MRCCTL, "monitor", "-j", "--timeout", "60"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "monitoring path events on a0" in proc.stderr.readline()
+        spray.t.exec(spray.R[1], ["ip", "link", "set", "rdown", "down"])
+        spray.t.exec(spray.A, ["ping", "-c", "50", "-i", "0.01", "-W", "1", spray.B6], check=False)
+        spray.t.exec(spray.R[1], ["ip", "link", "set", "rdown", "up"])
+        spray.t.exec(spray.A, ["ping", "-c", "50", "-i", "0.01", "-W", "1", spray.B6], check=False)
+        time.sleep(0.5)
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]      # every line is JSON
+    downs = [e for e in lines if e["type"] == "down"]
+    assert downs and downs[0]["path_id"] == 1 and downs[0]["prefix"] == "fd00:b::/64", lines
+    for e in lines:
+        assert 0 <= e["read_ns"] - e["ns"] < 100_000_000, e
+    logged = json.loads(mrcctl("stats", "--events", "-j", netns=spray.A).stdout)["events"]
+    assert [e["seq"] for e in lines] == [e["seq"] for e in logged if e["seq"] not in before]
+    print(f"monitor: down read {(downs[0]['read_ns'] - downs[0]['ns']) / 1e6:.3f} ms after the event; "
+          f"max over {len(lines)} events {max(e['read_ns'] - e['ns'] for e in lines) / 1e6:.3f} ms")

@@ -458,6 +458,7 @@ cli.add_command(bench)
 from mrc_ebpf.cli import ops_cmd  # noqa: E402
 cli.add_command(ops_cmd.exporter)
 cli.add_command(ops_cmd.decode)
+cli.add_command(ops_cmd.monitor)
 
 
 if __name__ == "__main__":

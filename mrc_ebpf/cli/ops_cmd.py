@@ -104,3 +104,56 @@ def decode(ctx, pcap, json_, all_):
     else:
         click.echo("packets per sender and path: " + (", ".join(
             f"{s['src']} path {s['path_id']}: {s['packets']}" for s in summary) or "none"))
+
+
+@click.command()
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@click.option("-j", "--json", "json_", is_flag=True, help="One JSON object per event, one per line.")
+@click.option("--count", type=click.IntRange(1), help="Exit after this many events.")
+@click.option("--timeout", type=click.FloatRange(0.1), help="Exit after this many seconds.")
+@click.pass_context
+def monitor(ctx, device, json_, count, timeout):
+    """Path events (down, up, fail-open, late) as the datapath files them,
+    read from its ring buffer; `ns` is the kernel's CLOCK_MONOTONIC time of
+    the event, `read_ns` when this command read it."""
+    import time
+    from mrc_ebpf.control import events, paths
+    from mrc_ebpf.datapath import layout, loader, ringbuf
+    as_json = json_ or ctx.obj.get("json")
+    device = loader.resolve_device(device)
+    with loader.Attachment.open(device) as att:
+        prefixes = {p["peer_id"]: p["prefix"] for p in paths.peers(att)}
+        seen = [0]
+
+        def on_sample(raw: bytes):
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            ev = layout.Event.from_buffer_copy(raw[:ctypes_size])
+            if ev.peer_id not in prefixes:
+                prefixes.update({p["peer_id"]: p["prefix"] for p in paths.peers(att)})
+            row = {"seq": ev.seq, "ns": ev.ns, "read_ns": now, "device": device,
+                   "type": events.TYPES.get(ev.type, str(ev.type)), "peer_id": ev.peer_id,
+                   "prefix": prefixes.get(ev.peer_id), "path_id": ev.path_id,
+                   "since_ns": ev.since_ns or None,
+                   "after_us": round((ev.ns - ev.since_ns) / 1e3, 1) if ev.since_ns else None}
+            if as_json:
+                click.echo(json.dumps(row, separators=(",", ":")))
+            else:
+                click.echo(f"{row['ns']:>20} {row['type']:<9} {row['prefix'] or '-'} path {row['path_id']}"
+                           + (f" ({row['after_us']} us after an unacknowledged send)"
+                              if row["after_us"] is not None else ""))
+            seen[0] += 1
+
+        import ctypes
+        ctypes_size = ctypes.sizeof(layout.Event)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        give_up = time.monotonic() + timeout if timeout else None
+        with ringbuf.RingReader(str(att.dir / loader.EVENT_RING), on_sample) as ring:
+            click.echo(f"monitoring path events on {device}", err=True)
+            try:
+                while not stop.is_set() and not (count and seen[0] >= count):
+                    if give_up and time.monotonic() >= give_up:
+                        break
+                    ring.poll(100)
+            except KeyboardInterrupt:
+                pass

@@ -20,6 +20,7 @@ from mrc_ebpf.datapath import routes
 from mrc_ebpf.errors import MrcError
 
 PROG_TX, PROG_RX, PROG_FB = "prog_tx", "prog_rx", "prog_fb"
+EVENT_RING = "mrc_event_ring"    # the ring buffer of path events (monitor); not in layout.MAPS
 CFG_CLSACT_OURS = 0x1       # mrc_device.flags: detach removes clsact too
 CFG_XDP_SKB = 0x2           # mrc_device.flags: XDP attached in skb mode
 
@@ -242,6 +243,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             undo.append(lambda: pins.remove_tree(directory))
             for name in layout.MAPS:
                 bpfsys.obj_pin(module[name].map_fd, str(directory / name))
+            bpfsys.obj_pin(module[EVENT_RING].map_fd, str(directory / EVENT_RING))
             bpfsys.obj_pin(tx.fd, str(directory / PROG_TX))
             bpfsys.obj_pin(rx.fd, str(directory / PROG_RX))
             bpfsys.obj_pin(fb.fd, str(directory / PROG_FB))
