@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 iproute2 iputils-ping
+APT_PACKAGES="python3-bpfcc bpfcc-tools bpftool libbpf1 linux-headers-amd64 iproute2 iputils-ping
               iperf3 tcpdump ethtool python3-venv python3-matplotlib python3-jsonschema"
 missing=""
 for p in $APT_PACKAGES; do

@@ -199,3 +199,41 @@ def test_monitor_reports_a_black_hole_within_100ms(spray):
     assert [e["seq"] for e in lines] == [e["seq"] for e in logged if e["seq"] not in before]
     print(f"monitor: down read {(downs[0]['read_ns'] - downs[0]['ns']) / 1e6:.3f} ms after the event; "
           f"max over {len(lines)} events {max(e['read_ns'] - e['ns'] for e in lines) / 1e6:.3f} ms")
+
+
+def _tmux(sock, *args):
+    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=30)
+
+
+def test_top_in_tmux_shows_what_stats_shows(spray):
+    """`top` on a terminal (tmux): while traffic runs every path shows a
+    rate; once it stops, its cumulative counts are those `stats -j` reads."""
+    spray.attach("rr")
+    sock = f"mrct{os.getpid()}"
+    cmd = " ".join(["ip", "netns", "exec", spray.A, *MRCCTL, "top", "-d", "0.3"])
+    assert _tmux(sock, "new-session", "-d", "-x", "200", "-y", "50", cmd).returncode == 0
+    try:
+        ping = spray.t.popen(spray.A, ["ping", "-c", "300", "-i", "0.01", "-q", spray.B6],
+                             stdout=subprocess.DEVNULL)
+        time.sleep(2)
+        busy = _tmux(sock, "capture-pane", "-p").stdout
+        ping.wait(timeout=30)
+        time.sleep(1.5)                 # a few refreshes after the traffic stopped
+        idle = _tmux(sock, "capture-pane", "-p").stdout
+        rows = json.loads(mrcctl("path", "list", "-j", netns=spray.A).stdout)
+    finally:
+        _tmux(sock, "kill-server")
+
+    def sent_rows(pane):
+        out = {}
+        for line in pane.splitlines():
+            f = line.split()
+            if len(f) >= 6 and f[0] == "fd00:b::/64":
+                out[int(f[1])] = {"state": f[2], "pps": float(f[3]), "tx_packets": int(f[-3])}
+        return out
+    during, after = sent_rows(busy), sent_rows(idle)
+    assert sorted(during) == [0, 1, 2, 3], busy
+    assert all(r["pps"] > 0 and r["state"] == "up" for r in during.values()), busy
+    assert {r["path_id"]: r["tx_packets"] for r in rows} == {k: r["tx_packets"] for k, r in after.items()}, idle
+    assert all(r["pps"] == 0 for r in after.values()), idle
+    assert "received" in idle and spray.B_SID in idle

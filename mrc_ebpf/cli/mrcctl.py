@@ -459,6 +459,7 @@ from mrc_ebpf.cli import ops_cmd  # noqa: E402
 cli.add_command(ops_cmd.exporter)
 cli.add_command(ops_cmd.decode)
 cli.add_command(ops_cmd.monitor)
+cli.add_command(ops_cmd.top)
 
 
 if __name__ == "__main__":

@@ -157,3 +157,86 @@ def monitor(ctx, device, json_, count, timeout):
                     ring.poll(100)
             except KeyboardInterrupt:
                 pass
+
+
+def _top_frame(device: str, a: dict | None, b: dict, seconds: float) -> str:
+    """One screen: per path sent and received, rates over the last period."""
+    from tabulate import tabulate
+    from mrc_ebpf.control import stats
+    from mrc_ebpf.perf.units import fmt_rate
+
+    def delta(table, key, field):
+        if a is None:
+            return 0
+        before = a[table].get(key)
+        return b[table][key][field] - (before[field] if before else 0)
+
+    sent = []
+    for key, r in sorted(b["sent"].items()):
+        dp, db = delta("sent", key, "tx_packets"), delta("sent", key, "tx_bytes")
+        fb = r["feedback"] or {}
+        sent.append((r["prefix"], r["path_id"], r["state"], f"{dp / seconds:.0f}",
+                     fmt_rate(db * 8 / seconds), r["tx_packets"], fb.get("qdelay_us", "-"),
+                     fb.get("lost", "-")))
+    received = []
+    for key, r in sorted(b["received"].items()):
+        dp, db = delta("received", key, "rx_packets"), delta("received", key, "rx_bytes")
+        old = a["received"].get(key) if a else None
+        hist = [y - (x if old else 0) for x, y in zip(old["qdelay_hist"] if old else r["qdelay_hist"],
+                                                       r["qdelay_hist"])] if a else r["qdelay_hist"]
+        p50, p99 = stats.percentile(hist, 0.5), stats.percentile(hist, 0.99)
+        received.append((r["from"], r["path_id"], f"{dp / seconds:.0f}", fmt_rate(db * 8 / seconds),
+                         r["rx_packets"], delta("received", key, "lost"), delta("received", key, "late"),
+                         "-" if p50 is None else f"<={p50}", "-" if p99 is None else f"<={p99}"))
+    reorder = [f"reordered from {peer}: {r['reordered'] - (a['reorder'].get(peer, {}).get('reordered', 0) if a else 0)}"
+               f" of {r['packets'] - (a['reorder'].get(peer, {}).get('packets', 0) if a else 0)}"
+               for peer, r in sorted(b["reorder"].items())]
+    lines = [f"mrcctl top: {device}, every {seconds:.1f} s (rates over the last period; Ctrl-C quits)",
+             "", "sent",
+             tabulate(sent, headers=["peer", "path", "state", "pkt/s", "rate", "tx pkts",
+                                     "fb qdelay us", "fb lost"]) if sent else "  no paths",
+             "", "received",
+             tabulate(received, headers=["from", "path", "pkt/s", "rate", "rx pkts", "lost", "late",
+                                         "qdelay p50 us", "p99 us"]) if received else "  nothing received",
+             "", *reorder]
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@click.option("-d", "--interval", type=click.FloatRange(0.1), default=1.0, show_default=True,
+              help="Seconds between refreshes.")
+@click.option("-n", "--iterations", type=click.IntRange(1), help="Exit after this many refreshes.")
+def top(device, interval, iterations):
+    """A live per-path view: rates, loss, reordering, queueing delay and
+    state, refreshed in place (on a terminal; otherwise one frame after
+    another)."""
+    import sys
+    import time
+    from mrc_ebpf.control import paths, stats
+    from mrc_ebpf.datapath import loader
+    device = loader.resolve_device(device)
+    tty = sys.stdout.isatty()
+
+    def snapshot(att):
+        return {"t": time.monotonic(),
+                "sent": {(r["prefix"], r["path_id"]): r for r in paths.list_paths(att)},
+                "received": {(r["from"], r["path_id"]): r for r in stats.received(att)},
+                "reorder": {r["from"]: r for r in stats.reorder(att)}}
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with loader.Attachment.open(device) as att:
+        prev, shown = None, 0
+        try:
+            while not stop.is_set():
+                snap = snapshot(att)
+                frame = _top_frame(device, prev, snap, snap["t"] - prev["t"] if prev else interval)
+                click.echo(("\x1b[H\x1b[2J" if tty else ("\n" if shown else "")) + frame)
+                shown += 1
+                if iterations and shown >= iterations:
+                    return
+                prev = snap
+                stop.wait(interval)
+        except KeyboardInterrupt:
+            pass
