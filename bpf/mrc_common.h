@@ -252,6 +252,7 @@ struct mrc_peer_acks {
 
 /* events: a circular log of path state changes, MRC_EVENTS entries */
 #define MRC_EVENTS		1024
+#define MRC_EVENT_RING_PAGES	16	/* mrc_event_ring: 64 KiB, ~2000 events unread */
 #define MRC_EV_DOWN		1	/* not acknowledged within ack_timeout */
 #define MRC_EV_UP		2	/* a probe (or late packet) was acknowledged */
 #define MRC_EV_FAIL_OPEN	3	/* every path of the peer is down: sending anyway */

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="python3-bpfcc bpfcc-tools bpftool linux-headers-amd64 iproute2 iputils-ping
+APT_PACKAGES="python3-bpfcc bpfcc-tools bpftool libbpf1 linux-headers-amd64 iproute2 iputils-ping
               iperf3 tcpdump ethtool python3-venv python3-matplotlib python3-jsonschema"
 missing=""
 for p in $APT_PACKAGES; do
@@ -38,7 +38,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import bcc" 2>/dev/null; 
     rm -rf .venv
     /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-if ! .venv/bin/python -c "import mrc_ebpf.cli, pyroute2, click, scapy, tabulate, pytest" 2>/dev/null \
+if ! .venv/bin/python -c "import mrc_ebpf.cli, pyroute2, click, scapy, tabulate, pytest, prometheus_client" 2>/dev/null \
         || [ ! -x .venv/bin/mrcctl ]; then
     echo "setup: installing mrc-ebpf into .venv"
     .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
@@ -47,3 +47,7 @@ fi
 # the bpffs that pins live on (see mrc_ebpf/pins.py for why /run)
 mkdir -p /run/mrc-ebpf
 grep -qs " /run/mrc-ebpf bpf " /proc/mounts || mount -t bpf bpf /run/mrc-ebpf
+
+# iproute2 names the routes' protocol (routes.py ROUTE_PROTO) `mrc`
+mkdir -p /etc/iproute2/rt_protos.d
+[ -f /etc/iproute2/rt_protos.d/mrc.conf ] || printf '77\tmrc\n' > /etc/iproute2/rt_protos.d/mrc.conf

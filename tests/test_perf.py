@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.perf.control import Params
+from mrc_ebpf.perf.iperf_json import read_result
 from mrc_ebpf.perf.udp import UdpReceiver, percentiles
 from mrc_ebpf.perf.units import fmt_bytes, fmt_rate, parse_rate, parse_size
 from mrc_ebpf.lab.topology import timeout_scale
@@ -178,19 +179,28 @@ def iperf3_client(topo, ns, host, *args) -> dict:
 
 
 def _check_arithmetic(doc):
-    """Intervals tile each side's test and add up to its summary."""
-    for side in ("local", "remote"):
-        intervals = doc[side]["intervals"]
-        summary = doc["end"][doc[side]["role"]]
-        assert intervals[0]["start"] == 0 and summary["start"] == 0
+    """Intervals tile each side's test and add up to its summary (this
+    end's intervals where iperf3 has them, the other end's under mrc)."""
+    end = doc["end"]
+    n = doc["start"]["test_start"]["num_streams"]
+    for intervals, role in ((doc["intervals"], doc["mrc"]["local"]["role"]),
+                            (doc["mrc"]["remote"]["intervals"], doc["mrc"]["remote"]["role"])):
+        summary = end["sum_sent" if role == "sender" else "sum_received"]
+        assert intervals[0]["sum"]["start"] == 0 and summary["start"] == 0
         for prev, cur in zip(intervals, intervals[1:]):
-            assert cur["start"] == prev["end"]
-        assert intervals[-1]["end"] == summary["end"]
-        assert sum(i["sum"]["bytes"] for i in intervals) == summary["sum"]["bytes"]
-        for rep in [*intervals, summary]:
+            assert cur["sum"]["start"] == prev["sum"]["end"]
+        assert intervals[-1]["sum"]["end"] == summary["end"]
+        assert sum(i["sum"]["bytes"] for i in intervals) == summary["bytes"]
+        for rep in intervals:
             assert sum(s["bytes"] for s in rep["streams"]) == rep["sum"]["bytes"]
-            assert len(rep["streams"]) == doc["start"]["test"]["streams"]
-    sender, receiver = doc["end"]["sender"]["sum"], doc["end"]["receiver"]["sum"]
+            assert [s["socket"] for s in rep["streams"]] == list(range(1, n + 1))
+    assert len(end["streams"]) == n
+    if doc["start"]["test_start"]["protocol"] == "TCP":
+        for key, total in (("sender", "sum_sent"), ("receiver", "sum_received")):
+            assert sum(s[key]["bytes"] for s in end["streams"]) == end[total]["bytes"]
+    else:
+        assert sum(s["udp"]["bytes"] for s in end["streams"]) == end["sum_received"]["bytes"]
+    sender, receiver = end["sum_sent"], end["sum_received"]
     assert 0 < receiver["bytes"] <= sender["bytes"]
     return sender, receiver
 
@@ -207,8 +217,9 @@ def test_tcp_and_udp_agree_with_iperf3(topo, tmp_path):
             ours.append(perf_client(topo, net.A, net.B6, "-t", "4"))
         with iperf3_server(topo, net.B, tmp_path):
             theirs.append(iperf3_client(topo, net.A, net.B6, "-t", "4"))
-    mine = max(d["end"]["receiver"]["sum"]["bits_per_second"] for d in ours)
-    ref = max(d["end"]["sum_received"]["bits_per_second"] for d in theirs)
+    # one reader for both tools' -J
+    mine = max(read_result(d)["received_bps"] for d in ours)
+    ref = max(read_result(d)["received_bps"] for d in theirs)
     print(f"TCP goodput under tbf 80mbit: mrc-perf {mine / 1e6:.2f} Mbit/s, "
           f"iperf3 {ref / 1e6:.2f} Mbit/s, ratio {mine / ref:.4f}")
     assert 70e6 < ref < 80e6
@@ -218,13 +229,43 @@ def test_tcp_and_udp_agree_with_iperf3(topo, tmp_path):
         ours = perf_client(topo, net.A, net.B6, "-u", "-b", "40M", "-l", "1400", "-t", "4")
     with iperf3_server(topo, net.B, tmp_path):
         theirs = iperf3_client(topo, net.A, net.B6, "-u", "-b", "40M", "-l", "1400", "-t", "4")
-    for key in ("sender", "receiver"):
-        mine = ours["end"][key]["sum"]["bits_per_second"]
-        ref = theirs["end"][f"sum_{'sent' if key == 'sender' else 'received'}"]["bits_per_second"]
+    for key in ("sent_bps", "received_bps"):
+        mine, ref = read_result(ours)[key], read_result(theirs)[key]
         print(f"UDP -b 40M {key}: mrc-perf {mine / 1e6:.2f} Mbit/s, iperf3 {ref / 1e6:.2f} Mbit/s")
         assert abs(mine / 40e6 - 1) < 0.02
         assert abs(mine / ref - 1) < 0.05
-    assert ours["end"]["receiver"]["sum"]["lost"] == 0
+    assert read_result(ours)["lost_packets"] == 0
+
+
+@root
+def test_one_reader_for_iperf3_and_mrc_perf(topo, tmp_path):
+    """read_result gets the same fields from iperf3's -J and mrc-perf's -J
+    of the same kind of run (a missing or renamed field raises there)."""
+    net = Line(topo)
+    for args in (["-t", "2", "-P", "2"], ["-t", "2", "-R"], ["-u", "-b", "20M", "-t", "2", "-P", "2"]):
+        with perf_server(topo, net.B, tmp_path, name="one"):
+            ours = read_result(perf_client(topo, net.A, net.B6, *args))
+        with iperf3_server(topo, net.B, tmp_path):
+            theirs = read_result(iperf3_client(topo, net.A, net.B6, *args))
+        assert ours.keys() == theirs.keys()
+        # the same fields are filled, and are numbers where iperf3's are
+        assert {k for k, v in ours.items() if v is None} == {k for k, v in theirs.items() if v is None}
+        for k, v in theirs.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                assert isinstance(ours[k], (int, float)), (k, ours[k])
+        assert (ours["protocol"], ours["num_streams"], ours["reverse"]) == \
+            (theirs["protocol"], theirs["num_streams"], theirs["reverse"])
+        assert len(ours["sockets"]) == len(theirs["sockets"])
+        assert len(ours["stream_bytes"]) == len(theirs["stream_bytes"])
+        assert ours["received_bytes"] > 0 and theirs["received_bytes"] > 0
+        assert abs(len(ours["intervals"]) - len(theirs["intervals"])) <= 1
+    # both tools' failure documents: {"error": ...} with the same keys
+    ref = json.loads(topo.exec(net.A, ["iperf3", "-c", net.B6, "-J", "-t", "1"], check=False).stdout)
+    failed = subprocess.run(["ip", "netns", "exec", net.A, *PERF, "-c", net.B6, "-J", "-t", "1"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=30)
+    doc = json.loads(failed.stdout)
+    assert failed.returncode != 0 and doc.keys() == ref.keys() and doc["start"].keys() == ref["start"].keys()
+    assert "refused" in doc["error"] and "refused" in ref["error"]
 
 
 @root
@@ -235,34 +276,40 @@ def test_json_valid_and_consistent(topo, tmp_path):
     sender, receiver = _check_arithmetic(doc)
     # TCP's receiver counts what arrived before the sender's end (as iperf3)
     assert receiver["bytes"] > 0.8 * sender["bytes"]
-    assert doc["local"]["role"] == "sender" and doc["remote"]["role"] == "receiver"
-    assert len(doc["local"]["intervals"]) == 5
+    assert doc["mrc"]["local"]["role"] == "sender" and doc["mrc"]["remote"]["role"] == "receiver"
+    assert len(doc["intervals"]) == 5
     assert "retransmits" in sender and "packets" not in receiver
     # no datapath attached anywhere: a plain iperf
-    assert doc["local"]["mrc"] is None and doc["remote"]["mrc"] is None
-    assert all(i["mrc"] is None for i in doc["local"]["intervals"] + doc["remote"]["intervals"])
+    assert doc["mrc"]["local"]["datapath"] is None and doc["mrc"]["remote"]["datapath"] is None
+    assert all(i["mrc"]["paths"] is None for i in doc["intervals"] + doc["mrc"]["remote"]["intervals"])
 
     with perf_server(topo, net.B, tmp_path, name="udp4"):
         doc = doc_udp = perf_client(topo, net.A, net.B4, "-u", "-b", "20M", "-t", "2", "-P", "2")
     sender, receiver = _check_arithmetic(doc)
-    assert receiver["packets"] + receiver["lost"] == sender["packets"]
-    for s, r in zip(doc["end"]["sender"]["streams"], doc["end"]["receiver"]["streams"]):
-        assert r["packets"] + r["lost"] == s["packets"] and r["bytes"] <= s["bytes"]
-    assert doc["start"]["remote_host"] == net.B4
+    # iperf3's receiver `packets` counts what was sent; lost_packets what of it did not arrive
+    assert receiver["packets"] == sender["packets"] and receiver["lost_packets"] >= 0
+    sent = {}
+    for rep in doc["intervals"]:            # the client sends: its intervals
+        for s in rep["streams"]:
+            sent[s["socket"]] = sent.get(s["socket"], 0) + s["packets"]
+    assert {s["udp"]["socket"]: s["udp"]["packets"] for s in doc["end"]["streams"]} == sent
+    assert doc["start"]["connecting_to"]["host"] == net.B4
+    assert doc["start"]["connected"][0]["remote_host"] == net.B4
 
     default = topo.exec(net.A, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
     other = "cubic" if default == "reno" else "reno"
     with perf_server(topo, net.B, tmp_path, name="rev"):
         doc = perf_client(topo, net.A, net.B6, "-t", "2", "-R", "-C", other)
     sender, receiver = _check_arithmetic(doc)
-    assert doc["local"]["role"] == "receiver" and receiver["bytes"] > 0.8 * sender["bytes"]
+    assert doc["mrc"]["local"]["role"] == "receiver" and receiver["bytes"] > 0.8 * sender["bytes"]
     # -C reaches both ends' data streams (here the server sends); without it
     # each end runs its namespace's default
-    assert doc["start"]["test"]["congestion"] == other
-    assert doc["local"]["tcp_congestion"] == doc["remote"]["tcp_congestion"] == other
-    assert tcp_doc["start"]["test"]["congestion"] is None
-    assert tcp_doc["local"]["tcp_congestion"] == tcp_doc["remote"]["tcp_congestion"] == default
-    assert doc_udp["local"]["tcp_congestion"] is None
+    assert doc["mrc"]["test"]["congestion"] == other
+    assert doc["mrc"]["local"]["tcp_congestion"] == doc["mrc"]["remote"]["tcp_congestion"] == other
+    assert doc["end"]["sender_tcp_congestion"] == doc["end"]["receiver_tcp_congestion"] == other
+    assert tcp_doc["mrc"]["test"]["congestion"] is None
+    assert tcp_doc["end"]["sender_tcp_congestion"] == tcp_doc["end"]["receiver_tcp_congestion"] == default
+    assert doc_udp["mrc"]["local"]["tcp_congestion"] is None
 
 
 @root
@@ -270,24 +317,24 @@ def test_udp_latency_and_loss(topo, tmp_path):
     net = Line(topo)
     with perf_server(topo, net.B, tmp_path, name="clean"):
         doc = perf_client(topo, net.A, net.B6, "-u", "-b", "20M", "-t", "3")
-    receiver = doc["end"]["receiver"]
-    assert receiver["sum"]["lost"] == 0 and receiver["sum"]["lost_percent"] == 0
-    for rep in [*doc["remote"]["intervals"], receiver]:
-        lat = rep["sum"]["latency_us"]
+    receiver = doc["end"]["sum_received"]
+    assert receiver["lost_packets"] == 0 and receiver["lost_percent"] == 0
+    for figures in [*(i["mrc"] for i in doc["mrc"]["remote"]["intervals"]), doc["mrc"]["end"]["receiver"]]:
+        lat = figures["latency_us"]
         assert 0 <= lat["min"] <= lat["p50"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
         assert lat["p50"] < 1000        # a clean veth path: microseconds
-        assert rep["sum"]["lost"] == 0
+    assert all(i["sum"]["lost_packets"] == 0 for i in doc["mrc"]["remote"]["intervals"])
 
     net.limit("20mbit")
     with perf_server(topo, net.B, tmp_path, name="lossy"):
         doc = perf_client(topo, net.A, net.B6, "-u", "-b", "60M", "-t", "3")
-    sender, receiver = doc["end"]["sender"]["sum"], doc["end"]["receiver"]["sum"]
-    assert receiver["lost"] > 0 and receiver["packets"] + receiver["lost"] == sender["packets"]
+    sender, receiver = doc["end"]["sum_sent"], doc["end"]["sum_received"]
+    assert receiver["lost_packets"] > 0 and receiver["packets"] == sender["packets"]
     assert 50 < receiver["lost_percent"] < 80           # 20 of 60 Mbit/s get through
     assert receiver["bits_per_second"] < 21e6
-    assert all(i["sum"]["lost"] > 0 for i in doc["remote"]["intervals"])
+    assert all(i["sum"]["lost_packets"] > 0 for i in doc["mrc"]["remote"]["intervals"])
     # the tbf queue (latency 50ms) shows as one-way delay
-    assert receiver["latency_us"]["p50"] > 10_000
+    assert doc["mrc"]["end"]["receiver"]["latency_us"]["p50"] > 10_000
 
 
 @root
@@ -298,9 +345,9 @@ def test_mrc_paths_on_sprayed_diamond(spray, tmp_path):
     with perf_server(spray.t, spray.B, tmp_path):
         doc = perf_client(spray.t, spray.A, spray.B6, "-t", "3", "-b", "50M")
     _check_arithmetic(doc)
-    assert doc["local"]["mrc"] == {"device": "a0", "sid": spray.A_SID}
-    assert doc["remote"]["mrc"] == {"device": "b0", "sid": spray.B_SID}
-    sender, receiver = doc["end"]["sender"]["mrc"], doc["end"]["receiver"]["mrc"]
+    assert doc["mrc"]["local"]["datapath"] == {"device": "a0", "sid": spray.A_SID}
+    assert doc["mrc"]["remote"]["datapath"] == {"device": "b0", "sid": spray.B_SID}
+    sender, receiver = doc["mrc"]["end"]["sender"]["paths"], doc["mrc"]["end"]["receiver"]["paths"]
 
     def shares(rows):
         return {r["path_id"]: r["share"] for r in rows if r["packets"]}
@@ -319,11 +366,10 @@ def test_mrc_paths_on_sprayed_diamond(spray, tmp_path):
     assert 0 <= lost < 0.01 * sum(r["packets"] for r in receiver["rx"])
     assert receiver["reorder"] and receiver["reorder"][0]["from"] == spray.A_SID
     # the data rode the paths: what the paths carried covers the goodput
-    assert sum(r["bytes"] for r in sender["tx"]) >= doc["end"]["sender"]["sum"]["bytes"]
+    assert sum(r["bytes"] for r in sender["tx"]) >= doc["end"]["sum_sent"]["bytes"]
     # and every interval carries the per-path view of both ends
-    for side in ("local", "remote"):
-        for rep in doc[side]["intervals"]:
-            assert rep["mrc"] is not None and len(rep["mrc"]["tx"]) == 4
+    for rep in doc["intervals"] + doc["mrc"]["remote"]["intervals"]:
+        assert rep["mrc"]["paths"] is not None and len(rep["mrc"]["paths"]["tx"]) == 4
 
 
 @root
@@ -332,6 +378,16 @@ def test_errors_one_line(topo, tmp_path):
     refused = subprocess.run(["ip", "netns", "exec", net.A, *PERF, "-c", net.B6, "-t", "1"],
                              capture_output=True, text=True, cwd=ROOT, timeout=30)
     _one_line_error(refused, "Connection refused")
+    # -J: iperf3's error document on stdout, and still a non-zero exit
+    for host in (net.B6, "fd00:2::99"):         # no server; no such host
+        failed = subprocess.run(["ip", "netns", "exec", net.A, *PERF, "-c", host, "-t", "1", "-J"],
+                                capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert failed.returncode != 0
+        doc = json.loads(failed.stdout)
+        jsonschema.validate(doc, SCHEMA)
+        assert doc["error"].startswith(f"cannot connect to {host}") and doc["intervals"] == []
+        with pytest.raises(ValueError, match="cannot connect"):
+            read_result(doc)
     with perf_server(topo, net.B, tmp_path) as server:
         busy = subprocess.run(["ip", "netns", "exec", net.B, *PERF, "-s", "-1"],
                               capture_output=True, text=True, cwd=ROOT, timeout=30)

@@ -114,7 +114,7 @@ def test_path_mtu_full_size_packets_fit(interop, capture):
     through; one byte more is refused locally with the right MTU, not
     dropped silently on the way; nothing on the wire exceeds the MTU."""
     interop.attach()
-    out = json.loads(mrcctl("path", "add", "fd00:2::/64", "--via", interop.B_DT6, "-j",
+    out, = json.loads(mrcctl("path", "add", "fd00:2::/64", "--via", interop.B_DT6, "-j",
                             netns=interop.A).stdout)
     mtu = out["route_mtu"]
     assert mtu == 1500 - layout.encap_len(1)

@@ -27,6 +27,9 @@ BPF_ARRAY(rx_peer_zero, struct mrc_rx_peer, 1);	/* all zero, never written */
 BPF_ARRAY(path_live, struct mrc_path_live, MRC_MAX_PEERS * MRC_MAX_PATHS);
 BPF_ARRAY(events, struct mrc_event, MRC_EVENTS);
 BPF_ARRAY(event_seq, __u64, 1);
+/* the same events as they happen, for `mrcctl monitor` (pinned apart
+ * from the maps above: a ring buffer has no keys to read) */
+BPF_RINGBUF_OUTPUT(mrc_event_ring, MRC_EVENT_RING_PAGES);
 BPF_ARRAY(fb_due, __u64, MRC_MAX_PEERS);
 BPF_ARRAY(peer_acks, struct mrc_peer_acks, MRC_MAX_PEERS);
 

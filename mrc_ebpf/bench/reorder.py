@@ -70,6 +70,7 @@ import subprocess
 import time
 
 from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
+from mrc_ebpf.perf.iperf_json import read_result
 
 TITLE = "TCP goodput and reordering over 4 sprayed paths as one path's queueing delay grows"
 NSTAT_KEYS = ("TcpExtTCPSACKReorder", "TcpExtTCPTSReorder", "TcpExtTCPRenoReorder", "TcpRetransSegs",
@@ -283,7 +284,7 @@ def run(p: dict, env) -> dict:
                                 env.end(pr)
                         env.run(None, ["tc", "-n", s1, "qdisc", "replace", "dev", "l2", "root", "tbf", "rate",
                                        f"{rate}bit", "burst", str(burst), "latency", QUEUE_LATENCY])
-                    rx = doc["end"]["receiver"]["sum"]["bits_per_second"]
+                    rx = read_result(doc)["received_bps"]
                     view = _diff(a, b, fab.host_sid(1))
                     total_pk = sum(x["packets"] for x in view["paths"]) or 1
                     for x in view["paths"]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 
 from mrc_ebpf.bench.runner import fmt_spread, log, spread
+from mrc_ebpf.perf.iperf_json import read_result
 
 TITLE = "TCP goodput, fraction of K x rate: MRC spraying vs kernel ECMP vs one path"
 MODES = ("ecmp", "rr", "bytes", "adaptive", "single")
@@ -119,11 +120,11 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
                     log(f"spray-vs-ecmp: MTU {mtu}, {mode}, {n} flow(s), run {rep + 1}/{p['repeat']}")
                     doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
                                    ["-t", str(p["seconds"]), "-P", str(n)], p["seconds"])
-                    rx = doc["end"]["receiver"]["sum"]["bits_per_second"]
-                    tx = doc["end"]["sender"]["sum"]
+                    result = read_result(doc)
+                    rx = result["received_bps"]
                     raw[mode][str(n)].append({"goodput_bps": rx, "fraction": rx / capacity,
-                                              "retransmits": tx.get("retransmits"),
-                                              "sender_bps": tx["bits_per_second"]})
+                                              "retransmits": result["retransmits"],
+                                              "sender_bps": result["sent_bps"]})
         ceiling = _ceilings(env, fab, p["modes"])
     summary = {m: {n: {"fraction": spread([r["fraction"] for r in runs]),
                        "of_ceiling": (spread([r["fraction"] / ceiling[m] for r in runs])

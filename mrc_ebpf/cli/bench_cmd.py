@@ -41,4 +41,6 @@ def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_thres
     docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_, congestion=congestion,
                           host_sysctls=list(host_sysctls) or None, mtu=mtu, ecn_threshold=ecn_threshold)
     if json_:
-        click.echo(json.dumps(docs if scenario == "all" else docs[0], indent=2, sort_keys=True))
+        pretty = (click.get_current_context().obj or {}).get("pretty")
+        click.echo(json.dumps(docs if scenario == "all" else docs[0], indent=2 if pretty else None,
+                              sort_keys=True))

@@ -25,8 +25,9 @@ def _json_opt(f):
 
 def _emit(json_: bool, data, human) -> None:
     ctx = click.get_current_context()
-    if json_ or (ctx.obj or {}).get("json"):
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    if json_ or (ctx.obj or {}).get("json"):     # one line; mrcctl -p indents
+        click.echo(json.dumps(data, indent=2 if (ctx.obj or {}).get("pretty") else None,
+                              sort_keys=True))
     else:
         human(data)
 

@@ -5,7 +5,8 @@ on both ends.
     mrc-perf -s [-p PORT] [-1] [-B ADDR]
     mrc-perf -c HOST [-p PORT] [-t SECS] [-P N] [-u] [-b RATE] [-l LEN] [-i SECS] [-R] [-C ALGO] [-J]
 
-Errors are one line on stderr and exit status 1.
+Errors are one line on stderr and exit status 1; with -J also iperf3's
+{"error": ...} document on stdout.  -J is iperf3's layout (perf/iperf_json.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from mrc_ebpf.errors import MrcError
 EXIT_ERROR = 1
 
 
-def _fail(message: str, code: int = EXIT_ERROR):
+def _fail(message: str, code: int = EXIT_ERROR, json_mode: bool = False):
+    if json_mode:       # iperf3 -J prints its error as a document on stdout
+        from mrc_ebpf.perf.iperf_json import error_document
+        click.echo(json.dumps(error_document(message), indent=2))
     click.echo(f"mrc-perf: error: {message}", err=True)
     sys.exit(code)
 
@@ -57,9 +61,9 @@ def main(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
         sys.exit(_run(server, host, port, one_off, bind, duration, streams, udp, bitrate, length,
                       interval, reverse, congestion, json_mode, mrc_dev, no_mrc))
     except MrcError as e:
-        _fail(str(e))
+        _fail(str(e), json_mode=json_mode)
     except KeyboardInterrupt:
-        _fail("interrupted", 130)
+        _fail("interrupted", 130, json_mode=json_mode)
     except (click.ClickException, click.exceptions.Exit, SystemExit):
         raise
     except BrokenPipeError:
@@ -67,12 +71,14 @@ def main(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
     except Exception as e:  # a bug: one line; MRC_DEBUG=1 shows where
         if os.environ.get("MRC_DEBUG"):
             raise
-        _fail(f"internal error: {type(e).__name__}: {e} (MRC_DEBUG=1 for a traceback)")
+        _fail(f"internal error: {type(e).__name__}: {e} (MRC_DEBUG=1 for a traceback)",
+              json_mode=json_mode)
 
 
 def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, length, interval,
          reverse, congestion, json_mode, mrc_dev, no_mrc) -> int:
     from mrc_ebpf.perf import session as perf
+    from mrc_ebpf.perf.iperf_json import document, error_document
     from mrc_ebpf.perf.control import UDP_RATE
     from mrc_ebpf.perf.units import parse_rate, parse_size
 
@@ -84,9 +90,11 @@ def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
     if server:
         def on_doc(doc):
             if json_mode:
-                click.echo(json.dumps(doc, indent=2))
+                click.echo(json.dumps(document(doc), indent=2))
 
         def on_error(message):
+            if json_mode:
+                click.echo(json.dumps(error_document(message), indent=2))
             click.echo(f"mrc-perf: error: {message}", err=True)
         return perf.serve(port, out, bind=bind, one_off=one_off, mrc_device=mrc_dev,
                           use_mrc=not no_mrc, on_doc=on_doc, on_error=on_error)
@@ -96,7 +104,7 @@ def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
                          interval=interval, reverse=reverse, congestion=congestion).check()
     doc = perf.run_client(host, port, params, out, bind=bind, mrc_device=mrc_dev, use_mrc=not no_mrc)
     if json_mode:
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(document(doc), indent=2))
     return 1 if doc["error"] else 0
 
 

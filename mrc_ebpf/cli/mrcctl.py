@@ -1,7 +1,13 @@
 """mrcctl: load, configure and inspect the mrc-ebpf datapath.
 
 One verb per job, as bpftool and xdp-loader do; every verb takes
--j/--json; errors are one line on stderr and a non-zero exit.
+-j/--json (one JSON document per line, of a fixed shape; -p/--pretty
+indents it); errors are one line on stderr and a non-zero exit, and under
+-j also {"error": ...} on stdout.
+
+Shell completion is click's: `eval "$(_MRCCTL_COMPLETE=bash_source mrcctl)"`
+(zsh_source, fish_source for the others); it completes devices, attached
+devices and peer prefixes.
 """
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import contextlib
 import functools
 import json
 import os
+import socket
 import sys
 
 import click
@@ -39,72 +46,123 @@ def _attached(device: str | None):
         yield att
 
 
+def _complete_devices(ctx, param, incomplete):
+    """Network devices of the namespace the command will run in."""
+    return [name for _, name in _in_netns_of(ctx, socket.if_nameindex) or []
+            if name.startswith(incomplete)]
+
+
+def _complete_attached(ctx, param, incomplete):
+    """Devices with the datapath attached (their pins), else every device."""
+    from mrc_ebpf.datapath import pins
+    found = _in_netns_of(ctx, pins.attached_devices)
+    if not found:
+        return _complete_devices(ctx, param, incomplete)
+    return [d for d in found if d.startswith(incomplete)]
+
+
+def _complete_prefixes(ctx, param, incomplete):
+    """Peer prefixes that have paths (needs root to read the maps)."""
+    def read():
+        from mrc_ebpf.control import paths
+        from mrc_ebpf.datapath import loader
+        device = ctx.params.get("device")
+        with loader.Attachment.open(loader.resolve_device(device)) as att:
+            return [p["prefix"] for p in paths.peers(att)]
+    return [p for p in _in_netns_of(ctx, read) or [] if p.startswith(incomplete)]
+
+
+def _in_netns_of(ctx, fn):
+    """fn() inside the --netns given on the command line being completed;
+    None when that cannot be done (not root, no such namespace)."""
+    root = ctx.find_root()
+    try:
+        if root.params.get("netns_name"):
+            _enter_netns(root.params["netns_name"])
+        return fn()
+    except Exception:
+        return None
+
+
 def dev_option(f):
-    return click.option("--dev", "device", help="Device (default: the only one attached).")(f)
+    return click.option("--dev", "device", help="Device (default: the only one attached).",
+                        shell_complete=_complete_attached)(f)
+
+
+def _dumps(data, pretty: bool = False) -> str:
+    """One document: one line, or indented with -p."""
+    if pretty:
+        return json.dumps(data, indent=2, sort_keys=True)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def _emit(ctx: click.Context, data, human) -> None:
     if ctx.obj["json"]:
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        click.echo(_dumps(data, ctx.obj.get("pretty", False)))
     else:
         human(data)
 
 
 def json_option(f):
-    """-j/--json on the verb itself, as well as on mrcctl."""
-    @click.option("-j", "--json", "json_", is_flag=True, help="Print JSON.")
+    """-j/--json and -p/--pretty on the verb itself, as well as on mrcctl."""
+    @click.option("-j", "--json", "json_", is_flag=True, help="Print JSON, one document per line.")
+    @click.option("-p", "--pretty", "pretty_", is_flag=True, help="Print JSON, indented.")
     @functools.wraps(f)
-    def wrapper(*args, json_=False, **kwargs):
+    def wrapper(*args, json_=False, pretty_=False, **kwargs):
         ctx = click.get_current_context()
-        ctx.obj["json"] = ctx.obj["json"] or json_
+        ctx.obj["pretty"] = ctx.obj.get("pretty", False) or pretty_
+        ctx.obj["json"] = ctx.obj["json"] or json_ or pretty_
         return f(*args, **kwargs)
     return wrapper
 
 
-def _fail(ctx: click.Context, message: str) -> None:
-    """One line on stderr and exit 1; under -j the error as JSON on stdout
-    too ({"error": ...}), so a program reads it without parsing text."""
-    click.echo(f"mrcctl: error: {message}", err=True)
-    if (ctx.obj or {}).get("json"):
-        click.echo(json.dumps({"error": message}))
-    sys.exit(EXIT_ERROR)
-
-
 class Group(click.Group):
-    """Turns MrcError (and stray OS errors) into one line and exit 1."""
+    """Turns MrcError (and stray OS errors) into one line and exit 1;
+    under -j the error is also a JSON document on stdout."""
+
+    @staticmethod
+    def _fail(ctx, message: str):
+        if (ctx.obj or {}).get("json"):
+            click.echo(_dumps({"error": message}, ctx.obj.get("pretty", False)))
+        click.echo(f"mrcctl: error: {message}", err=True)
+        sys.exit(EXIT_ERROR)
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except MrcError as e:
-            _fail(ctx, str(e))
+            self._fail(ctx, str(e))
         except PermissionError as e:
-            _fail(ctx, f"{e.strerror or e} (run as root)")
+            self._fail(ctx, f"{e.strerror or e}: needs root (CAP_BPF and CAP_NET_ADMIN)")
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except Exception as e:  # a bug: say so in one line; MRC_DEBUG=1 shows where
             if os.environ.get("MRC_DEBUG"):
                 raise
-            click.echo(f"mrcctl: internal error: {type(e).__name__}: {e} (MRC_DEBUG=1 for a traceback)",
-                       err=True)
-            sys.exit(EXIT_ERROR)
+            self._fail(ctx, f"internal error: {type(e).__name__}: {e} (MRC_DEBUG=1 for a traceback)")
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-j", "--json", "json_", is_flag=True, help="Print JSON.")
-@click.option("--netns", "netns_name", metavar="NS", help="Run inside network namespace NS.")
+@click.option("-j", "--json", "json_", is_flag=True, help="Print JSON, one document per line.")
+@click.option("-p", "--pretty", is_flag=True, help="Print JSON, indented.")
+@click.option("--netns", "netns_name", metavar="NS", help="Run inside network namespace NS.",
+              shell_complete=lambda ctx, param, incomplete: [
+                  n for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else [])
+                  if n.startswith(incomplete)])
 @click.version_option(package_name="mrc-ebpf")
 @click.pass_context
-def cli(ctx, json_, netns_name):
+def cli(ctx, json_, pretty, netns_name):
     """Multipath SRv6 datapath in eBPF: attach it, give it paths, watch it."""
     ctx.ensure_object(dict)
-    ctx.obj["json"] = json_
+    ctx.obj["json"] = json_ or pretty
+    ctx.obj["pretty"] = pretty
     if netns_name:
         _enter_netns(netns_name)
 
 
 @cli.command()
-@click.argument("devices", metavar="DEVICE...", nargs=-1, required=True)
+@click.argument("devices", metavar="DEVICE...", nargs=-1, required=True,
+                shell_complete=_complete_devices)
 @click.option("--sid", required=True, help="This host's SRv6 SID (outer source; decapsulated here).")
 @click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
               show_default=True, help="XDP mode: native (driver) or skb (generic).")
@@ -139,7 +197,7 @@ def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, p
 
 
 @cli.command()
-@click.argument("device", required=False)
+@click.argument("device", required=False, shell_complete=_complete_attached)
 @click.option("--all", "all_", is_flag=True, help="Detach every device attached in this namespace.")
 @json_option
 @click.pass_context
@@ -150,8 +208,9 @@ def detach(ctx, device, all_):
         raise click.UsageError("give a DEVICE or --all")
     devices = pins.attached_devices() if all_ else [device]
     results = [loader.detach(d) for d in devices]
-    _emit(ctx, results if all_ else results[0], lambda r: click.echo(
-        "\n".join(f"detached {x['device']}" for x in (r if all_ else [r])) or "nothing attached"))
+    # a list, whether one device or --all was given
+    _emit(ctx, results, lambda r: click.echo(
+        "\n".join(f"detached {x['device']}" for x in r) or "nothing attached"))
 
 
 @cli.command()
@@ -241,7 +300,8 @@ def stats(ctx, device, by_path, show_events, watch):
         if not watch:
             return
         time.sleep(watch)
-        click.echo("")
+        if not ctx.obj["json"]:
+            click.echo("")
 
 
 @cli.command()
@@ -302,14 +362,14 @@ def path_add(ctx, prefix, via, usid, weight, tclass, device):
         raise click.UsageError("give --via SEG1,SEG2,... or --usid CONTAINER (repeatable)")
     with _attached(device) as att:
         results = paths.add(att, prefix, list(via), weight, tclass, list(usid))
-    _emit(ctx, results if len(results) > 1 else results[0], lambda _: click.echo("\n".join(
+    _emit(ctx, results, lambda _: click.echo("\n".join(
         f"{r['prefix']} path {r['path_id']} "
         f"{'usid ' + r['usid'] if r['encoding'] == 'usid' else 'via ' + ','.join(r['segments'])} "
         f"(+{r['overhead']} B, route MTU {r['route_mtu']})" for r in results)))
 
 
 @path.command("del")
-@click.argument("prefix")
+@click.argument("prefix", shell_complete=_complete_prefixes)
 @click.option("--id", "path_id", type=int, help="Delete only this path (default: all paths of PREFIX).")
 @dev_option
 @json_option
@@ -323,7 +383,7 @@ def path_del(ctx, prefix, path_id, device):
 
 
 @path.command("policy")
-@click.argument("prefix")
+@click.argument("prefix", shell_complete=_complete_prefixes)
 @click.argument("policy", type=click.Choice(POLICY_NAMES))
 @dev_option
 @json_option
@@ -396,6 +456,11 @@ from mrc_ebpf.cli.fabric_cmd import fabric  # noqa: E402
 cli.add_command(fabric)
 from mrc_ebpf.cli.bench_cmd import bench  # noqa: E402
 cli.add_command(bench)
+from mrc_ebpf.cli import ops_cmd  # noqa: E402
+cli.add_command(ops_cmd.exporter)
+cli.add_command(ops_cmd.decode)
+cli.add_command(ops_cmd.monitor)
+cli.add_command(ops_cmd.top)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from mrc_ebpf.datapath.source import C
 
 
 def collect() -> list[dict]:
+    from mrc_ebpf.datapath.loader import require_root
+    require_root()
     pins.ensure_bpffs()
     rows = []
     with IPRoute() as ipr:

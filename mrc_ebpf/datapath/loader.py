@@ -20,13 +20,15 @@ from mrc_ebpf.datapath import routes
 from mrc_ebpf.errors import MrcError
 
 PROG_TX, PROG_RX, PROG_FB = "prog_tx", "prog_rx", "prog_fb"
+EVENT_RING = "mrc_event_ring"    # the ring buffer of path events (monitor); not in layout.MAPS
 CFG_CLSACT_OURS = source.C["MRC_DEV_F_CLSACT_OURS"]   # mrc_device.flags: detach removes clsact too
 CFG_XDP_SKB = source.C["MRC_DEV_F_XDP_SKB"]           # mrc_device.flags: XDP attached in skb mode
 
 
 def require_root() -> None:
     if os.geteuid() != 0:
-        raise MrcError("must run as root (needs CAP_BPF and CAP_NET_ADMIN)")
+        raise MrcError("needs root (CAP_BPF and CAP_NET_ADMIN): the datapath's pins and maps "
+                       "are root's")
 
 
 def parse_sid(text: str) -> ipaddress.IPv6Address:
@@ -74,6 +76,7 @@ class Attachment:
 
     @classmethod
     def open(cls, device: str) -> "Attachment":
+        require_root()      # else every pin reads as EPERM, which is not damage
         pins.ensure_bpffs()
         directory = pins.device_dir(device)
         if not directory.is_dir():
@@ -156,6 +159,7 @@ def owner(device: str) -> str | None:
 def resolve_device(device: str | None) -> str:
     """The attachment a command is about: the one DEVICE belongs to, or
     the only one here."""
+    require_root()
     if device:
         return owner(device) or device
     attached = pins.attached_devices()
@@ -223,6 +227,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
         raise MrcError("attach needs a device")
     sid = parse_sid(sid_text)
     pins.ensure_bpffs()
+    routes.name_protocol()
     directory = pins.device_dir(devices[0])
     unknown = set(timers) - set(TIMERS)
     if unknown:
@@ -237,6 +242,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             undo.append(lambda: pins.remove_tree(directory))
             for name in layout.MAPS:
                 bpfsys.obj_pin(module[name].map_fd, str(directory / name))
+            bpfsys.obj_pin(module[EVENT_RING].map_fd, str(directory / EVENT_RING))
             bpfsys.obj_pin(tx.fd, str(directory / PROG_TX))
             bpfsys.obj_pin(rx.fd, str(directory / PROG_RX))
             bpfsys.obj_pin(fb.fd, str(directory / PROG_FB))

@@ -9,6 +9,7 @@ and ping and UDP see the smaller path MTU instead of silent drops.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 
 from pyroute2 import IPRoute
@@ -18,6 +19,28 @@ from mrc_ebpf.errors import MrcError
 
 ROUTE_PROTO = 0x4D     # rtm_protocol of the routes mrcctl owns ('M')
 ROUTE_METRIC = 77      # below the kernel's default IPv6 metric (1024)
+# iproute2 shows ROUTE_PROTO by this name (`ip route ... proto mrc`)
+PROTO_NAME = "mrc"
+PROTO_FILE = "/etc/iproute2/rt_protos.d/mrc.conf"
+
+
+def name_protocol(path: str = PROTO_FILE) -> bool:
+    """Name ROUTE_PROTO for iproute2 (rt_protos.d), once; False when the
+    file cannot be written (the routes still work, shown as `proto 77`)."""
+    line = f"{ROUTE_PROTO}\t{PROTO_NAME}\n"
+    try:
+        with open(path) as f:
+            if f.read() == line:
+                return True
+    except OSError:
+        pass
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(line)
+        return True
+    except OSError:
+        return False
 
 
 def next_hop(ipr: IPRoute, segment: str) -> tuple[int, str]:

@@ -1,0 +1,242 @@
+"""Operations verbs: `mrcctl exporter` (Prometheus metrics) and
+`mrcctl decode` (a capture's MRC view)."""
+from __future__ import annotations
+
+import ipaddress
+import json
+import signal
+import threading
+
+import click
+
+from mrc_ebpf.errors import MrcError
+
+DEFAULT_LISTEN = "127.0.0.1:9840"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """ADDR:PORT, [V6ADDR]:PORT or :PORT (loopback)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise MrcError(f"bad --listen {text!r}: expected ADDR:PORT, e.g. {DEFAULT_LISTEN} or [::1]:9840")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise MrcError(f"bad --listen {text!r}: {host!r} is not an IP address")
+    return host, int(port)
+
+
+@click.command()
+@click.option("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="ADDR:PORT",
+              help="Where to serve /metrics (loopback unless told otherwise).")
+@click.option("--once", is_flag=True,
+              help="Print the page once and exit (e.g. for node_exporter's textfile collector).")
+def exporter(listen, once):
+    """Serve the datapath's counters, histograms, path states and events
+    as Prometheus metrics (every attachment in this network namespace)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.exposition import start_http_server
+    from mrc_ebpf.control import metrics
+    from mrc_ebpf.datapath import loader, pins
+    host, port = parse_listen(listen)
+    loader.require_root()
+    pins.ensure_bpffs()
+    registry = metrics.registry()
+    if once:
+        click.echo(generate_latest(registry).decode(), nl=False)
+        return
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise MrcError(f"cannot listen on {listen}: {e.strerror or e}")
+    click.echo(f"serving metrics on http://{'[' + host + ']' if ':' in host else host}:{port}/metrics",
+               err=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    server.shutdown()
+
+
+@click.command()
+@click.argument("pcap", type=click.Path(dir_okay=False))
+@click.option("-j", "--json", "json_", is_flag=True, help="One JSON object per packet, one per line.")
+@click.option("--all", "all_", is_flag=True, help="Also list packets without an MRC TLV.")
+@click.pass_context
+def decode(ctx, pcap, json_, all_):
+    """Each packet's MRC view in a capture (tcpdump -w): path, sequences,
+    send time, feedback; then packets per sender and path."""
+    from scapy.error import Scapy_Exception
+    from scapy.utils import PcapReader
+    from mrc_ebpf.datapath import wire
+    as_json = json_ or ctx.obj.get("json")
+    counts: dict[tuple[str, int], int] = {}
+    try:
+        reader = PcapReader(pcap)
+    except (OSError, Scapy_Exception) as e:
+        raise MrcError(f"cannot read {pcap}: {getattr(e, 'strerror', None) or e}")
+    with reader:
+        for number, packet in enumerate(reader, start=1):
+            view = wire.describe(packet)
+            if view is None and not all_:
+                continue
+            row = {"packet": number, "time": float(packet.time), "mrc": view}
+            if view is not None:
+                key = (view["src"], view["path_id"])
+                counts[key] = counts.get(key, 0) + 1
+            if as_json:
+                click.echo(json.dumps(row, separators=(",", ":")))
+            elif view is None:
+                click.echo(f"{number:>6} {row['time']:.6f} -")
+            else:
+                fb = view["feedback"]
+                click.echo(f"{number:>6} {row['time']:.6f} {view['src']} > {','.join(view['segments'])} "
+                           f"path {view['path_id']} seq {view['path_seq']} peer_seq {view['peer_seq']} "
+                           f"tx_ns {view['tx_ns']}{' ' + '+'.join(view['flags']) if view['flags'] else ''}"
+                           + (f" fb path {fb['path_id']} qdelay {fb['qdelay_us']} us lost {fb['lost']}"
+                              if fb else ""))
+    summary = [{"src": src, "path_id": pid, "packets": n} for (src, pid), n in sorted(counts.items())]
+    if as_json:
+        click.echo(json.dumps({"summary": summary}, separators=(",", ":")))
+    else:
+        click.echo("packets per sender and path: " + (", ".join(
+            f"{s['src']} path {s['path_id']}: {s['packets']}" for s in summary) or "none"))
+
+
+@click.command()
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@click.option("-j", "--json", "json_", is_flag=True, help="One JSON object per event, one per line.")
+@click.option("--count", type=click.IntRange(1), help="Exit after this many events.")
+@click.option("--timeout", type=click.FloatRange(0.1), help="Exit after this many seconds.")
+@click.pass_context
+def monitor(ctx, device, json_, count, timeout):
+    """Path events (down, up, fail-open, late) as the datapath files them,
+    read from its ring buffer; `ns` is the kernel's CLOCK_MONOTONIC time of
+    the event, `read_ns` when this command read it."""
+    import time
+    from mrc_ebpf.control import events, paths
+    from mrc_ebpf.datapath import layout, loader, ringbuf
+    as_json = json_ or ctx.obj.get("json")
+    device = loader.resolve_device(device)
+    with loader.Attachment.open(device) as att:
+        prefixes = {p["peer_id"]: p["prefix"] for p in paths.peers(att)}
+        seen = [0]
+
+        def on_sample(raw: bytes):
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            ev = layout.Event.from_buffer_copy(raw[:ctypes_size])
+            if ev.peer_id not in prefixes:
+                prefixes.update({p["peer_id"]: p["prefix"] for p in paths.peers(att)})
+            row = {"seq": ev.seq, "ns": ev.ns, "read_ns": now, "device": device,
+                   "type": events.TYPES.get(ev.type, str(ev.type)), "peer_id": ev.peer_id,
+                   "prefix": prefixes.get(ev.peer_id), "path_id": ev.path_id,
+                   "since_ns": ev.since_ns or None,
+                   "after_us": round((ev.ns - ev.since_ns) / 1e3, 1) if ev.since_ns else None}
+            if as_json:
+                click.echo(json.dumps(row, separators=(",", ":")))
+            else:
+                click.echo(f"{row['ns']:>20} {row['type']:<9} {row['prefix'] or '-'} path {row['path_id']}"
+                           + (f" ({row['after_us']} us after an unacknowledged send)"
+                              if row["after_us"] is not None else ""))
+            seen[0] += 1
+
+        import ctypes
+        ctypes_size = ctypes.sizeof(layout.Event)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        give_up = time.monotonic() + timeout if timeout else None
+        with ringbuf.RingReader(str(att.dir / loader.EVENT_RING), on_sample) as ring:
+            click.echo(f"monitoring path events on {device}", err=True)
+            try:
+                while not stop.is_set() and not (count and seen[0] >= count):
+                    if give_up and time.monotonic() >= give_up:
+                        break
+                    ring.poll(100)
+            except KeyboardInterrupt:
+                pass
+
+
+def _top_frame(device: str, a: dict | None, b: dict, seconds: float) -> str:
+    """One screen: per path sent and received, rates over the last period."""
+    from tabulate import tabulate
+    from mrc_ebpf.control import stats
+    from mrc_ebpf.perf.units import fmt_rate
+
+    def delta(table, key, field):
+        if a is None:
+            return 0
+        before = a[table].get(key)
+        return b[table][key][field] - (before[field] if before else 0)
+
+    sent = []
+    for key, r in sorted(b["sent"].items()):
+        dp, db = delta("sent", key, "tx_packets"), delta("sent", key, "tx_bytes")
+        fb = r["feedback"] or {}
+        sent.append((r["prefix"], r["path_id"], r["state"], f"{dp / seconds:.0f}",
+                     fmt_rate(db * 8 / seconds), r["tx_packets"], fb.get("qdelay_us", "-"),
+                     fb.get("lost", "-")))
+    received = []
+    for key, r in sorted(b["received"].items()):
+        dp, db = delta("received", key, "rx_packets"), delta("received", key, "rx_bytes")
+        old = a["received"].get(key) if a else None
+        hist = [y - (x if old else 0) for x, y in zip(old["qdelay_hist"] if old else r["qdelay_hist"],
+                                                       r["qdelay_hist"])] if a else r["qdelay_hist"]
+        p50, p99 = stats.percentile(hist, 0.5), stats.percentile(hist, 0.99)
+        received.append((r["from"], r["path_id"], f"{dp / seconds:.0f}", fmt_rate(db * 8 / seconds),
+                         r["rx_packets"], delta("received", key, "lost"), delta("received", key, "late"),
+                         "-" if p50 is None else f"<={p50}", "-" if p99 is None else f"<={p99}"))
+    reorder = [f"reordered from {peer}: {r['reordered'] - (a['reorder'].get(peer, {}).get('reordered', 0) if a else 0)}"
+               f" of {r['packets'] - (a['reorder'].get(peer, {}).get('packets', 0) if a else 0)}"
+               for peer, r in sorted(b["reorder"].items())]
+    lines = [f"mrcctl top: {device}, every {seconds:.1f} s (rates over the last period; Ctrl-C quits)",
+             "", "sent",
+             tabulate(sent, headers=["peer", "path", "state", "pkt/s", "rate", "tx pkts",
+                                     "fb qdelay us", "fb lost"]) if sent else "  no paths",
+             "", "received",
+             tabulate(received, headers=["from", "path", "pkt/s", "rate", "rx pkts", "lost", "late",
+                                         "qdelay p50 us", "p99 us"]) if received else "  nothing received",
+             "", *reorder]
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@click.option("-d", "--interval", type=click.FloatRange(0.1), default=1.0, show_default=True,
+              help="Seconds between refreshes.")
+@click.option("-n", "--iterations", type=click.IntRange(1), help="Exit after this many refreshes.")
+def top(device, interval, iterations):
+    """A live per-path view: rates, loss, reordering, queueing delay and
+    state, refreshed in place (on a terminal; otherwise one frame after
+    another)."""
+    import sys
+    import time
+    from mrc_ebpf.control import paths, stats
+    from mrc_ebpf.datapath import loader
+    device = loader.resolve_device(device)
+    tty = sys.stdout.isatty()
+
+    def snapshot(att):
+        return {"t": time.monotonic(),
+                "sent": {(r["prefix"], r["path_id"]): r for r in paths.list_paths(att)},
+                "received": {(r["from"], r["path_id"]): r for r in stats.received(att)},
+                "reorder": {r["from"]: r for r in stats.reorder(att)}}
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with loader.Attachment.open(device) as att:
+        prev, shown = None, 0
+        try:
+            while not stop.is_set():
+                snap = snapshot(att)
+                frame = _top_frame(device, prev, snap, snap["t"] - prev["t"] if prev else interval)
+                click.echo(("\x1b[H\x1b[2J" if tty else ("\n" if shown else "")) + frame)
+                shown += 1
+                if iterations and shown >= iterations:
+                    return
+                prev = snap
+                stop.wait(interval)
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,239 @@
+"""Operations verbs on a real sprayed Diamond: the Prometheus exporter
+(its page against `mrcctl stats -j` read at the same moment) and
+`mrcctl decode` (a tcpdump capture against the maps' per-path counts)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import MRCCTL, ROOT, mrcctl
+
+pytestmark = pytest.mark.root
+
+
+def _samples(page: str) -> dict[tuple, float]:
+    """{(sample name, sorted labels): value} of a Prometheus text page."""
+    out = {}
+    for family in text_string_to_metric_families(page):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _scrape(topo, ns, port) -> str:
+    code = ("import sys, urllib.request\n"
+            f"sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:{port}/metrics', timeout=10)"
+            ".read().decode())")
+    return topo.exec(ns, [sys.executable, "-c", code]).stdout
+
+
+def _start_exporter(topo, ns, port):
+    proc = topo.popen(ns, [*MRCCTL, "exporter", "--listen", f"127.0.0.1:{port}"], cwd=ROOT,
+                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    if "serving metrics" not in line:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"exporter did not start: {line}{proc.stderr.read()}")
+    return proc
+
+
+def test_exporter_matches_stats(spray):
+    spray.attach("rr")
+    # traffic both ways over all four paths, and a down of path 1 (R2's
+    # far link down: a real black hole) so that events exist
+    assert spray.t.exec(spray.A, ["ping", "-c", "40", "-i", "0.01", "-W", "1", spray.B6],
+                        check=False).returncode == 0
+    spray.t.exec(spray.R[1], ["ip", "link", "set", "rdown", "down"])
+    spray.t.exec(spray.A, ["ping", "-c", "40", "-i", "0.01", "-W", "1", spray.B6], check=False)
+    spray.t.exec(spray.R[1], ["ip", "link", "set", "rdown", "up"])
+    spray.t.exec(spray.A, ["ping", "-c", "40", "-i", "0.01", "-W", "1", spray.B6], check=False)
+    time.sleep(0.3)         # traffic stopped: the maps hold still
+
+    port = 20000 + os.getpid() % 20000
+    proc = _start_exporter(spray.t, spray.A, port)
+    try:
+        page = _scrape(spray.t, spray.A, port)
+        counters = json.loads(mrcctl("stats", "-j", netns=spray.A).stdout)["counters"]
+        by_path = json.loads(mrcctl("stats", "--paths", "-j", netns=spray.A).stdout)
+        ev = json.loads(mrcctl("stats", "--events", "-j", netns=spray.A).stdout)["events"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert proc.returncode == 0
+    samples = _samples(page)
+    dev = (("dev", "a0"),)
+    assert samples[("mrc_attached", dev)] == 1
+    for name, value in counters.items():
+        assert samples[(f"mrc_{name}_total", dev)] == value, name
+    assert counters["tx_encap"] > 0 and counters["rx_decap"] > 0
+
+    for r in by_path["sent"]:
+        labels = tuple(sorted({"dev": "a0", "peer": r["prefix"], "path": str(r["path_id"])}.items()))
+        assert samples[("mrc_path_tx_packets_total", labels)] == r["tx_packets"]
+        assert samples[("mrc_path_tx_bytes_total", labels)] == r["tx_bytes"]
+        assert samples[("mrc_path_downs_total", labels)] == r["downs"]
+        assert samples[("mrc_path_up", labels)] == (r["state"] == "up")
+        state = tuple(sorted({**dict(labels), "state": r["state"]}.items()))
+        assert samples[("mrc_path_state", state)] == 1
+    assert len(by_path["sent"]) == 4 and sum(r["tx_packets"] for r in by_path["sent"]) > 0
+    assert any(r["downs"] for r in by_path["sent"])        # the black hole was seen
+    for r in by_path["received"]:
+        labels = tuple(sorted({"dev": "a0", "peer": r["from"], "path": str(r["path_id"])}.items()))
+        assert samples[("mrc_path_rx_packets_total", labels)] == r["rx_packets"]
+        assert samples[("mrc_path_rx_lost_total", labels)] == r["lost"]
+        inf = tuple(sorted({**dict(labels), "le": "+Inf"}.items()))
+        assert samples[("mrc_path_queueing_delay_seconds_bucket", inf)] == sum(r["qdelay_hist"])
+    assert by_path["received"]
+    for r in by_path["reorder"]:
+        labels = (("dev", "a0"), ("peer", r["from"]))
+        assert samples[("mrc_peer_rx_reordered_total", labels)] == r["reordered"]
+
+    kinds: dict[str, int] = {}
+    for e in ev:
+        kinds[e["type"]] = kinds.get(e["type"], 0) + 1
+    assert kinds.get("down", 0) >= 1, ev
+    for kind, n in kinds.items():
+        assert samples[("mrc_events_total", (("dev", "a0"), ("kind", kind)))] == n
+
+
+def test_exporter_bad_listen_one_line():
+    r = mrcctl("exporter", "--listen", "nowhere", check=False)
+    assert r.returncode == 1 and "bad --listen" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_decode_agrees_with_the_maps(spray, tmp_path):
+    """tcpdump on L1's link to A sees every packet A sends and receives
+    encapsulated (A's own XDP decapsulates before a capture on A would);
+    `mrcctl decode` counts them per sender and path, and A's maps count
+    the same: sent per path, and received per sender and path."""
+    spray.attach("rr")
+    pcap = tmp_path / "l1a.pcap"
+    proc = spray.t.popen(spray.L1, ["tcpdump", "-i", "l1a", "-U", "--immediate-mode", "-n", "-w", str(pcap),
+                                    "ip6"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert b"listening on" in proc.stderr.readline(), "tcpdump did not start"
+        assert spray.t.exec(spray.A, ["ping", "-c", "30", "-i", "0.01", "-W", "1", spray.B6],
+                            check=False).returncode == 0
+        spray.udp(200, pps=1000)
+        time.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    by_path = json.loads(mrcctl("stats", "--paths", "-j", netns=spray.A).stdout)
+    out = subprocess.run([*MRCCTL, "decode", str(pcap), "-j"], capture_output=True, text=True, cwd="/",
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    packets, summary = lines[:-1], lines[-1]["summary"]
+    decoded = {(s["src"], s["path_id"]): s["packets"] for s in summary}
+    sent = {(spray.A_SID, r["path_id"]): r["tx_packets"] for r in by_path["sent"]}
+    received = {(r["from"], r["path_id"]): r["rx_packets"] for r in by_path["received"]}
+    assert sent and received and all(sent.values()) and all(received.values())
+    assert {k: v for k, v in decoded.items() if k[0] == spray.A_SID} == sent
+    assert {k: v for k, v in decoded.items() if k[0] == spray.B_SID} == received
+    # each packet's view: the sequences of a path count up from 0 on the wire
+    for (src, pid), n in decoded.items():
+        seqs = [p["mrc"]["path_seq"] for p in packets if (p["mrc"]["src"], p["mrc"]["path_id"]) == (src, pid)]
+        assert sorted(seqs) == list(range(min(seqs), min(seqs) + n))
+    assert any(p["mrc"]["feedback"] for p in packets)       # B's replies carry feedback on A's paths
+
+
+def test_decode_loads_in_plain_scapy(tmp_path):
+    """The scapy layer on its own: a fresh interpreter with scapy and the
+    layer, no bcc, dissects an MRC TLV built by scapy."""
+    code = ("from scapy.all import IPv6, IPv6ExtHdrSegmentRouting, ICMPv6EchoRequest, raw\n"
+            "from mrc_ebpf.datapath import wire\n"
+            "p = IPv6(src='fc00:a::1', dst='fc00:1:1::')/IPv6ExtHdrSegmentRouting(addresses=['fc00:b::1',"
+            "'fc00:1:1::'], segleft=1, tlv_objects=[wire.MrcTLV(path_id=3, path_seq=7)])/IPv6()/ICMPv6EchoRequest()\n"
+            "v = wire.describe(IPv6(raw(p)))\n"
+            "import sys; assert 'bcc' not in sys.modules\n"
+            "print(v['path_id'], v['path_seq'], ','.join(v['segments']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "7", "fc00:1:1::,fc00:b::1"]
+
+
+def test_decode_bad_file_one_line(tmp_path):
+    bad = tmp_path / "not.pcap"
+    bad.write_text("hello")
+    for path in (bad, tmp_path / "missing.pcap"):
+        r = subprocess.run([*MRCCTL, "decode", str(path)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and r.stderr.startswith("mrcctl: error: cannot read"), r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_monitor_reports_a_black_hole_within_100ms(spray):
+    """`monitor -j` reads the datapath's event ring: a black-holed path's
+    `down` line is read within 100 ms of the event's kernel timestamp,
+    every line is JSON, and the lines are the events the log holds."""
+    spray.attach("rr")
+    assert spray.t.exec(spray.A, ["ping", "-c", "20", "-i", "0.01", "-W", "1", spray.B6],
+                        check=False).returncode == 0
+    before = {e["seq"] for e in json.loads(mrcctl("stats", "--events", "-j", netns=spray.A).stdout)["events"]}
+    proc = spray.t.popen(spray.A, [*MRCCTL, "monitor", "-j", "--timeout", "60"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "monitoring path events on a0" in proc.stderr.readline()
+        spray.t.exec(spray.R[1], ["ip", "link", "set", "rdown", "down"])
+        spray.t.exec(spray.A, ["ping", "-c", "50", "-i", "0.01", "-W", "1", spray.B6], check=False)
+        spray.t.exec(spray.R[1], ["ip", "link", "set", "rdown", "up"])
+        spray.t.exec(spray.A, ["ping", "-c", "50", "-i", "0.01", "-W", "1", spray.B6], check=False)
+        time.sleep(0.5)
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]      # every line is JSON
+    downs = [e for e in lines if e["type"] == "down"]
+    assert downs and downs[0]["path_id"] == 1 and downs[0]["prefix"] == "fd00:b::/64", lines
+    for e in lines:
+        assert 0 <= e["read_ns"] - e["ns"] < 100_000_000, e
+    logged = json.loads(mrcctl("stats", "--events", "-j", netns=spray.A).stdout)["events"]
+    assert [e["seq"] for e in lines] == [e["seq"] for e in logged if e["seq"] not in before]
+    print(f"monitor: down read {(downs[0]['read_ns'] - downs[0]['ns']) / 1e6:.3f} ms after the event; "
+          f"max over {len(lines)} events {max(e['read_ns'] - e['ns'] for e in lines) / 1e6:.3f} ms")
+
+
+def _tmux(sock, *args):
+    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=30)
+
+
+def test_top_in_tmux_shows_what_stats_shows(spray):
+    """`top` on a terminal (tmux): while traffic runs every path shows a
+    rate; once it stops, its cumulative counts are those `stats -j` reads."""
+    spray.attach("rr")
+    sock = f"mrct{os.getpid()}"
+    cmd = " ".join(["ip", "netns", "exec", spray.A, *MRCCTL, "top", "-d", "0.3"])
+    assert _tmux(sock, "new-session", "-d", "-x", "200", "-y", "50", cmd).returncode == 0
+    try:
+        ping = spray.t.popen(spray.A, ["ping", "-c", "300", "-i", "0.01", "-q", spray.B6],
+                             stdout=subprocess.DEVNULL)
+        time.sleep(2)
+        busy = _tmux(sock, "capture-pane", "-p").stdout
+        ping.wait(timeout=30)
+        time.sleep(1.5)                 # a few refreshes after the traffic stopped
+        idle = _tmux(sock, "capture-pane", "-p").stdout
+        rows = json.loads(mrcctl("path", "list", "-j", netns=spray.A).stdout)
+    finally:
+        _tmux(sock, "kill-server")
+
+    def sent_rows(pane):
+        out = {}
+        for line in pane.splitlines():
+            f = line.split()
+            if len(f) >= 6 and f[0] == "fd00:b::/64":
+                out[int(f[1])] = {"state": f[2], "pps": float(f[3]), "tx_packets": int(f[-3])}
+        return out
+    during, after = sent_rows(busy), sent_rows(idle)
+    assert sorted(during) == [0, 1, 2, 3], busy
+    assert all(r["pps"] > 0 and r["state"] == "up" for r in during.values()), busy
+    assert {r["path_id"]: r["tx_packets"] for r in rows} == {k: r["tx_packets"] for k, r in after.items()}, idle
+    assert all(r["pps"] == 0 for r in after.values()), idle
+    assert "received" in idle and spray.B_SID in idle
