@@ -178,10 +178,34 @@ def changing(device: str | None):
     """The attachment DEVICE belongs to (or the only one here), opened for
     a change: one writer at a time (lock.py), all or nothing."""
     require_root()
-    with lock.writer():
+    with lock.writer(), _terminate_as_error():
         with Attachment.open(resolve_device(device)) as att:
             with att.transaction():
                 yield att
+
+
+class Terminated(MrcError):
+    pass
+
+
+@contextlib.contextmanager
+def _terminate_as_error():
+    """SIGTERM and SIGHUP (a script's timeout, a closed terminal) during a
+    change raise, so the change is rolled back instead of cut short."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 def _ifname(index: int) -> str | None:

@@ -116,7 +116,7 @@ def _pin_dirs() -> dict[int, Path]:
 
 def _objects(directory: Path) -> dict:
     """Pins, programs, maps and locked memory under DIRECTORY."""
-    progs, maps, memlock, n_pins = {}, {}, 0, 0
+    progs, maps, n_pins = {}, {}, 0
     for path in directory.rglob("*"):
         if path.is_dir():
             continue
