@@ -227,3 +227,17 @@ def test_a_longer_prefix_is_its_own_peer(interop):
     mrcctl("path", "del", inner, netns=A)
     assert [r["prefix"] for r in json.loads(mrcctl("path", "list", "-j", netns=A).stdout)] == \
         ["fd00:2::/64"]
+
+
+def test_small_errors_are_one_line(interop):
+    """`stats --watch nan|inf`, native XDP on lo (libbcc's own line kept
+    out), and `status` counting the paths that are there after `del --id`."""
+    A = interop.A
+    interop.attach()
+    for bad in ("nan", "inf"):
+        one_line_error(mrcctl("stats", "--watch", bad, netns=A, check=False), "--watch")
+    one_line_error(mrcctl("attach", "lo", "--sid", "fc00:a::7", "--mode", "native", netns=A,
+                          check=False), "cannot attach XDP to lo in native mode")
+    mrcctl("path", "add", "fd00:2::/64", "--via", interop.B_DT6, "--via", "fc00:b::5", netns=A)
+    mrcctl("path", "del", "fd00:2::/64", "--id", "1", netns=A)
+    assert json.loads(mrcctl("status", "-j", netns=A).stdout)[0]["paths"] == 1
