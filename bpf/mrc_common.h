@@ -200,7 +200,11 @@ struct mrc_path_health {
 	__u32	lost;		/* last reported cumulative loss */
 };
 
-/* peer_by_sid: hash, a peer's SID -> peer_id, to file incoming feedback */
+/* peer_by_sid: hash, a peer's SID -> peer_id, to file incoming feedback.
+ * Every path may end at a SID of its own: one entry per path slot, not
+ * per peer; allocated as used (BPF_F_NO_PREALLOC), so the size costs
+ * nothing until paths need it. */
+#define MRC_MAX_PEER_SIDS	(MRC_MAX_PEERS * MRC_MAX_PATHS)
 
 /*
  * path_live: array by path index, the datapath's own state of each path,

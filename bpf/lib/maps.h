@@ -20,7 +20,7 @@ BPF_ARRAY(spray, struct mrc_spray, MRC_MAX_PEERS * MRC_MAX_CLASSES);
 BPF_ARRAY(dscp_class, __u32, 64);
 BPF_ARRAY(class_names, struct mrc_class_name, MRC_MAX_CLASSES);
 BPF_ARRAY(path_health, struct mrc_path_health, MRC_MAX_PEERS * MRC_MAX_PATHS);
-BPF_HASH(peer_by_sid, struct mrc_sid, __u32, MRC_MAX_PEERS);
+BPF_F_TABLE("hash", struct mrc_sid, __u32, peer_by_sid, MRC_MAX_PEER_SIDS, BPF_F_NO_PREALLOC);
 BPF_TABLE("lru_hash", struct mrc_rx_key, struct mrc_rx_path, rx_paths, MRC_RX_MAX_PATHS);
 BPF_TABLE("lru_hash", struct mrc_sid, struct mrc_rx_peer, rx_peers, MRC_MAX_PEERS);
 BPF_ARRAY(rx_peer_zero, struct mrc_rx_peer, 1);	/* all zero, never written */

@@ -31,17 +31,28 @@ POLICY_NAMES = prefixed("MRC_POLICY_")
 
 
 def _enter_netns(name: str) -> None:
+    """Enter an existing namespace; never create one (flags=0: pyroute2
+    creates a missing one by default)."""
     from pyroute2 import netns
+    if not name or "/" in name or name in (".", ".."):
+        raise MrcError(f"bad network namespace name {name!r}")
     try:
-        netns.setns(name)
+        netns.setns(name, flags=0)
+    except FileNotFoundError:
+        raise MrcError(f"no network namespace {name!r} (see `ip netns list`)")
     except (OSError, ValueError) as e:
         raise MrcError(f"cannot enter network namespace {name!r}: {e}")
 
 
 @contextlib.contextmanager
-def _attached(device: str | None):
-    """The pinned state of DEVICE (or of the only device attached here)."""
+def _attached(device: str | None, change: bool = False):
+    """The pinned state of DEVICE (or of the only device attached here);
+    with change=True under the namespace's writer lock, all or nothing."""
     from mrc_ebpf.datapath import loader
+    if change:
+        with loader.changing(device) as att:
+            yield att
+        return
     with loader.Attachment.open(loader.resolve_device(device)) as att:
         yield att
 
@@ -82,6 +93,18 @@ def _in_netns_of(ctx, fn):
         return fn()
     except Exception:
         return None
+
+
+def _lock_timeout(ctx, param, value):
+    if value is None:
+        return None
+    from mrc_ebpf.datapath import lock
+    try:
+        seconds = lock.parse_timeout(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+    lock.set_timeout(seconds)
+    return seconds
 
 
 def dev_option(f):
@@ -145,10 +168,13 @@ class Group(click.Group):
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-j", "--json", "json_", is_flag=True, help="Print JSON, one document per line.")
 @click.option("-p", "--pretty", is_flag=True, help="Print JSON, indented.")
-@click.option("--netns", "netns_name", metavar="NS", help="Run inside network namespace NS.",
+@click.option("--netns", "netns_name", metavar="NS", help="Run inside network namespace NS (never creates it).",
               shell_complete=lambda ctx, param, incomplete: [
                   n for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else [])
                   if n.startswith(incomplete)])
+@click.option("--lock-timeout", metavar="SECONDS", callback=_lock_timeout, expose_value=False,
+              help="How long a change waits for another mrcctl changing the same namespace's "
+                   "attachments (default 10, or MRC_LOCK_TIMEOUT).")
 @click.version_option(package_name="mrc-ebpf")
 @click.pass_context
 def cli(ctx, json_, pretty, netns_name):
@@ -203,11 +229,15 @@ def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, p
 @click.pass_context
 def detach(ctx, device, all_):
     """Remove the datapath from DEVICE: programs, filter, routes, pins."""
-    from mrc_ebpf.datapath import loader, pins
+    from mrc_ebpf.datapath import loader, lock, pins
     if bool(device) == all_:
         raise click.UsageError("give a DEVICE or --all")
-    devices = pins.attached_devices() if all_ else [device]
-    results = [loader.detach(d) for d in devices]
+    if all_:
+        loader.require_root()
+        with lock.writer(create=False):
+            results = [loader.detach(d) for d in pins.attached_devices()]
+    else:
+        results = [loader.detach(device)]
     # a list, whether one device or --all was given
     _emit(ctx, results, lambda r: click.echo(
         "\n".join(f"detached {x['device']}" for x in r) or "nothing attached"))
@@ -222,9 +252,13 @@ def status(ctx):
     rows = status_mod.collect()
 
     def human(rows):
+        from mrc_ebpf.cli.gc_cmd import describe
+        stranded = [r for r in rows if r.get("stale")]
+        rows = [r for r in rows if not r.get("stale")]
         if not rows:
             click.echo("nothing attached in this network namespace")
-            return
+        for r in stranded:
+            click.echo(f"stranded: {describe(r)}; `mrcctl gc` removes it")
         for r in rows:
             click.echo(f"{r['device']}: {'OK' if r['healthy'] else 'DEGRADED'}")
             items = [("SID", r["sid"])]
@@ -254,9 +288,12 @@ def status(ctx):
 @click.pass_context
 def stats(ctx, device, by_path, show_events, watch):
     """Datapath counters (summed over CPUs), per-path measurements, or events."""
+    import math
     import time
     from mrc_ebpf.datapath import loader
     from mrc_ebpf.control import events, paths, stats as rx_stats
+    if watch is not None and not (math.isfinite(watch) and watch <= 86400):
+        raise MrcError(f"bad --watch {watch}: seconds between refreshes, 0.1..86400")
     device = loader.resolve_device(device)
 
     def collect():
@@ -360,12 +397,13 @@ def path_add(ctx, prefix, via, usid, weight, tclass, device):
     from mrc_ebpf.control import paths
     if not via and not usid:
         raise click.UsageError("give --via SEG1,SEG2,... or --usid CONTAINER (repeatable)")
-    with _attached(device) as att:
+    with _attached(device, change=True) as att:
         results = paths.add(att, prefix, list(via), weight, tclass, list(usid))
     _emit(ctx, results, lambda _: click.echo("\n".join(
         f"{r['prefix']} path {r['path_id']} "
         f"{'usid ' + r['usid'] if r['encoding'] == 'usid' else 'via ' + ','.join(r['segments'])} "
-        f"(+{r['overhead']} B, route MTU {r['route_mtu']})" for r in results)))
+        + ("exists already: unchanged" if r["existed"] else
+           f"(+{r['overhead']} B, route MTU {r['route_mtu']})") for r in results)))
 
 
 @path.command("del")
@@ -377,7 +415,7 @@ def path_add(ctx, prefix, via, usid, weight, tclass, device):
 def path_del(ctx, prefix, path_id, device):
     """Delete PREFIX's paths, or one of them."""
     from mrc_ebpf.control import paths
-    with _attached(device) as att:
+    with _attached(device, change=True) as att:
         result = paths.delete(att, prefix, path_id)
     _emit(ctx, result, lambda r: click.echo(f"deleted {r['removed']} {r['prefix']}"))
 
@@ -391,7 +429,7 @@ def path_del(ctx, prefix, path_id, device):
 def path_policy(ctx, prefix, policy, device):
     """How PREFIX's packets are sprayed over its paths."""
     from mrc_ebpf.control import paths
-    with _attached(device) as att:
+    with _attached(device, change=True) as att:
         result = paths.set_policy(att, prefix, policy)
     _emit(ctx, result, lambda r: click.echo(f"{r['prefix']}: policy {r['policy']}"))
 
@@ -410,7 +448,7 @@ def class_():
 def class_set(ctx, name, dscp, device):
     """Define (or redefine) class NAME by its DSCP values."""
     from mrc_ebpf.control import classes
-    with _attached(device) as att:
+    with _attached(device, change=True) as att:
         result = classes.set_class(att, name, dscp)
     _emit(ctx, result, lambda r: click.echo(
         f"class {r['class']} (id {r['id']}): DSCP {','.join(map(str, r['dscp']))}"))
@@ -461,6 +499,8 @@ cli.add_command(ops_cmd.exporter)
 cli.add_command(ops_cmd.decode)
 cli.add_command(ops_cmd.monitor)
 cli.add_command(ops_cmd.top)
+from mrc_ebpf.cli.gc_cmd import gc  # noqa: E402
+cli.add_command(gc)
 
 
 if __name__ == "__main__":

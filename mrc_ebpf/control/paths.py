@@ -236,6 +236,7 @@ def _sync_route(att: Attachment, prefix, peer: layout.Peer) -> None:
     first = used[0][1]
     index = first.oif
     with IPRoute() as ipr:
+        att.route_change(ipr, prefix)
         for other in att.ifindexes:     # it may have moved to another plane
             if other != index:
                 routes.remove(ipr, prefix, other)
@@ -252,9 +253,28 @@ def _addr(raw) -> str:
     return str(ipaddress.IPv6Address(bytes(raw)))
 
 
+def _same_path(path: layout.Path, spec: PathSpec) -> bool:
+    return bool(path.flags & USID) == spec.usid and \
+        _segments_of(path) == [str(s) for s in spec.segments]
+
+
+def _check_sid_room(att: Attachment, specs: list[PathSpec]) -> None:
+    """peer_by_sid must take every new peer SID: refuse before writing."""
+    by_sid = att.maps["peer_by_sid"]
+    known = {bytes(k) for k in by_sid.keys()}
+    new = {spec.peer_sid.packed for spec in specs} - known
+    if len(known) + len(new) > by_sid.max_entries:
+        raise MrcError(f"the peer SID table is full: {len(known)} of {by_sid.max_entries} SIDs in "
+                       f"use, these paths need {len(new)} more")
+
+
 def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1,
         tclass_name: str | None = None, usids: list[str] = ()) -> list[dict]:
-    """Add paths in one go: segment lists ("S1,S2") and uSID containers."""
+    """Add paths in one go: segment lists ("S1,S2") and uSID containers.
+
+    A path the prefix already has (same segments, same encoding) is left
+    as it is and reported with "existed": True; one that differs from the
+    existing only in weight or class is refused."""
     specs = [PathSpec.via(v) for v in vias] + [PathSpec.compressed(u) for u in usids]
     if not specs:
         raise MrcError("a path needs --via SEG1,SEG2,... or --usid CONTAINER")
@@ -262,22 +282,50 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
     if not 1 <= weight <= MAX_WEIGHT:
         raise MrcError(f"bad weight {weight}: 1..{MAX_WEIGHT}")
     tclass = classes.class_id(att, tclass_name) if tclass_name else 0
+    seen = set()
+    for spec in specs:
+        ident = (spec.usid, tuple(spec.segments))
+        if ident in seen:
+            raise MrcError(f"the same path is given twice: {_describe_spec(spec)}")
+        seen.add(ident)
     peers = att.maps["peers"]
     key = peer_key(prefix)
-    peer = peers.lookup(key)
+    peer = peers.lookup_exact(key)
     new_peer = peer is None
     if new_peer:
         peer = layout.Peer(peer_id=_free_peer_id(att), n_paths=0, policy=POLICIES["rr"])
-    used_ids = {i for i, _ in _used(att, peer)} if not new_peer else set()
+    used = _used(att, peer) if not new_peer else []
+    class_label = tclass_name or classes.DEFAULT
+    existing, fresh = [], []
+    for spec in specs:
+        match = next(((i, p) for i, p in used if _same_path(p, spec)), None)
+        if match is None:
+            fresh.append(spec)
+            continue
+        path_id, path = match
+        if (path.weight, path.tclass) != (weight, tclass):
+            have = classes.names(att).get(path.tclass, str(path.tclass))
+            raise MrcError(f"{prefix} already has path {path_id} {_describe_spec(spec)} with weight "
+                           f"{path.weight}, class {have}: `mrcctl path del {prefix} --id {path_id}` "
+                           f"first to change them")
+        existing.append({"prefix": str(prefix), "path_id": path_id, **spec.describe(),
+                         "weight": weight, "class": class_label, "overhead": spec.overhead,
+                         "existed": True})
+    if not fresh:
+        mtu = _route_mtu(att, peer)
+        return [{**r, "route_mtu": mtu} for r in existing]
+    used_ids = {i for i, _ in used}
     free_ids = [i for i in range(MAX_PATHS) if i not in used_ids]
-    if len(free_ids) < len(specs):
-        raise MrcError(f"{prefix} has room for {len(free_ids)} more paths, not {len(specs)} "
+    if len(free_ids) < len(fresh):
+        raise MrcError(f"{prefix} has room for {len(free_ids)} more paths, not {len(fresh)} "
                        f"(at most {MAX_PATHS})")
-    # check everything before touching any map: nothing half-changed on error
+    _check_sid_room(att, fresh)
+    # check everything before touching any map; a failure after this is
+    # rolled back by the attachment's journal (Attachment.transaction)
     resolved = []
     attached = att.ifindexes
     with IPRoute() as ipr:
-        for spec in specs:
+        for spec in fresh:
             if att.config.mtu - spec.overhead < (1280 if prefix.version == 6 else 576):
                 raise MrcError(f"{len(spec.segments)} segments leave less than the minimum MTU on "
                                f"{att.device} (MTU {att.config.mtu}, overhead {spec.overhead})")
@@ -289,7 +337,7 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
             resolved.append((oif, gateway))
 
     results = []
-    for path_id, spec, (oif, gateway) in zip(free_ids, specs, resolved):
+    for path_id, spec, (oif, gateway) in zip(free_ids, fresh, resolved):
         path = layout.Path(n_segments=len(spec.segments), state=UP, weight=weight, tclass=tclass,
                            flowlabel=flowlabel(prefix, path_id, spec.segments), oif=oif,
                            flags=USID if spec.usid else 0)
@@ -302,22 +350,24 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
         _reset_path_state(att, index)
         peer.n_paths = max(peer.n_paths, path_id + 1)
         results.append({"prefix": str(prefix), "path_id": path_id, **spec.describe(),
-                        "weight": weight, "class": tclass_name or classes.DEFAULT,
-                        "overhead": spec.overhead})
+                        "weight": weight, "class": class_label,
+                        "overhead": spec.overhead, "existed": False})
     if new_peer:
         att.maps["peer_tx"].update(layout.Index(peer.peer_id), layout.PeerTx())
     _rebuild(att, peer)       # spray lists first: the peer entry makes them live
     peers.update(key, peer)
     _sync_route(att, prefix, peer)
     mtu = _route_mtu(att, peer)
-    for r in results:
-        r["route_mtu"] = mtu
-    return results
+    return [{**r, "route_mtu": mtu} for r in existing + results]
+
+
+def _describe_spec(spec: PathSpec) -> str:
+    return f"usid {spec.segments[0]}" if spec.usid else f"via {','.join(map(str, spec.segments))}"
 
 
 def _lookup_peer(att: Attachment, prefix) -> tuple[layout.PeerKey, layout.Peer]:
     key = peer_key(prefix)
-    peer = att.maps["peers"].lookup(key)
+    peer = att.maps["peers"].lookup_exact(key)
     if peer is None:
         raise MrcError(f"no paths to {prefix} on {att.device}")
     return key, peer
@@ -334,6 +384,7 @@ def delete(att: Attachment, prefix_text: str, path_id: int | None = None) -> dic
     if path_id is None or len(used) == 1:
         att.maps["peers"].delete(key)
         with IPRoute() as ipr:
+            att.route_change(ipr, prefix)
             for index in att.ifindexes:
                 routes.remove(ipr, prefix, index)
         for i in used:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import time
 
 from pyroute2 import IPRoute
 
-from mrc_ebpf.datapath import hooks, layout, pins
+from mrc_ebpf.datapath import hooks, layout, pins, stale
 from mrc_ebpf.control import paths
 from mrc_ebpf.datapath.loader import PROG_RX, PROG_TX, Attachment
 from mrc_ebpf.errors import MrcError
@@ -14,6 +15,8 @@ from mrc_ebpf.datapath.source import C
 
 
 def collect() -> list[dict]:
+    """A row per attachment here; on the host also a row ("stale": True)
+    per pin directory whose namespace is gone (`mrcctl gc` removes them)."""
     from mrc_ebpf.datapath.loader import require_root
     require_root()
     pins.ensure_bpffs()
@@ -21,7 +24,26 @@ def collect() -> list[dict]:
     with IPRoute() as ipr:
         for device in pins.attached_devices():
             rows.append(_one(ipr, device))
+    if on_host():
+        for entry in stale.find():
+            rows.append({**entry, "stale": True, "device": None, "healthy": False,
+                         "problems": [f"namespace {entry['netns_cookie']} is gone: `mrcctl gc` "
+                                      f"removes its state"]})
     return rows
+
+
+def on_host() -> bool:
+    """In the initial network namespace: kthreadd's (kernel threads live
+    there), or pid 1's where kthreadd is not ours to see."""
+    mine = os.stat("/proc/self/ns/net").st_ino
+    for pid in ("2", "1"):
+        try:
+            if pid == "2" and open("/proc/2/comm").read().strip() != "kthreadd":
+                continue
+            return os.stat(f"/proc/{pid}/ns/net").st_ino == mine
+        except OSError:
+            continue
+    return False
 
 
 def _one(ipr: IPRoute, device: str) -> dict:
@@ -41,7 +63,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
         overhead = {f"{n} seg": layout.encap_len(n) for n in range(1, C["MRC_MAX_SEGMENTS"] + 1)}
         overhead["usid"] = layout.encap_len(1, usid=True)
         row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
-                   peers=len(peers), paths=sum(p.n_paths for p in peers), overhead=overhead,
+                   peers=len(peers), paths=sum(len(paths._used(att, p)) for p in peers), overhead=overhead,
                    devices=att.device_names(), fail_open=_fail_open(att),
                    ack_windows=_ack_windows(att))
     for f in row["fail_open"]:

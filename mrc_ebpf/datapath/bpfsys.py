@@ -26,6 +26,7 @@ BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_TEST_RUN = 10
 
 BPF_ANY = 0
+BPF_MAP_TYPE_LPM_TRIE = 11
 
 
 class BpfError(OSError):
@@ -140,9 +141,13 @@ def possible_cpus() -> int:
 
 
 class PinnedMap:
-    """A map opened from its pin, with ctypes key and value types."""
+    """A map opened from its pin, with ctypes key and value types.
+
+    With a journal (journal.Journal) set, update and delete record how to
+    undo themselves."""
 
     fd = -1
+    journal = None
 
     def __init__(self, path: str, key_type, value_type, percpu: bool = False, fd: int | None = None):
         self.path = path
@@ -158,6 +163,8 @@ class PinnedMap:
                            f"(key {info.key_size}/{ctypes.sizeof(key_type)}, value "
                            f"{info.value_size}/{ctypes.sizeof(value_type)} bytes)")
         self.max_entries = info.max_entries
+        self.map_type = info.type
+        self.name = os.path.basename(path)
         self.fd = fd
 
     @classmethod
@@ -190,10 +197,38 @@ class PinnedMap:
             raise
         return value
 
+    def lookup_exact(self, key):
+        """The value stored under exactly KEY (an LPM trie's lookup
+        answers the longest matching prefix instead)."""
+        if self.map_type != BPF_MAP_TYPE_LPM_TRIE:
+            return self.lookup(key)
+        raw = bytes(key)
+        if any(bytes(k) == raw for k in self.keys()):
+            return self.lookup(key)
+        return None
+
+    def _journal(self, key, what: str) -> None:
+        self.journal.before_write(f"{what} {self.name}")
+        key = self.key_type.from_buffer_copy(bytes(key))
+        old = self.lookup_exact(key)
+        if old is None:
+            self.journal.record(lambda: self.delete(key))
+        else:
+            self.journal.record(lambda: self.update(key, old))
+
     def update(self, key, value, flags=BPF_ANY):
-        self._elem(BPF_MAP_UPDATE_ELEM, key, value, flags)
+        if self.journal is not None:
+            self._journal(key, "update")
+        try:
+            self._elem(BPF_MAP_UPDATE_ELEM, key, value, flags)
+        except BpfError as e:
+            if e.errno == errno.E2BIG:
+                raise BpfError(e.errno, f"map {self.name} is full ({self.max_entries} entries)")
+            raise BpfError(e.errno, f"map {self.name}: update: {e.strerror}")
 
     def delete(self, key) -> bool:
+        if self.journal is not None:
+            self._journal(key, "delete")
         try:
             self._elem(BPF_MAP_DELETE_ELEM, key)
         except BpfError as e:

@@ -1,9 +1,12 @@
 """Attaching programs to a device's XDP and TC egress hooks (netlink)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import subprocess
+import tempfile
 
 
 from pyroute2 import IPRoute
@@ -52,16 +55,43 @@ def xdp_attach(device: str, prog_fd: int, mode: str) -> str:
     lib = _libbcc()
     tries = {"native": [("native", XDP_FLAGS_DRV_MODE)], "skb": [("skb", XDP_FLAGS_SKB_MODE)],
              "auto": [("native", XDP_FLAGS_DRV_MODE), ("skb", XDP_FLAGS_SKB_MODE)]}[mode]
+    said = ""
     for used, flags in tries:
-        if lib.bpf_attach_xdp(device.encode(), prog_fd, flags | XDP_FLAGS_UPDATE_IF_NOEXIST) == 0:
+        with _stderr_captured() as captured:
+            ok = lib.bpf_attach_xdp(device.encode(), prog_fd, flags | XDP_FLAGS_UPDATE_IF_NOEXIST) == 0
+        if ok:
             return used
-    raise MrcError(f"cannot attach XDP to {device} in {mode} mode "
+        said = captured.text.strip().splitlines()[-1:] or [""]
+        said = said[0].rpartition(": ")[2]
+    raise MrcError(f"cannot attach XDP to {device} in {mode} mode{': ' + said if said else ''} "
                    f"(the driver may lack native XDP: try --mode skb)")
+
+
+class _Captured:
+    text = ""
+
+
+@contextlib.contextmanager
+def _stderr_captured():
+    """What C code (libbcc) writes to fd 2 meanwhile, kept out of the
+    user's terminal: the caller makes its own one-line error of it."""
+    captured = _Captured()
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        try:
+            os.dup2(sink.fileno(), 2)
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            captured.text = sink.read().decode(errors="replace")
 
 
 def xdp_detach(device: str, mode: str) -> None:
     flags = XDP_FLAGS_SKB_MODE if mode == "skb" else XDP_FLAGS_DRV_MODE
-    _libbcc().bpf_attach_xdp(device.encode(), -1, flags)
+    with _stderr_captured():
+        _libbcc().bpf_attach_xdp(device.encode(), -1, flags)
 
 
 def has_clsact(ipr: IPRoute, index: int) -> bool:

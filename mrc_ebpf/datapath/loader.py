@@ -7,6 +7,7 @@ on the maps without compiling.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ipaddress
 import os
@@ -15,8 +16,9 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from mrc_ebpf.datapath import bpfsys, hooks, layout, offload, pins, source
+from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, offload, pins, source
 from mrc_ebpf.datapath import routes
+from mrc_ebpf.datapath.journal import Journal
 from mrc_ebpf.errors import MrcError
 
 PROG_TX, PROG_RX, PROG_FB = "prog_tx", "prog_rx", "prog_fb"
@@ -73,6 +75,7 @@ class Attachment:
         self.device = device
         self.dir = directory
         self.maps: dict[str, bpfsys.PinnedMap] = {}
+        self.journal: Journal | None = None
 
     @classmethod
     def open(cls, device: str) -> "Attachment":
@@ -93,6 +96,42 @@ class Attachment:
     def close(self):
         for m in self.maps.values():
             m.close()
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """All or nothing: the maps and routes changed inside are put back
+        as they were if anything fails (journal.py)."""
+        journal = Journal()
+        self.journal = journal
+        for m in self.maps.values():
+            m.journal = journal
+        try:
+            yield journal
+        except BaseException as e:
+            self._end_journal()
+            problems = journal.rollback()
+            if problems:
+                raise MrcError(f"{_reason(e)}; rolling back failed too, state may be half-changed "
+                               f"(`mrcctl detach {self.device}` clears it): {'; '.join(problems)}")
+            if isinstance(e, bpfsys.BpfError):
+                raise MrcError(f"{_reason(e)}; nothing was changed")
+            raise
+        finally:
+            self._end_journal()
+
+    def _end_journal(self):
+        self.journal = None
+        for m in self.maps.values():
+            m.journal = None
+
+    def route_change(self, ipr, prefix) -> None:
+        """Call before changing PREFIX's routes inside a transaction: the
+        journal can then put them back."""
+        if self.journal is None:
+            return
+        self.journal.before_write(f"route {prefix}")
+        saved = routes.snapshot(ipr, prefix)
+        self.journal.record(lambda: routes.restore(prefix, saved))
 
     def __enter__(self):
         return self
@@ -129,6 +168,47 @@ class Attachment:
 
 
 MAX_DEVICES = source.C["MRC_MAX_DEVICES"]
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) or type(e).__name__
+
+
+@contextlib.contextmanager
+def changing(device: str | None):
+    """The attachment DEVICE belongs to (or the only one here), opened for
+    a change: one writer at a time (lock.py), all or nothing."""
+    require_root()
+    with lock.writer(), _terminate_as_error():
+        with Attachment.open(resolve_device(device)) as att:
+            with att.transaction():
+                yield att
+
+
+class Terminated(MrcError):
+    pass
+
+
+@contextlib.contextmanager
+def _terminate_as_error():
+    """SIGTERM and SIGHUP (a script's timeout, a closed terminal) during a
+    change raise, so the change is rolled back instead of cut short."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        raise Terminated(f"stopped by {signal.Signals(signum).name}")
+    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 def _ifname(index: int) -> str | None:
@@ -193,6 +273,15 @@ def _check_free(ipr: IPRoute, devices: list[str]) -> list[int]:
     return indexes
 
 
+def _check_sid_free(sid: ipaddress.IPv6Address) -> None:
+    """Decapsulation and feedback go by SID: two attachments in one
+    namespace must not share one."""
+    for first in pins.attached_devices():
+        cfg = _read_config(pins.device_dir(first))
+        if cfg is not None and bytes(cfg.sid) == sid.packed:
+            raise MrcError(f"SID {sid} is already the SID of {first} in this network namespace")
+
+
 def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granularity: str,
           undo: list) -> tuple[layout.Device, str]:
     """Hook the programs to one device; what it changed goes on `undo`."""
@@ -233,12 +322,15 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
     if unknown:
         raise MrcError(f"unknown timer(s): {', '.join(sorted(unknown))}")
     timers = {**TIMERS, **{k: v for k, v in timers.items() if v is not None}}
-    undo: list = []
     with IPRoute() as ipr:
-        indexes = _check_free(ipr, devices)
-        module, tx, rx, fb = compile_datapath()
+        _check_free(ipr, devices)       # fail fast, before compiling
+    module, tx, rx, fb = compile_datapath()
+    undo: list = []
+    with lock.writer(), IPRoute() as ipr:
+        indexes = _check_free(ipr, devices)     # again: another writer may have been first
+        _check_sid_free(sid)
         try:
-            directory.mkdir(parents=True)
+            directory.mkdir()
             undo.append(lambda: pins.remove_tree(directory))
             for name in layout.MAPS:
                 bpfsys.obj_pin(module[name].map_fd, str(directory / name))
@@ -302,10 +394,14 @@ def detach(device: str) -> dict:
     Works from the program pins and the config alone, so state left by
     another version (or damaged) can still be cleared."""
     require_root()
-    pins.ensure_bpffs()
-    first = owner(device)
-    if first is None:
-        raise MrcError(f"{device} is not attached")
+    with lock.writer(create=False) as locked:
+        first = owner(device) if locked else None
+        if first is None:
+            raise MrcError(f"{device} is not attached")
+        return _detach(first)
+
+
+def _detach(first: str) -> dict:
     directory = pins.device_dir(first)
     probe = Attachment(first, directory)
     ids = probe.prog_id(PROG_RX), probe.prog_id(PROG_TX), probe.prog_id(PROG_FB)
@@ -320,10 +416,6 @@ def detach(device: str) -> dict:
             if name:
                 _unhook(ipr, member, name, ids, removed)
     pins.remove_tree(directory)
-    try:
-        pins.netns_dir().rmdir()
-    except OSError:
-        pass
     return removed
 
 

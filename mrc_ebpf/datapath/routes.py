@@ -92,3 +92,28 @@ def remove_all(ipr: IPRoute, index: int) -> int:
             except NetlinkError:
                 pass
     return removed
+
+
+def snapshot(ipr: IPRoute, prefix: ipaddress._BaseNetwork) -> list[tuple[int, str, int]]:
+    """(device index, gateway, MTU) of each route of ours to PREFIX."""
+    family = socket.AF_INET6 if prefix.version == 6 else socket.AF_INET
+    out = []
+    for route in ipr.get_routes(family=family, proto=ROUTE_PROTO):
+        if route.get_attr("RTA_DST") != str(prefix.network_address) or \
+                route["dst_len"] != prefix.prefixlen:
+            continue
+        via = route.get_attr("RTA_VIA")
+        gateway = route.get_attr("RTA_GATEWAY") or (via or {}).get("addr")
+        metrics = route.get_attr("RTA_METRICS")
+        mtu = metrics.get_attr("RTAX_MTU") if metrics else 0
+        out.append((route.get_attr("RTA_OIF"), gateway, mtu))
+    return sorted(out)
+
+
+def restore(prefix: ipaddress._BaseNetwork, saved: list[tuple[int, str, int]]) -> None:
+    """Make PREFIX's routes of ours exactly SAVED (a snapshot) again."""
+    with IPRoute() as ipr:
+        for index, _, _ in snapshot(ipr, prefix):
+            remove(ipr, prefix, index)
+        for index, gateway, mtu in saved:
+            install(ipr, prefix, gateway, index, mtu)
