@@ -68,8 +68,10 @@ def params(short: bool) -> dict:
             "ideal": "bytes one leaf sends the other per round / (spines x rate)"}
 
 
-def _connect_all(fab, pairs, port, cc: str | None, mptcp: bool = False):
-    """(src, dst) -> (sending socket, receiving socket)."""
+def _connect_all(fab, pairs, port, cc: str | None, mptcp: bool = False, keep: list | None = None):
+    """(src, dst) -> (sending socket, receiving socket).  With `keep` the
+    listeners stay open (appended to it): MPTCP's MP_JOINs are answered by
+    the listener, and one that is gone answers them with a reset."""
     listeners = {}
     for h in sorted({d for _, d in pairs}):
         with netns.inside(fab.ns(fab.host(h))):
@@ -93,7 +95,10 @@ def _connect_all(fab, pairs, port, cc: str | None, mptcp: bool = False):
             conns[(s, d)] = (c, a)
     finally:
         for ls in listeners.values():
-            ls.close()
+            if keep is None:
+                ls.close()
+            else:
+                keep.append(ls)
     return conns
 
 
@@ -189,10 +194,15 @@ def run(p: dict, env) -> dict:
                 time.sleep(0.2 if mode == "mptcp" else 0)
                 c0 = _tcp_counters(env, fab, left + right)
                 u0 = contenders.uplinks(env, fab)
-                conns = _connect_all(fab, pairs, 5600 + mi, env.cc, env.mptcp)
+                listeners = []
+                stack.callback(lambda: [ls.close() for ls in listeners])
+                conns = _connect_all(fab, pairs, 5600 + mi, env.cc, env.mptcp, listeners)
                 stack.callback(_close_all, conns)
                 if env.mptcp:
-                    time.sleep(0.3)     # the subflows join
+                    # the client's path manager opens subflows once the
+                    # connection is fully established, after its first data
+                    _round(conns, pairs, 4096)
+                    time.sleep(0.3)
                     rec["subflows"] = _subflows(conns)
                 per = {}
                 for kind, n_rounds in p["rounds"].items():
