@@ -42,6 +42,7 @@ SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "
 VERSION = 1
 PY = sys.executable
 MADE: list[str] = []        # fabric / namespace-set names this process made (the JSON lists them)
+HASHED: dict[str, dict] = {}  # fabric -> its leaves' ECMP hash as read back after it was built
 
 
 def log(msg: str) -> None:
@@ -212,7 +213,9 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
     fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, "srh", mtu, list(host_sysctls),
                ecn_threshold)
     try:
-        yield fab_mod.Fabric(fab_mod.load(name)["spec"])
+        fab = fab_mod.Fabric(fab_mod.load(name)["spec"])
+        HASHED[name] = fab_mod.read_hash(fab)
+        yield fab
     finally:
         with no_interrupt():
             try:
@@ -361,6 +364,7 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
     old = signal.signal(signal.SIGTERM, _sigterm)
     env = Env(p.get("repeat"), p.get("tcp_congestion"))
     del MADE[:]
+    HASHED.clear()
     started, t0 = time.time(), time.monotonic()
     log(f"{scenario}: {mod.TITLE} ({'short' if short else 'full'}, repeat {p.get('repeat')})")
     try:
@@ -373,7 +377,9 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
            "started": started, "duration_s": round(time.monotonic() - t0, 2),
            "machine": {"kernel": platform.release(), "cpus": os.cpu_count(),
                        "loadavg_at_end": list(os.getloadavg())},
-           "results": results, "namespace_prefixes": [f"{n}-" for n in MADE]}
+           "results": results, "namespace_prefixes": [f"{n}-" for n in MADE],
+           # how each fabric's leaves hashed when built (modes that change it record theirs)
+           "fabric_hash": {n: h["hash"] for n, h in HASHED.items()}}
     path_json = out / f"{scenario}.json"
     path_json.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     fig = mod.plot(results, plt)
