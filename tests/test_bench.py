@@ -76,6 +76,8 @@ def _load(runs, name):
     # and every fabric host the run's sysctls (the default set here)
     assert doc["params"].get("host_sysctls") == (None if name == "cost" else list(DEFAULT_HOST_SYSCTLS))
     assert doc["params"].get("ecn_threshold") == {"collisions": "1ms"}.get(name)
+    # every fabric's hash, read back from its leaves when built (cost builds none)
+    assert set(doc["fabric_hash"].values()) == (set() if name == "cost" else {"l4"})
     return doc["results"]
 
 
@@ -168,13 +170,24 @@ def test_collisions(runs):
     assert r["modes"]["ecmp"]["permutation"]["ce_delivered"] > 0
 
 
+def _run_one(args):
+    """Run mrcctl ARGS; (result, namespaces it made that are still there).
+    The machine is shared: only names the bench would give its own fabrics
+    (b<tag><pid>-) count, not other processes' namespaces."""
+    import re
+    p = subprocess.Popen([*MRCCTL, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=120)
+    mine = re.compile(rf"^b[a-z]+{p.pid % 100000}-")
+    left = [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            if mine.match(ns)]
+    return subprocess.CompletedProcess(args, p.returncode, out, err), left
+
+
 def test_bad_ecn_threshold_is_one_line_and_builds_nothing():
-    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    r = subprocess.run([sys.executable, "-m", "mrc_ebpf.cli.mrcctl", "bench", "collisions", "--ecn-threshold", "soon"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r, left = _run_one(["bench", "collisions", "--ecn-threshold", "soon"])
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         "mrcctl: error: bad ECN threshold 'soon': a time such as 1ms or 500us"], r.stderr
-    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
+    assert not left
 
 
 def test_reorder(runs):
@@ -195,6 +208,12 @@ def test_reorder(runs):
     # rr is blind to the delay; adaptive hears of the queue and moves off it
     rr, adaptive = (r["policies"][p][top]["slow_path_share"]["median"] for p in ("rr", "adaptive"))
     assert rr > 0.2 and adaptive < 0.7 * rr, (rr, adaptive)
+    # the contenders ran the same levels before MRC: ECMP's one flow on one
+    # spine (its share of s1 all or nothing), MPTCP's subflows on several
+    assert {"ecmp", "prr", "mptcp"} <= set(r["contenders"])
+    for run in r["contenders"]["ecmp"][top]["runs"]:
+        assert len(run["spines"]["carrying"]) == 1 and run["paths"][0]["share"] in (0.0, 1.0)
+    assert r["proof"]["mptcp"]["ok"] and len(r["contenders"]["mptcp"][top]["runs"][0]["spines"]["carrying"]) > 1
 
 
 # --------------------------------------------------------------------------- contenders
@@ -321,10 +340,10 @@ def test_fabric_hash_up_show_and_switch():
     (["bench", "cost", "--modes", "ecmp"], "cost has no modes to choose"),
 ])
 def test_bad_contender_options_one_line(args, err):
-    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    r = subprocess.run([*MRCCTL, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r, left = _run_one(args)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("mrcctl: error: "), r.stderr
     if err:
         assert lines[0] == f"mrcctl: error: {err}"
-    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
+    assert not left and not any(ns.startswith("thbad-") for ns in subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
