@@ -212,7 +212,8 @@ def test_reorder(runs):
     # spine (its share of s1 all or nothing), MPTCP's subflows on several
     assert {"ecmp", "prr", "mptcp"} <= set(r["contenders"])
     for run in r["contenders"]["ecmp"][top]["runs"]:
-        assert len(run["spines"]["carrying"]) == 1 and run["paths"][0]["share"] in (0.0, 1.0)
+        share = run["paths"][0]["share"]
+        assert len(run["spines"]["carrying"]) == 1 and (share < 0.05 or share > 0.95)
     assert r["proof"]["mptcp"]["ok"] and len(r["contenders"]["mptcp"][top]["runs"][0]["spines"]["carrying"]) > 1
 
 
