@@ -817,7 +817,7 @@ def plot(results: dict, plt):
                     cg = conn.get("goodput_bps") or []
                     cx = [(i + 1) * cb - t_fail_ms for i in range(len(cg))]
                     ax.plot(cx, avg(cg, kk), lw=0.9,
-                            label=f"conn {c + 1}{' on ' + conn['spine'] if conn.get('spine') else ''}: "
+                            label=f"conn {c + 1}{' on ' + conn['spine'] if conn.get('spine') and mode == 'ecmp' else ''}: "
                                   f"longest gap {conn.get('longest_gap_ms')} ms")
                 ax.set_title(f"{mode}: every TCP connection (run 1, 50 ms avg); RTOs {r['rtos']}, "
                              f"longest gap {r.get('longest_gap_ms')} ms", fontsize=8)
