@@ -1,7 +1,9 @@
 """mrcctl bench SCENARIO --short: each scenario's JSON (structure, sane
-values) and PNG, and no namespace left behind.  The five scenarios run as
-separate processes two at a time (started once for the module) to stay
-within the CI budget; each test checks one of them."""
+values) and PNG, and no namespace left behind.  The five scenarios (and a
+spray-vs-ecmp run with --hosts-default) run as separate processes two at
+a time (started once for the module) to stay within the CI budget; each
+test checks one of them.  The contenders (prr, plb, mptcp) prove in those
+runs that they are what they say (contenders.proof)."""
 from __future__ import annotations
 
 import json
@@ -12,24 +14,31 @@ from pathlib import Path
 
 import pytest
 
+from mrc_ebpf.bench.contenders import unavailable
 from mrc_ebpf.bench.runner import DEFAULT_HOST_SYSCTLS, SCENARIOS
 
 pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parent.parent
 PARALLEL = 2
+MRCCTL = [sys.executable, "-m", "mrc_ebpf.cli.mrcctl"]
+# a user's hosts: nothing set, their own default congestion control (bbr here)
+HOSTS_DEFAULT = ["spray-vs-ecmp", "--hosts-default", "--modes", "ecmp,rr,single",
+                 "--param", 'flows={"1500": [1]}']
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    pending = list(SCENARIOS)
+    jobs = {name: [name] for name in SCENARIOS}
+    jobs["hosts-default"] = HOSTS_DEFAULT
+    pending = list(jobs)
     running, done = {}, {}
     try:
         while pending or running:
             while pending and len(running) < PARALLEL:
                 name = pending.pop(0)
                 running[name] = subprocess.Popen(
-                    [sys.executable, "-m", "mrc_ebpf.cli.mrcctl", "bench", name, "--short", "--out", str(out / name)],
+                    [*MRCCTL, "bench", *jobs[name], "--short", "--out", str(out / name)],
                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for name, proc in list(running.items()):
                 if proc.poll() is not None:
@@ -44,14 +53,19 @@ def runs(tmp_path_factory):
     return out, done
 
 
-def _load(runs, name):
+def _load_doc(runs, job, name):
     out, done = runs
-    rc, o, e = done[name]
-    assert rc == 0, f"{name} failed: {e[-2000:]}"
-    doc = json.loads((out / name / f"{name}.json").read_text())
-    png = out / name / f"{name}.png"
+    rc, o, e = done[job]
+    assert rc == 0, f"{job} failed: {e[-2000:]}"
+    doc = json.loads((out / job / f"{name}.json").read_text())
+    png = out / job / f"{name}.png"
     assert png.stat().st_size > 1000
     assert doc["scenario"] == name and doc["short"] is True and doc["params"]
+    return doc, o
+
+
+def _load(runs, name):
+    doc, o = _load_doc(runs, name, name)
     assert doc["namespace_prefixes"]
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for prefix in doc["namespace_prefixes"]:
@@ -62,6 +76,8 @@ def _load(runs, name):
     # and every fabric host the run's sysctls (the default set here)
     assert doc["params"].get("host_sysctls") == (None if name == "cost" else list(DEFAULT_HOST_SYSCTLS))
     assert doc["params"].get("ecn_threshold") == {"collisions": "1ms"}.get(name)
+    # every fabric's hash, read back from its leaves when built (cost builds none)
+    assert set(doc["fabric_hash"].values()) == (set() if name == "cost" else {"l4"})
     return doc["results"]
 
 
@@ -73,7 +89,8 @@ def test_spray_vs_ecmp(runs):
     doc = _load(runs, "spray-vs-ecmp")
     assert list(doc["mtus"]) == ["1500"]            # short mode: the 1500-byte fabric only
     r = doc["mtus"]["1500"]
-    assert set(r["modes"]) == {"ecmp", "rr", "bytes", "adaptive", "single"}
+    assert set(r["modes"]) == {"ecmp", "prr", "mptcp", "rr", "bytes", "adaptive", "single"} | (
+        set() if unavailable("plb") else {"plb"})
     for by_n in r["modes"].values():
         for s in by_n.values():
             _sane_fraction(s["fraction"])
@@ -82,6 +99,7 @@ def test_spray_vs_ecmp(runs):
     ceiling = r["ceiling"]
     assert ceiling["ecmp"] == round((1500 - 72) / 1514, 4)
     assert ceiling["rr"] == ceiling["bytes"] == ceiling["adaptive"] == ceiling["single"] < ceiling["ecmp"]
+    assert ceiling["prr"] == ceiling["mptcp"] == ceiling["ecmp"]          # no encapsulation
     # nothing can beat it: a ceiling computed wrong would show here
     for m, by_n in r["modes"].items():
         for s in by_n.values():
@@ -152,13 +170,24 @@ def test_collisions(runs):
     assert r["modes"]["ecmp"]["permutation"]["ce_delivered"] > 0
 
 
+def _run_one(args):
+    """Run mrcctl ARGS; (result, namespaces it made that are still there).
+    The machine is shared: only names the bench would give its own fabrics
+    (b<tag><pid>-) count, not other processes' namespaces."""
+    import re
+    p = subprocess.Popen([*MRCCTL, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=120)
+    mine = re.compile(rf"^b[a-z]+{p.pid % 100000}-")
+    left = [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            if mine.match(ns)]
+    return subprocess.CompletedProcess(args, p.returncode, out, err), left
+
+
 def test_bad_ecn_threshold_is_one_line_and_builds_nothing():
-    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    r = subprocess.run([sys.executable, "-m", "mrc_ebpf.cli.mrcctl", "bench", "collisions", "--ecn-threshold", "soon"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r, left = _run_one(["bench", "collisions", "--ecn-threshold", "soon"])
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         "mrcctl: error: bad ECN threshold 'soon': a time such as 1ms or 500us"], r.stderr
-    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
+    assert not left
 
 
 def test_reorder(runs):
@@ -179,3 +208,143 @@ def test_reorder(runs):
     # rr is blind to the delay; adaptive hears of the queue and moves off it
     rr, adaptive = (r["policies"][p][top]["slow_path_share"]["median"] for p in ("rr", "adaptive"))
     assert rr > 0.2 and adaptive < 0.7 * rr, (rr, adaptive)
+    # the contenders ran the same levels before MRC: ECMP's one flow on one
+    # spine (its share of s1 all or nothing), MPTCP's subflows on several
+    assert {"ecmp", "prr", "mptcp"} <= set(r["contenders"])
+    for run in r["contenders"]["ecmp"][top]["runs"]:
+        share = run["paths"][0]["share"]
+        assert len(run["spines"]["carrying"]) == 1 and (share < 0.05 or share > 0.95)
+    assert r["proof"]["mptcp"]["ok"] and len(r["contenders"]["mptcp"][top]["runs"][0]["spines"]["carrying"]) > 1
+
+
+# --------------------------------------------------------------------------- contenders
+
+def test_hash_read_back_per_mode(runs):
+    """Each mode ran on the hash it needs, read back from both leaves:
+    the contenders on the kernel's default (flow label), the rest on the 5-tuple."""
+    for name in ("spray-vs-ecmp", "failover", "collisions"):
+        r = _load(runs, name)
+        setups = r["mtus"]["1500"]["mode_setup"] if name == "spray-vs-ecmp" else r["mode_setup"]
+        for mode, rec in setups.items():
+            want = "flowlabel" if mode in ("prr", "plb", "mptcp") else "l4"
+            got = rec["hash_read_back"]
+            assert got["hash"] == want and set(got["leaves"]) == {"l1", "l2"}, (name, mode, got)
+            policy = 0 if want == "flowlabel" else 3
+            assert all(v["ipv6_policy"] == policy for v in got["leaves"].values())
+            for host in rec["hosts"].values():                         # PRR's kernel defaults
+                assert host["net.core.txrehash"] == "1" and host["net.ipv6.auto_flowlabels"] == "1"
+
+
+def test_prr_moves_after_an_rto(runs):
+    """PRR's witness: one connection steered onto s1, s1 black-holed: after
+    an RTO its packets cross another spine (l1's uplink counters) and keep
+    arriving; and in the scenario's own runs the black hole cost RTOs."""
+    r = _load(runs, "failover")
+    w = r["proof"]["prr"]["witness"]
+    assert r["proof"]["prr"]["ok"] and w["ok"], w
+    assert w["rtos"] >= 1 and w["delivered_after_fail"] > 0
+    assert w["moved_to"] and "s1" not in w["moved_to"]
+    assert w["after_fail"]["packets"][w["moved_to"][0]] >= 20
+    tcp = r["modes"]["prr"]["tcp"]
+    assert "udp" not in r["modes"]["prr"]                           # TCP's own repathing only
+    for run in tcp["runs"]:
+        assert run["failed_spine"] in run["spines"]["carrying"]     # the hole hit its traffic
+        assert run["rtos"] >= 1 and run["longest_gap_ms"] > 0
+        assert all(c["goodput_bps"] for c in run["conns"])          # every connection plotted
+
+
+def test_mptcp_subflows_over_spines(runs):
+    """MPTCP: every connection has K subflows (MPTCP_INFO), the server
+    acknowledged MP_JOINs (nstat), and more than one spine carried one
+    connection (l1's uplink counters)."""
+    r = _load(runs, "spray-vs-ecmp")["mtus"]["1500"]
+    pr = r["proof"]["mptcp"]
+    assert pr["ok"] and pr["mp_join_ack_rx"] >= 3 and pr["subflows"] in ([4], [4, 4, 4, 4]), pr
+    assert len(pr["spines"]["carrying"]) > 1
+    one = r["modes"]["mptcp"]["1"]["runs"][0]
+    assert one["mptcp_subflows"] == [4]       # (its 4 subflows may all hash onto one spine: 1 in 64)
+    ecmp = r["modes"]["ecmp"]["1"]["runs"][0]
+    assert len(ecmp["spines"]["carrying"]) == 1                     # a plain flow keeps its spine
+    for name in ("failover", "collisions"):
+        pr = _load(runs, name)["proof"]["mptcp"]
+        assert pr["ok"] and pr["mp_join_ack_rx"] > 0 and len(pr["spines"]["carrying"]) > 1, (name, pr)
+
+
+def test_plb(runs):
+    """PLB proves itself by rehashing (TcpExtTCPPLBRehash); where the kernel
+    cannot run it (PLB is driven by DCTCP alone) the runs say why."""
+    why = unavailable("plb")
+    doc, _ = _load_doc(runs, "collisions", "collisions")
+    if why:
+        assert "plb" not in doc["params"]["modes"] and doc["params"]["modes_skipped"]["plb"] == why
+        assert "DCTCP" in why
+        r = subprocess.run([*MRCCTL, "bench", "collisions", "--short", "--modes", "ecmp,plb"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"mrcctl: error: mode plb: {why}"]
+        return
+    pr = doc["results"]["proof"]["plb"]
+    assert pr["ok"] and pr["plb_rehash"] > 0 and pr["ce_delivered"] > 0
+
+
+def test_hosts_default_sprays_past_one_path(runs):
+    """--hosts-default: nothing set on the hosts, their own congestion
+    control (the machine's default; bbr here); the sprayed flow still beats
+    one path."""
+    doc, _ = _load_doc(runs, "hosts-default", "spray-vs-ecmp")
+    p = doc["params"]
+    default_cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    assert p["host_profile"] == "hosts-default" and p["host_sysctls"] == [] and p["tcp_congestion"] is None
+    assert p["host_default_congestion"] == default_cc
+    r = doc["results"]["mtus"]["1500"]
+    for rec in r["mode_setup"].values():
+        for host in rec["hosts"].values():
+            assert host["net.ipv4.tcp_congestion_control"] == default_cc
+            assert host["net.ipv4.tcp_min_rtt_wlen"] == "300"           # the kernel's, untouched
+    rr, single = (r["modes"][m]["1"]["fraction"]["median"] for m in ("rr", "single"))
+    assert rr > 1.5 * single, (rr, single)
+
+
+def test_fabric_hash_up_show_and_switch():
+    from mrc_ebpf.lab import fabric as fab_mod
+    name = f"th{__import__('os').getpid() % 100000}"
+    r = subprocess.run([*MRCCTL, "fabric", "up", name, "-k", "2", "--rate", "none", "--hash", "flowlabel", "-j"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["hash"] == "flowlabel"
+        show = json.loads(subprocess.run([*MRCCTL, "fabric", "show", name, "-j"], cwd=ROOT, capture_output=True,
+                                         text=True, timeout=60).stdout)
+        assert show["hash"] == "flowlabel" and show["hash_on_leaves"]["hash"] == "flowlabel"
+
+        def policy(leaf):     # the kernel's own word, not the state file's
+            return subprocess.run(["ip", "netns", "exec", f"{name}-{leaf}", "sysctl", "-n",
+                                   "net.ipv6.fib_multipath_hash_policy"], capture_output=True, text=True).stdout.strip()
+        assert policy("l1") == policy("l2") == "0"
+        assert fab_mod.set_hash(name, "l4")["hash"] == "l4"
+        assert policy("l1") == policy("l2") == "3"
+        assert fab_mod.describe(name)["hash"] == "l4"
+    finally:
+        subprocess.run([*MRCCTL, "fabric", "down", name], cwd=ROOT, capture_output=True, timeout=120)
+    assert not any(ns.startswith(f"{name}-") for ns in subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+
+
+@pytest.mark.parametrize("args,err", [
+    (["fabric", "up", "thbad", "--hash", "crc"],
+     "bad hash 'crc': l4 (5-tuple) or flowlabel (addresses + IPv6 flow label, the kernel's default)"),
+    (["bench", "failover", "--modes", "ecmp,spray"],
+     "failover has no mode 'spray' (modes: ecmp, prr, plb, mptcp, mrc)"),
+    (["bench", "spray-vs-ecmp", "--param", "seconds"], "bad --param 'seconds': KEY=JSON, e.g. seconds=4"),
+    (["bench", "spray-vs-ecmp", "--param", "secs=4"], None),
+    (["bench", "spray-vs-ecmp", "--hosts-default", "-C", "cubic"],
+     "--hosts-default leaves the hosts alone: not with --host-sysctl or -C"),
+    (["bench", "cost", "--modes", "ecmp"], "cost has no modes to choose"),
+])
+def test_bad_contender_options_one_line(args, err):
+    r, left = _run_one(args)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("mrcctl: error: "), r.stderr
+    if err:
+        assert lines[0] == f"mrcctl: error: {err}"
+    assert not left and not any(ns.startswith("thbad-") for ns in subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True).stdout.split())

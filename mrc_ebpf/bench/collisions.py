@@ -18,8 +18,11 @@ having the message's last byte.
 ideal = the bytes one leaf sends to the other in the round / (K x rate):
 every message of the round sharing the spines perfectly (headers and the
 SRv6 encapsulation not counted, so real transfers cannot reach it).
-Modes: ecmp (no MRC: the leaves hash each connection onto one spine) and
-mrc (spraying by `mrc_policy` over the K spines on every host).  The
+Modes: ecmp (no MRC: the leaves hash each connection onto one spine),
+the contenders prr, plb and mptcp (bench/contenders.py: flow-label hashing
+leaves; plb repaths a connection on persistent CE marks, mptcp opens K
+subflows per connection) and mrc (spraying by `mrc_policy` over the K
+spines on every host).  The
 hosts' TCP retransmissions and RTOs over each kind's rounds (nstat deltas
 summed over the hosts) say what the tail is made of: one RTO (at least
 the RTT plus tcp_rto_min, 200 ms unless the host sysctls lower it) can
@@ -34,23 +37,26 @@ how each came back: nothing fails here, so each down is a queue's delay
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
 
 from mrc_ebpf.lab import netns
-from mrc_ebpf.perf.control import set_congestion
+from mrc_ebpf.perf.control import set_congestion, stream_socket
+from mrc_ebpf.bench import contenders
 from mrc_ebpf.bench.runner import fmt_spread, log, spread, percentile
 
-TITLE = "message/round completion in permutation and all-to-all rounds: MRC spraying vs ECMP vs ideal"
+TITLE = "message/round completion in permutation and all-to-all rounds: MRC spraying vs ECMP, PRR, PLB, MPTCP vs ideal"
+MODES_ALLOWED = ("ecmp", "prr", "plb", "mptcp", "mrc")
 
 
 def params(short: bool) -> dict:
     return {"spines": 4, "leaves": 2, "hosts_per_leaf": 2 if short else 4,
             "rate": "50mbit" if short else "100mbit", "size": (256 << 10) if short else (1 << 20),
             "rounds": {"permutation": 3 if short else 12, "all-to-all": 2 if short else 6},
-            "repeat": 1, "modes": ["ecmp", "mrc"],
+            "repeat": 1, "modes": list(MODES_ALLOWED),
             # jumbo frames, as GPU fabrics run (headers cost 2.5%, not 14%);
             # `bytes`: TCP's segments are not all full at this MTU
             "mtu": 9000, "mrc_policy": "bytes", "transport": "TCP, one connection per host pair",
@@ -62,12 +68,14 @@ def params(short: bool) -> dict:
             "ideal": "bytes one leaf sends the other per round / (spines x rate)"}
 
 
-def _connect_all(fab, pairs, port, cc: str | None):
-    """(src, dst) -> (sending socket, receiving socket)."""
+def _connect_all(fab, pairs, port, cc: str | None, mptcp: bool = False, keep: list | None = None):
+    """(src, dst) -> (sending socket, receiving socket).  With `keep` the
+    listeners stay open (appended to it): MPTCP's MP_JOINs are answered by
+    the listener, and one that is gone answers them with a reset."""
     listeners = {}
     for h in sorted({d for _, d in pairs}):
         with netns.inside(fab.ns(fab.host(h))):
-            ls = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            ls = stream_socket(socket.AF_INET6, mptcp)
             ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             ls.bind((fab.addr6(h), port))
             ls.listen(128)
@@ -76,7 +84,7 @@ def _connect_all(fab, pairs, port, cc: str | None):
     try:
         for s, d in pairs:
             with netns.inside(fab.ns(fab.host(s))):
-                c = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+                c = stream_socket(socket.AF_INET6, mptcp)
                 c.bind((fab.addr6(s), 0))
                 set_congestion(c, cc)
                 c.settimeout(10)
@@ -87,7 +95,10 @@ def _connect_all(fab, pairs, port, cc: str | None):
             conns[(s, d)] = (c, a)
     finally:
         for ls in listeners.values():
-            ls.close()
+            if keep is None:
+                ls.close()
+            else:
+                keep.append(ls)
     return conns
 
 
@@ -129,7 +140,8 @@ def _round(conns, transfers, size):
     return times
 
 
-TCP_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPDeliveredCE")
+TCP_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPDeliveredCE", "TcpExtTCPPLBRehash",
+            *contenders.MPTCP_KEYS)
 
 
 def _tcp_counters(env, fab, hosts) -> dict:
@@ -171,13 +183,27 @@ def run(p: dict, env) -> dict:
     results = {}
     with fabric("col", spines=p["spines"], leaves=2, hosts_per_leaf=H, rate=p["rate"], mtu=p["mtu"],
                 host_sysctls=p["host_sysctls"], ecn_threshold=p["ecn_threshold"]) as fab:
+        setups, proofs = {}, {}
         for mi, mode in enumerate(p["modes"]):
             if mode == "mrc":
                 log(f"collisions: attaching MRC on every host ({p['mrc_policy']})")
                 fab_mod.attach(fab.name, None, p["mrc_policy"], [])
                 time.sleep(0.5)
-            conns = _connect_all(fab, pairs, 5600 + mi, env.cc)
-            try:
+            with contextlib.ExitStack() as stack:
+                rec = setups[mode] = stack.enter_context(contenders.mode(env, fab, mode, left + right))
+                time.sleep(0.2 if mode == "mptcp" else 0)
+                c0 = _tcp_counters(env, fab, left + right)
+                u0 = contenders.uplinks(env, fab)
+                listeners = []
+                stack.callback(lambda: [ls.close() for ls in listeners])
+                conns = _connect_all(fab, pairs, 5600 + mi, env.cc, env.mptcp, listeners)
+                stack.callback(_close_all, conns)
+                if env.mptcp:
+                    # the client's path manager opens subflows once the
+                    # connection is fully established, after its first data
+                    _round(conns, pairs, 4096)
+                    time.sleep(0.3)
+                    rec["subflows"] = _subflows(conns)
                 per = {}
                 for kind, n_rounds in p["rounds"].items():
                     n_rounds *= p["repeat"]
@@ -213,13 +239,28 @@ def run(p: dict, env) -> dict:
                         per[kind]["path_downs"] = ev and ev["down"]
                         per[kind]["path_events"] = ev
                 results[mode] = per
-            finally:
-                for c, a in conns.values():
-                    c.close()
-                    a.close()
+                if mode in contenders.CONTENDERS:
+                    used = contenders.spines_used(u0, contenders.uplinks(env, fab))
+                    proofs[mode] = contenders.proof(mode, rec, used,
+                                                    contenders.delta_of(c0, _tcp_counters(env, fab, left + right)),
+                                                    rec.get("subflows"))
     notes = [f"{k}: round p99 / ideal = " + ", ".join(
         f"{m} {results[m][k]['round_p99_over_ideal']:.2f}" for m in results) for k in p["rounds"]]
-    return {"capacity_bps": cap, "modes": results, "notes": notes}
+    notes += [f"{m} proof: {'ok' if pr.get('ok') else 'NOT SHOWN'} (hash {pr['hash']}"
+              + (f"; joins {pr['mp_join_ack_rx']}, spines {pr['spines']['carrying']}" if m == "mptcp" else "")
+              + (f"; PLB rehashes {pr['plb_rehash']}" if m == "plb" else "") + ")" for m, pr in proofs.items()]
+    return {"capacity_bps": cap, "modes": results, "notes": notes, "mode_setup": setups, "proof": proofs}
+
+
+def _close_all(conns):
+    for c, a in conns.values():
+        c.close()
+        a.close()
+
+
+def _subflows(conns) -> list:
+    from mrc_ebpf.perf.control import mptcp_subflows
+    return [mptcp_subflows(c) for c, _ in conns.values()]
 
 
 def table(results: dict):

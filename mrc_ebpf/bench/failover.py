@@ -25,6 +25,17 @@ conns/K TCP connections hash onto each spine, s1 included, as an even
 hash would.  MRC sprays per packet, so its ports do not matter (the same
 ones are used).
 
+The contenders (prr, plb, mptcp: bench/contenders.py) run the TCP part
+only, on flow-label hashing leaves: their connections (subflows) sit where
+their random flow labels hash them, so ports cannot be calibrated; the
+fault is armed on every spine's link to l2 and the spine black-holed is
+the one that carried most of h1's packets before the failure
+(`failed_spine`): the failure always hits the contender's traffic.  prr
+also gets a witness of its own (one connection steered onto s1 by
+reconnecting, then the hole: after its RTO its packets show up on another
+spine's counters), plb its TcpExtTCPPLBRehash count, mptcp its MP_JOINs
+and the spines its subflows crossed.
+
 Measures, per run (UDP and TCP):
   * goodput over time in `bucket_ms` buckets.  UDP: the payload of the
     datagrams *sent* in the bucket that arrived (within `late_ms`), from
@@ -77,7 +88,10 @@ Measures, per run (UDP and TCP):
     delivers nothing in the second half of the post-failure period is
     stalled, and a run with a stalled connection has not recovered
     (the other connections may fill the remaining capacity, so the sum
-    alone would hide a transfer that never completes);
+    alone would hide a transfer that never completes); each connection's
+    longest receive gap from the failure on (`longest_gap_ms`; the run's
+    worst in the summary) and its goodput in `conn_bucket_ms` buckets (the
+    plot draws every connection);
   * MRC: the sender's path-state events (`mrcctl stats --events -j`):
     when s1's path went down after t_fail (from t_fail and from the first
     datagram the hole ate), or that it was already down at t_fail, and
@@ -93,10 +107,12 @@ import time
 
 from mrc_ebpf.datapath import layout
 from mrc_ebpf.lab import netns
+from mrc_ebpf.bench import contenders
 from mrc_ebpf.bench.flowtool import read_log
 from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
 
-TITLE = "goodput across a far-side black hole of 1 of 4 paths: MRC failover vs kernel ECMP"
+TITLE = "goodput across a far-side black hole of 1 of 4 paths: MRC failover vs kernel ECMP, PRR, PLB, MPTCP"
+MODES_ALLOWED = ("ecmp", "prr", "plb", "mptcp", "mrc")
 NSTAT_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes", "TcpExtTCPSpuriousRTOs",
               "TcpExtTCPSACKReorder")
 MRC_OVERHEAD = layout.encap_len(2)        # a path through a spine: 2 segments (128 bytes)
@@ -106,7 +122,9 @@ ETH, IP6, UDP, TCP_HDR = 14, 40, 8, 32    # TCP with timestamps
 def params(short: bool) -> dict:
     return {"spines": 4, "rate": "50mbit" if short else "100mbit", "seconds": 1.5 if short else 4.0,
             "fail_at": 0.5 if short else 1.0, "udp_flows": 16, "load": 0.3, "udp_size": 1200,
-            "conns": 4, "repeat": 1 if short else 3, "modes": ["ecmp", "mrc"], "protocols": ["udp", "tcp"],
+            "conns": 4, "repeat": 1 if short else 3, "modes": list(MODES_ALLOWED), "protocols": ["udp", "tcp"],
+            # the contenders are TCP's own repathing: they run the TCP part only
+            "contender_protocols": ["tcp"], "conn_bucket_ms": 10,
             "bucket_ms": 1.0, "window_ms": 10, "tcp_window_ms": 100, "threshold": 0.9, "stable_ms": 50, "pre_ms": 300,
             "late_ms": 100, "tail_ms": 30, "judged": 0.5,
             "mtu": 1500, "fault": "s1>l2 blackhole (l2 ingress from s1)",
@@ -117,24 +135,39 @@ def params(short: bool) -> dict:
             "ecn_threshold": None}
 
 
-def _arm(fab_mod, fab):
-    fab_mod.fail(fab.name, ["s1>l2"], "loss=1e-9")
+def _arm(fab_mod, fab, spines=("s1",)):
+    fab_mod.fail(fab.name, [f"{s}>l2" for s in spines], "loss=1e-9")
 
 
-def _disarm(fab):
+def _disarm(fab, spines=("s1",)):
     """Back to the armed state (practically no drops) between runs: one map
     write again, not a heal and a new inject (a bcc compile each)."""
     from mrc_ebpf.lab import faults
-    faults.rearm(fab.ns("l2"), "s1", "loss", 1e-9)
+    for s in spines:
+        faults.rearm(fab.ns("l2"), s, "loss", 1e-9)
 
 
-def _trigger(fab):
+def _trigger(fab, spine="s1"):
     """Switch the armed fault to blackhole: one write to its pinned config."""
     from mrc_ebpf.lab import faults
     a = time.monotonic_ns()
-    faults.rearm(fab.ns("l2"), "s1", "blackhole")
+    faults.rearm(fab.ns("l2"), spine, "blackhole")
     b = time.monotonic_ns()
     return b, round((b - a) / 1e3, 1)
+
+
+def _busiest_trigger(env, fab, since: dict, chosen: list):
+    """A trigger for the contenders, whose connections (or subflows) sit
+    where their random flow labels hashed them, not on calibrated ports:
+    black-hole the spine that carried the most of h1's packets since
+    `since` (l1's uplink counters), so the failure always hits traffic.
+    The spine goes into `chosen`."""
+    def trigger():
+        now = contenders.uplinks(env, fab)
+        spine = max(now, key=lambda k: now[k] - since.get(k, 0))
+        chosen.append(spine)
+        return _trigger(fab, spine)
+    return trigger
 
 
 # --------------------------------------------------------------------------- ECMP calibration
@@ -279,6 +312,19 @@ def _outage(p, good, ref, t0, t_fail, n, window_ms, judged=None):
     return out
 
 
+def _longest_gap(rows, t_fail, t_end):
+    """The longest time a connection received nothing, from the black hole
+    (or its last arrival before it) to t_end, in ms; t_end itself closes a
+    gap still open there (a stalled connection's gap runs to the end)."""
+    times = sorted(r[0] for r in rows)
+    before = [t for t in times if t < t_fail]
+    after = [t for t in times if t_fail <= t <= t_end]
+    if not before and not after:
+        return None
+    marks = ([before[-1]] if before else [t_fail]) + after + [t_end]
+    return round(max(b - a for a, b in zip(marks, marks[1:])) / 1e6, 1)
+
+
 def _pct(v, q):
     return round(v[min(len(v) - 1, int(q * len(v)))] / 1e3, 1) if v else None
 
@@ -398,16 +444,24 @@ def _tcp(env, fab, p, port, mode, sports, conn_spines, trigger):
     fd, path = tempfile.mkstemp(prefix="mrcbench-", suffix=".log")
     os.close(fd)
     try:
+        mp = "mptcp" if env.mptcp else "-"
         rcv = env.popen(h2, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-recv", fab.addr6(2), str(port),
-                             str(p["seconds"] + 5), str(p["conns"]), path])
+                             str(p["seconds"] + 5), str(p["conns"]), path, mp])
         rcv.stdout.readline()
         before = env.nstat(h1)
+        before_rx = env.nstat(h2)
+        u0 = contenders.uplinks(env, fab)
+        chosen = []
+        if trigger is None:
+            trigger = _busiest_trigger(env, fab, u0, chosen)
         snd = env.popen(h1, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-send", fab.addr6(2), str(port),
-                             str(p["seconds"]), str(p["conns"]), ",".join(map(str, sports)), fab.addr6(1),
-                             env.cc or "-"])
+                             str(p["seconds"]), str(p["conns"]), ",".join(map(str, sports)) if sports else "-",
+                             fab.addr6(1), env.cc or "-", mp])
         t_fail, trigger_us = _fail_when_due(snd, p, trigger)
         out, _ = env.wait(snd, timeout=p["seconds"] + 30)
         after = env.nstat(h1)
+        after_rx = env.nstat(h2)
+        used = contenders.spines_used(u0, contenders.uplinks(env, fab))
         rout, _ = env.wait(rcv, timeout=p["seconds"] + 30)
         sent = json.loads(out.strip().splitlines()[-1])
         peer_ports = json.loads(rout.strip().splitlines()[-1])["peer_ports"]
@@ -437,12 +491,18 @@ def _tcp(env, fab, p, port, mode, sports, conn_spines, trigger):
     res["pre_failure_windows_below_capacity"] = _noise_floor(
         p, good, lambda i0, i1: cap_pre_bucket * (i1 - i0), t0, t_fail, p["tcp_window_ms"])
     # per connection: which spine (ECMP), bytes after the failure, stalled?
-    spine_of_port = dict(zip(sports, conn_spines))
+    spine_of_port = dict(zip(sports or [], conn_spines or []))
     half = t_fail + (t1 - t_fail) // 2
+    end_judged = t0 + (n - int(p["tail_ms"] / p["bucket_ms"])) * W
+    CW = int(p["conn_bucket_ms"] * 1e6)
     conns = []
     for c in range(p["conns"]):
         rows = [r for r in recs if r[1] == c]
         conns.append({"sport": peer_ports[c] if c < len(peer_ports) else None,
+                      "longest_gap_ms": _longest_gap(rows, t_fail, end_judged),
+                      "goodput_bps": [round(x * 8 / p["conn_bucket_ms"] * 1e3) for x in
+                                      _buckets([r[0] for r in rows], [r[2] for r in rows], t0,
+                                               int((t1 - t0) // CW), CW)],
                       "spine": (f"s{spine_of_port[peer_ports[c]] + 1}"
                                 if c < len(peer_ports) and peer_ports[c] in spine_of_port else None),
                       "bytes_before": sum(r[2] for r in rows if r[0] < t_fail),
@@ -454,7 +514,14 @@ def _tcp(env, fab, p, port, mode, sports, conn_spines, trigger):
         res.update({"recovered": False, "outage_ms": None,
                     "outage_until_end_ms": round((t0 + n * W - t_fail) / 1e6, 1)})
     post = good[fail_i + 1:]
-    nst = {k2: after.get(k2, 0) - before.get(k2, 0) for k2 in NSTAT_KEYS}
+    nst = {k2: after.get(k2, 0) - before.get(k2, 0) for k2 in NSTAT_KEYS + contenders.PLB_KEYS}
+    for k2 in contenders.MPTCP_KEYS:
+        nst[k2] = after.get(k2, 0) - before.get(k2, 0) + after_rx.get(k2, 0) - before_rx.get(k2, 0)
+    gaps = [x["longest_gap_ms"] for x in conns if x["longest_gap_ms"] is not None]
+    res["longest_gap_ms"] = max(gaps) if gaps else None
+    res["spines"] = used
+    res["failed_spine"] = chosen[0] if chosen else "s1"
+    res["mptcp_subflows"] = sent.get("mptcp_subflows")
     res.update({"bytes": sum(r[2] for r in recs), "pre_failure_bps": pre_bps,
                 "post_failure_bps": sum(post) / max(1e-9, len(post) * p["bucket_ms"] / 1e3),
                 "reference_bps": ref_bps, "capacity_after_bps": cap_post_bps, "mss": mss,
@@ -542,8 +609,11 @@ def run(p: dict, env) -> dict:
     runs = {m: {proto: [] for proto in p["protocols"]} for m in p["modes"]}
     port = 5500
     calib = {}
+    plb = "plb" in p["modes"] and not p["ecn_threshold"]
     with fabric("fo", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"],
-                mtu=p["mtu"], host_sysctls=p["host_sysctls"], ecn_threshold=p["ecn_threshold"]) as fab:
+                mtu=p["mtu"], host_sysctls=p["host_sysctls"],
+                ecn_threshold=contenders.PLB_ECN_THRESHOLD if plb else p["ecn_threshold"],
+                ask_ecn=not plb) as fab:
         trigger = lambda: _trigger(fab)  # noqa: E731
         # every TCP run reuses the calibrated 4-tuples: let a new connection
         # take one still in TIME_WAIT from the run before (> 1 s ago)
@@ -563,15 +633,18 @@ def run(p: dict, env) -> dict:
             calib[proto] = {"sports": ports[:n], "spines": spines[:n], "candidates_tried": tried}
             log(f"failover: {proto} source ports {ports[:n]} -> spines "
                 f"{[f's{k + 1}' for k in spines[:n]]} ({tried} candidates)")
-        _arm(fab_mod, fab)
+        armed = ["s1"] + ([f"s{k}" for k in range(2, K + 1)]
+                          if any(m in contenders.CONTENDERS for m in p["modes"]) else [])
+        _arm(fab_mod, fab, armed)
+        extra = {"armed": armed}
         try:
-            _runs(env, fab, fab_mod, p, runs, calib, dports, trigger)
+            _runs(env, fab, fab_mod, p, runs, calib, dports, trigger, extra, armed)
         finally:
             fab_mod.heal(fab.name, None)
-    return _summary(p, runs, calib)
+    return _summary(p, runs, calib, extra)
 
 
-def _runs(env, fab, fab_mod, p, runs, calib, dports, trigger):
+def _runs(env, fab, fab_mod, p, runs, calib, dports, trigger, extra, armed):
     attached = False
     for mode in p["modes"]:
         if mode == "mrc" and not attached:
@@ -579,32 +652,57 @@ def _runs(env, fab, fab_mod, p, runs, calib, dports, trigger):
             fab_mod.attach(fab.name, "h1,h2", p["mrc_policy"], [])
             attached = True
             time.sleep(0.5)
-        for rep in range(p["repeat"]):
-            for proto in p["protocols"]:
-                log(f"failover: {mode} {proto}, run {rep + 1}/{p['repeat']}")
-                c = calib[proto]
-                a = _mrc_paths(env, fab) if mode == "mrc" else None
-                try:
-                    if proto == "udp":
-                        r = _udp(env, fab, p, dports[proto], mode, c["sports"], c["spines"], trigger)
-                    else:
-                        r = _tcp(env, fab, p, dports[proto], mode, c["sports"], c["spines"], trigger)
-                finally:
-                    _disarm(fab)
-                if mode == "mrc":
-                    paths = _path_delta(a, _mrc_paths(env, fab))
-                    dead = next((pid for pid, x in paths.items()
-                                 if x["first_segment"] == fab.spine_sid(0, 1)), 0)
-                    r["paths"] = paths
-                    r.update(_exclusion(_events(env, fab), dead, r["t_fail_ns"],
-                                        r.get("first_loss_sent_ns"), r["end_ns"]))
-                runs[mode][proto].append(r)
-                time.sleep(0.3)
+        contender = mode in contenders.CONTENDERS
+        protos = [x for x in p["protocols"] if not contender or x in p["contender_protocols"]]
+        with contenders.mode(env, fab, mode, [1, 2]) as rec:
+            extra.setdefault("mode_setup", {})[mode] = rec
+            _mode_runs(env, fab, p, runs, calib, dports, None if contender else trigger, mode, protos,
+                       contender, armed)
+            if mode == "prr":
+                log("failover: prr witness (one connection onto s1, black hole, after its RTO)")
+                extra.setdefault("prr_witness", contenders.prr_witness(env, fab, trigger, lambda: _disarm(fab)))
+            if contender:
+                rs = runs[mode]["tcp"]
+                nst = {k: sum(r["nstat"].get(k, 0) for r in rs) for k in contenders.MPTCP_KEYS + contenders.PLB_KEYS}
+                best = max(rs, key=lambda r: len(r["spines"]["carrying"]))
+                pr = contenders.proof(mode, rec, best["spines"], nst, best.get("mptcp_subflows"))
+                if mode == "prr":
+                    w = extra["prr_witness"]
+                    pr["witness"] = w
+                    pr["ok"] = pr["hash_ok"] and bool(w.get("ok"))
+                extra.setdefault("proof", {})[mode] = pr
 
 
-def _summary(p, runs, calib):
+def _mode_runs(env, fab, p, runs, calib, dports, trigger, mode, protos, contender, armed):
+    for rep in range(p["repeat"]):
+        for proto in protos:
+            log(f"failover: {mode} {proto}, run {rep + 1}/{p['repeat']}")
+            c = calib[proto]
+            a = _mrc_paths(env, fab) if mode == "mrc" else None
+            # the contenders' hash ignores ports (flow label): no calibration
+            sports, spines = (None, None) if contender else (c["sports"], c["spines"])
+            try:
+                if proto == "udp":
+                    r = _udp(env, fab, p, dports[proto], mode, c["sports"], c["spines"], trigger)
+                else:
+                    r = _tcp(env, fab, p, dports[proto], mode, sports, spines, trigger)
+            finally:
+                _disarm(fab, armed)
+            if mode == "mrc":
+                paths = _path_delta(a, _mrc_paths(env, fab))
+                dead = next((pid for pid, x in paths.items()
+                             if x["first_segment"] == fab.spine_sid(0, 1)), 0)
+                r["paths"] = paths
+                r.update(_exclusion(_events(env, fab), dead, r["t_fail_ns"],
+                                    r.get("first_loss_sent_ns"), r["end_ns"]))
+            runs[mode][proto].append(r)
+            time.sleep(0.3)
+
+
+def _summary(p, runs, calib, extra):
     summary = {}
     for mode, by in runs.items():
+        by = {proto: rs for proto, rs in by.items() if rs}
         summary[mode] = {}
         for proto, rs in by.items():
             s = {"outage_ms": spread([r["outage_ms"] for r in rs]),
@@ -617,7 +715,7 @@ def _summary(p, runs, calib):
                     s[k] = spread([r[k] for r in rs])
             else:
                 for k in ("retransmits", "rtos", "pre_failure_bps", "post_failure_bps",
-                          "pre_failure_windows_below_capacity"):
+                          "pre_failure_windows_below_capacity", "longest_gap_ms"):
                     s[k] = spread([r[k] for r in rs])
                 s["stalled_conns"] = spread([len(r["stalled_conns"]) for r in rs])
             if mode == "mrc":
@@ -646,7 +744,14 @@ def _summary(p, runs, calib):
                                 f"down {r.get('exclusion_from_fail_us')} us after t_fail")
                              + f"; its tx-rx {pd.get('tx_minus_rx')}; healthy paths went down "
                              f"{r.get('healthy_path_downs_after_fail')} times after t_fail")
-    return {"modes": summary, "calibration": calib, "notes": notes}
+    for mode, pr in extra.get("proof", {}).items():
+        notes.append(f"{mode} proof: {'ok' if pr.get('ok') else 'NOT SHOWN'} (hash {pr['hash']}"
+                     + (f"; witness moved after {pr['witness'].get('moved_after_ms')} ms to "
+                        f"{pr['witness'].get('moved_to')}, RTOs {pr['witness'].get('rtos')}" if "witness" in pr else "")
+                     + (f"; joins {pr['mp_join_ack_rx']}, spines {pr['spines']['carrying']}" if mode == "mptcp" else "")
+                     + (f"; PLB rehashes {pr['plb_rehash']}" if mode == "plb" else "") + ")")
+    return {"modes": summary, "calibration": calib, "notes": notes, "conn_bucket_ms": p["conn_bucket_ms"],
+            **extra}
 
 
 def _outage_text(s) -> str:
@@ -660,7 +765,7 @@ def _outage_text(s) -> str:
 def table(results: dict):
     headers = ["mode", "proto", "outage ms (to last dip)", "recovered", "to first recovery ms",
                "dips after (TCP: before)", "UDP lost (after fail)", "TCP retrans",
-               "TCP RTOs", "stalled conns", "MRC exclusion us (from fail)"]
+               "TCP RTOs", "stalled conns", "TCP longest gap ms", "MRC exclusion us (from fail)"]
     rows = []
     for mode, by in results["modes"].items():
         for proto, s in by.items():
@@ -673,28 +778,48 @@ def table(results: dict):
                          fmt_spread(s.get("retransmits")) if "retransmits" in s else "",
                          fmt_spread(s.get("rtos")) if "rtos" in s else "",
                          fmt_spread(s.get("stalled_conns")) if "stalled_conns" in s else "",
+                         fmt_spread(s.get("longest_gap_ms")) if "longest_gap_ms" in s else "",
                          fmt_spread(s.get("exclusion_from_fail_us")) if "exclusion_from_fail_us" in s else ""])
     return headers, rows
 
 
 def plot(results: dict, plt):
-    protos = list(next(iter(results["modes"].values())))
-    panels = [(proto, "goodput") for proto in protos]
+    """Goodput of every mode per protocol (the sum), UDP's delivered ratio,
+    and one panel per mode with each TCP connection on its own line, so a
+    connection that stalls shows even when the others fill its share."""
+    modes = results["modes"]
+    protos = list(dict.fromkeys(proto for by in modes.values() for proto in by))
+    panels = [(proto, "goodput", None) for proto in protos]
     if "udp" in protos:
-        panels.insert(protos.index("udp") + 1, ("udp", "ratio"))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.8 * len(panels)), squeeze=False)
+        panels.insert(protos.index("udp") + 1, ("udp", "ratio", None))
+    panels += [("tcp", "conns", mode) for mode, by in modes.items() if "tcp" in by]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)), squeeze=False)
 
     def avg(g, k):
         return [sum(g[max(0, i - k + 1):i + 1]) / min(k, i + 1) / 1e6 for i in range(len(g))]
 
-    for ax, (proto, what) in zip(axes[:, 0], panels):
-        for mode, by in results["modes"].items():
+    for ax, (proto, what, only) in zip(axes[:, 0], panels):
+        for mode, by in modes.items():
+            if proto not in by or (only and mode != only):
+                continue
             r = by[proto]["runs"][0]
             k = int(r.get("window_ms") or 10)
             t_fail_ms = (r["t_fail_ns"] - r["t0_ns"]) / 1e6
             g = r["goodput_bps_1ms"]
             xs = [i + 1 - t_fail_ms for i in range(len(g))]
             out = ("until the end" if not r["recovered"] else f"{r['outage_ms']:.1f} ms")
+            if what == "conns":
+                cb = results.get("conn_bucket_ms", 10)
+                kk = max(1, int(50 / cb))
+                for c, conn in enumerate(r["conns"]):
+                    cg = conn.get("goodput_bps") or []
+                    cx = [(i + 1) * cb - t_fail_ms for i in range(len(cg))]
+                    ax.plot(cx, avg(cg, kk), lw=0.9,
+                            label=f"conn {c + 1}{' on ' + conn['spine'] if conn.get('spine') and mode == 'ecmp' else ''}: "
+                                  f"longest gap {conn.get('longest_gap_ms')} ms")
+                ax.set_title(f"{mode}: every TCP connection (run 1, 50 ms avg); RTOs {r['rtos']}, "
+                             f"longest gap {r.get('longest_gap_ms')} ms", fontsize=8)
+                continue
             if what == "ratio":
                 cap = r["capacity_after_bps"]
                 fail_i = int(t_fail_ms)
@@ -720,8 +845,8 @@ def plot(results: dict, plt):
             ax.set_ylabel("udp: delivered / reference\n(sliding windows)")
             ax.set_ylim(0, 1.3)
         else:
-            ax.set_ylabel(f"{proto} goodput Mbit/s")
+            ax.set_ylabel(f"{proto} goodput Mbit/s" if what != "conns" else "per connection Mbit/s")
             ax.set_ylim(bottom=0)
-        ax.set_xlabel("ms since the black hole (dashed: 90% of the reference)")
+        ax.set_xlabel("ms since the black hole" + (" (dashed: 90% of the reference)" if what == "goodput" else ""))
         ax.legend(fontsize=6)
     return fig

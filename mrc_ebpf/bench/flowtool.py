@@ -4,8 +4,8 @@ the machine, so a sender's timestamp and a receiver's arrival compare).
 
     python -m mrc_ebpf.bench.flowtool udp-recv ADDR PORT SECONDS OUT
     python -m mrc_ebpf.bench.flowtool udp-send ADDR PORT SECONDS FLOWS BPS SIZE [SPORTS [LOG [SRC]]]
-    python -m mrc_ebpf.bench.flowtool tcp-recv ADDR PORT SECONDS CONNS OUT
-    python -m mrc_ebpf.bench.flowtool tcp-send ADDR PORT SECONDS CONNS [SPORTS [SRC [CC]]]
+    python -m mrc_ebpf.bench.flowtool tcp-recv ADDR PORT SECONDS CONNS OUT [mptcp]
+    python -m mrc_ebpf.bench.flowtool tcp-send ADDR PORT SECONDS CONNS [SPORTS [SRC [CC [mptcp]]]]
     python -m mrc_ebpf.bench.flowtool tcp-sink ADDR PORT SECONDS CLAMP
 
 udp-recv writes (arrival_ns, flow, seq, sent_ns) per datagram as int64s;
@@ -22,6 +22,9 @@ burst (see paced).  SPORTS ("-" for none, else comma-separated) binds
 each flow or connection to a chosen source port (from SRC, default the
 unspecified address), so a benchmark can pick flows whose ECMP hash it
 knows.
+
+With `mptcp` the TCP tools open MPTCP sockets (IPPROTO_MPTCP): each
+connection gets the subflows the kernel's path manager opens.
 
 tcp-recv writes (arrival_ns, connection, bytes) per read of at most
 64 KiB, the arrival being the kernel's receive time of the last segment
@@ -49,7 +52,7 @@ import sys
 import time
 from array import array
 
-from mrc_ebpf.perf.control import set_congestion
+from mrc_ebpf.perf.control import mptcp_subflows, set_congestion, stream_socket
 
 
 HDR = struct.Struct("!IQQ")       # flow, seq, sent_ns
@@ -186,9 +189,15 @@ def udp_send(addr, port, seconds, flows, bps, size, sports=None, logpath=None, s
                       "sports": [s.getsockname()[1] for s in socks]}), flush=True)
 
 
-def tcp_recv(addr, port, seconds, conns, out):
+def _is_mptcp(flag) -> bool:
+    if flag not in (None, "-", "mptcp"):
+        raise SystemExit(f"flowtool: {flag!r}: mptcp or -")
+    return flag == "mptcp"
+
+
+def tcp_recv(addr, port, seconds, conns, out, mptcp=None):
     off = realtime_offset()
-    ls = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    ls = stream_socket(socket.AF_INET6, _is_mptcp(mptcp))
     ls.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind((addr, int(port)))
@@ -223,13 +232,17 @@ def tcp_recv(addr, port, seconds, conns, out):
     print(json.dumps({"peer_ports": ports}), flush=True)
 
 
-def tcp_send(addr, port, seconds, conns, sports=None, src=None, cc=None):
+def tcp_send(addr, port, seconds, conns, sports=None, src=None, cc=None, mptcp=None):
     ports = _ports(sports)
     if ports is not None and len(ports) != int(conns):
         raise SystemExit(f"tcp-send: {len(ports)} source ports for {conns} connections")
+    mp = _is_mptcp(mptcp)
     socks = []
     for i in range(int(conns)):
-        s = _bound(socket.SOCK_STREAM, None if src in (None, "-") else src, ports[i] if ports else None)
+        if mp:      # the path manager picks the subflows' addresses and ports
+            s = stream_socket(socket.AF_INET6, True)
+        else:
+            s = _bound(socket.SOCK_STREAM, None if src in (None, "-") else src, ports[i] if ports else None)
         set_congestion(s, None if cc in (None, "-") else cc)
         s.settimeout(10)
         s.connect((addr, int(port)))
@@ -250,13 +263,15 @@ def tcp_send(addr, port, seconds, conns, sports=None, src=None, cc=None):
             except BlockingIOError:
                 pass
     sports_used = [s.getsockname()[1] for s in socks]
+    subflows = [mptcp_subflows(s) for s in socks] if mp else None
     for s in socks:
         # abortive: a connection through a black hole could not finish
         # its close, and would hold its (calibrated) source port for the
         # next repetition; the measurement is over by now
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
-    print(json.dumps({"sent": sent, "t0": t0, "end": now(), "sports": sports_used}), flush=True)
+    print(json.dumps({"sent": sent, "t0": t0, "end": now(), "sports": sports_used, "mptcp_subflows": subflows}),
+          flush=True)
 
 
 def tcp_sink(addr, port, seconds, clamp):

@@ -45,6 +45,11 @@ tbf drop count over the transfer says whether it also lost packets):
     p50 as a bucket, and a mean from the bucket midpoints).  The minimum
     is the lowest seen since attach, so the first level run should be 0.
 
+The contenders (ecmp, prr, plb, mptcp; bench/contenders.py) run the same
+levels first, without MRC: one flow that ECMP (and PRR, absent an RTO)
+keeps on one spine, the slow one or not as its hash falls, or MPTCP's K
+subflows; their "path 0 share" is s1's share of l1's uplink packets.
+
 One TCP flow h1 -> h2 (mrc-perf, -t seconds), sprayed per packet over
 the 4 spines by MRC on both hosts, once per policy: `rr` (blind: path 0
 keeps its quarter of the packets whatever its delay) and `adaptive`
@@ -69,10 +74,13 @@ import statistics
 import subprocess
 import time
 
+from mrc_ebpf.bench import contenders
 from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
 from mrc_ebpf.perf.iperf_json import read_result
 
 TITLE = "TCP goodput and reordering over 4 sprayed paths as one path's queueing delay grows"
+MRC_POLICIES = ("rr", "adaptive")
+MODES_ALLOWED = ("ecmp", "prr", "plb", "mptcp", *MRC_POLICIES)
 NSTAT_KEYS = ("TcpExtTCPSACKReorder", "TcpExtTCPTSReorder", "TcpExtTCPRenoReorder", "TcpRetransSegs",
               "TcpExtTCPDSACKRecv", "TcpExtTCPLostRetransmit", "TcpExtTCPTimeouts")
 BG_NET = "fd01:ff:1::"
@@ -82,7 +90,10 @@ MSS = 1428
 def params(short: bool) -> dict:
     return {"spines": 4, "rate": "50mbit" if short else "100mbit",
             "delays_ms": [0, 5] if short else [0, 2, 5, 10], "seconds": 2.0 if short else 6.0,
-            "warmup_s": 0.8, "ping_interval_ms": 20, "idle_pings": 25, "policies": ["rr", "adaptive"],
+            "warmup_s": 0.8, "ping_interval_ms": 20, "idle_pings": 25, "policies": list(MRC_POLICIES),
+            # the contenders run the same levels before MRC is attached (one
+            # flow: ecmp and prr put it on one spine, mptcp on K subflows)
+            "modes": list(MODES_ALLOWED),
             "repeat": 1 if short else 3, "mtu": 1500,
             "slow_link": "s1 -> l2: tbf room delay_ms + 20 ms, kept delay_ms full by a window-clamped "
                          "(delay_ms x rate) cubic TCP from NAME-bg via s1 to l2"}
@@ -219,99 +230,143 @@ def _bg_up(env, fab, bgns):
 
 def run(p: dict, env) -> dict:
     from mrc_ebpf.lab import fabric as fab_mod
-    from mrc_ebpf.lab.fabric import QUEUE_LATENCY, parse_rate
+    from mrc_ebpf.lab.fabric import parse_rate
     from mrc_ebpf.bench.runner import fabric
     rate = parse_rate(p["rate"])
     cap = p["spines"] * rate
-    burst = max(rate // 8 // 1000, 3200)
+    p["policies"] = [m for m in p["modes"] if m in MRC_POLICIES]
+    others = [m for m in p["modes"] if m not in MRC_POLICIES]
     levels = {pol: {str(d): [] for d in p["delays_ms"]} for pol in p["policies"]}
-    port, bg_port = 5700, 9100
+    clevels = {m: {str(d): [] for d in p["delays_ms"]} for m in others}
+    setups, proofs = {}, {}
+    ctx = {"port": 5700, "bg_port": 9100, "rate": rate, "cap": cap, "burst": max(rate // 8 // 1000, 3200)}
     K = p["spines"]
-    with fabric("ro", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"],
-                mtu=p["mtu"], host_sysctls=p["host_sysctls"]) as fab:
-        log("reorder: attaching MRC on h1, h2")
-        fab_mod.attach(fab.name, "h1,h2", p["policies"][0], [])
+    plb = "plb" in others
+    with fabric("ro", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"], mtu=p["mtu"],
+                host_sysctls=p["host_sysctls"], ecn_threshold=contenders.PLB_ECN_THRESHOLD if plb else None,
+                ask_ecn=False) as fab:
         cc = env.cc or env.run(fab.ns("h1"), ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
-        s1, l2 = fab.ns("s1"), fab.ns("l2")
-        link_addr = {f"s{k}": f"{fab.link_net(0, k, 2)}2" for k in range(1, K + 1)}
-        bgns = f"{fab.name}-bg"
+        ctx["link_addr"] = {f"s{k}": f"{fab.link_net(0, k, 2)}2" for k in range(1, K + 1)}
+        ctx["bgns"] = f"{fab.name}-bg"
         try:
-            _bg_up(env, fab, bgns)
+            _bg_up(env, fab, ctx["bgns"])
+            for m in others:
+                with contenders.mode(env, fab, m, [1, 2]) as rec:
+                    setups[m] = rec
+                    c0 = contenders.counters(env, fab, [1, 2], contenders.MPTCP_KEYS + contenders.PLB_KEYS)
+                    for rep in range(p["repeat"]):
+                        for d in p["delays_ms"]:
+                            log(f"reorder: {m}, delay {d} ms, run {rep + 1}/{p['repeat']}")
+                            clevels[m][str(d)].append(_level(env, fab, p, ctx, d))
+                    if m in contenders.CONTENDERS:
+                        c1 = contenders.counters(env, fab, [1, 2], contenders.MPTCP_KEYS + contenders.PLB_KEYS)
+                        first = clevels[m][str(p["delays_ms"][0])][0]
+                        proofs[m] = contenders.proof(m, rec, first["spines"], contenders.delta_of(c0, c1),
+                                                     first.get("mptcp_subflows"))
+            if p["policies"]:
+                log("reorder: attaching MRC on h1, h2")
+                fab_mod.attach(fab.name, "h1,h2", p["policies"][0], [])
             for rep in range(p["repeat"]):
                 for pol, d in ((pol, d) for pol in p["policies"] for d in p["delays_ms"]):
-                    port += 1
-                    bg_port += 1
                     log(f"reorder: {pol}, delay {d} ms, run {rep + 1}/{p['repeat']}")
                     env.mrcctl(fab.ns("h1"), "path", "policy", fab.prefix6(2), pol)
                     env.mrcctl(fab.ns("h2"), "path", "policy", fab.prefix6(1), pol)
-                    clamp = int(d * 1e-3 * rate / 8) + 2 * MSS   # the window is a whole number of MSS, rounded down
-                    env.run(None, ["tc", "-n", s1, "qdisc", "replace", "dev", "l2", "root", "tbf", "rate",
-                                   f"{rate}bit", "burst", str(burst), "latency",
-                                   f"{d + 20}ms" if d else QUEUE_LATENCY])
-                    sink = bg = None
-                    pings = []
-                    try:
-                        if d:
-                            total = p["warmup_s"] + p["seconds"] + 6
-                            sink = env.popen(l2, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-sink",
-                                                  link_addr["s1"], str(bg_port), str(total + 2), str(clamp)])
-                            sink.stdout.readline()
-                            bg = env.popen(bgns, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-send", link_addr["s1"],
-                                                  str(bg_port), str(total), "1", "-", "-", "cubic"])
-                            bg.stdout.readline()
-                            time.sleep(p["warmup_s"])
-                        # the delay as made (background only), on s1's link and on s2's
-                        idle = {k: _ping(env, fab.ns(k), link_addr[k], p["idle_pings"], 0.01) for k in ("s1", "s2")}
-                        idle = {k: _summ(_rtts(env, pr, 15)) for k, pr in idle.items()}
-                        # during the transfer, on every spine's link to l2
-                        n_ping = int((p["seconds"] + 60) * 1000 / p["ping_interval_ms"])
-                        pings = {k: _ping(env, fab.ns(k), addr, n_ping, p["ping_interval_ms"] / 1000)
-                                 for k, addr in link_addr.items()}
-                        a, ta, n_a = _rx_view(env, fab), _tx_view(env, fab), env.nstat(fab.ns("h1"))
-                        q_a = _tbf(env, s1, "l2")
-                        doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
-                                       ["-t", str(p["seconds"])], p["seconds"])
-                        t_done = time.time()
-                        # the transfer is the last `seconds` before the client returned
-                        outs = {k: _stop(env, pr) for k, pr in pings.items()}
-                        b, tb, n_b = _rx_view(env, fab), _tx_view(env, fab), env.nstat(fab.ns("h1"))
-                        q_b = _tbf(env, s1, "l2")
-                        during = {k: _summ(_parse(o, t_done - p["seconds"], t_done - 0.1))
-                                  for k, o in outs.items()}
-                    finally:
-                        for pr in ([bg, sink] + (list(pings.values()) if isinstance(pings, dict) else [])):
-                            if pr is not None:
-                                env.end(pr)
-                        env.run(None, ["tc", "-n", s1, "qdisc", "replace", "dev", "l2", "root", "tbf", "rate",
-                                       f"{rate}bit", "burst", str(burst), "latency", QUEUE_LATENCY])
-                    rx = read_result(doc)["received_bps"]
-                    view = _diff(a, b, fab.host_sid(1))
-                    total_pk = sum(x["packets"] for x in view["paths"]) or 1
-                    for x in view["paths"]:
-                        x["share"] = round(x["packets"] / total_pk, 3)
-                        t0, t1 = ta.get(x["path_id"], {}), tb.get(x["path_id"], {})
-                        x["downs"] = t1.get("downs", 0) - t0.get("downs", 0)
-                    levels[pol][str(d)].append({
-                        "goodput_bps": rx, "fraction": rx / cap, "bg_window_clamp_bytes": clamp if d else 0,
-                        "ping_idle": idle, "ping_idle_extra_ms": (round(idle["s1"]["median_ms"] -
-                                                                        idle["s2"]["median_ms"], 3)
-                                                                  if idle["s1"] and idle["s2"] else None),
-                        "ping_during": during, "ping_during_extra_ms": _extra(during),
-                        "slow_link_tbf": {k: q_b[k] - q_a[k] for k in q_a},
-                        "nstat": {k: n_b.get(k, 0) - n_a.get(k, 0) for k in NSTAT_KEYS},
-                        "mrc_reordered": view["reordered"], "mrc_packets": view["packets"],
-                        "mrc_reorder_fraction": view["reordered"] / max(1, view["packets"]),
-                        "mrc_reorder_hist": view["reorder_hist"], "paths": view["paths"]})
-                    time.sleep(0.3)
+                    levels[pol][str(d)].append(_level(env, fab, p, ctx, d))
         finally:
-            subprocess.run(["ip", "netns", "del", bgns], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ctx["bgns"]], capture_output=True)
     return {"capacity_bps": cap, "tcp_congestion_control": cc,
             "policies": {pol: _summary(by_delay) for pol, by_delay in levels.items()},
+            "contenders": {m: _summary(by_delay) for m, by_delay in clevels.items()},
+            "mode_setup": setups, "proof": proofs,
             "notes": ["path 0 crosses s1 (the slowed link s1->l2); 'ping extra' = s1's median RTT on its "
                       "link to l2 minus the others' (idle: background only; during: with our transfer)",
                       "MRC qdelay is the receiver's one-way delay above each path's minimum since attach "
                       "(log2 histogram; mean from bucket midpoints)",
+                      "contenders (no MRC): path 0's share is s1's share of l1's uplink packets",
                       f"TCP congestion control of the transfer: {cc}"]}
+
+
+def _level(env, fab, p, ctx, d):
+    """One transfer at extra delay d on path 0 (MRC or not): its record."""
+    from mrc_ebpf.lab.fabric import QUEUE_LATENCY
+    ctx["port"] += 1
+    ctx["bg_port"] += 1
+    port, bg_port, rate, cap, burst = ctx["port"], ctx["bg_port"], ctx["rate"], ctx["cap"], ctx["burst"]
+    link_addr, bgns = ctx["link_addr"], ctx["bgns"]
+    s1, l2 = fab.ns("s1"), fab.ns("l2")
+    u0 = contenders.uplinks(env, fab)
+    clamp = int(d * 1e-3 * rate / 8) + 2 * MSS   # the window is a whole number of MSS, rounded down
+    env.run(None, ["tc", "-n", s1, "qdisc", "replace", "dev", "l2", "root", "tbf", "rate",
+                   f"{rate}bit", "burst", str(burst), "latency",
+                   f"{d + 20}ms" if d else QUEUE_LATENCY])
+    sink = bg = None
+    pings = []
+    try:
+        if d:
+            total = p["warmup_s"] + p["seconds"] + 6
+            sink = env.popen(l2, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-sink",
+                                  link_addr["s1"], str(bg_port), str(total + 2), str(clamp)])
+            sink.stdout.readline()
+            bg = env.popen(bgns, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-send", link_addr["s1"],
+                                  str(bg_port), str(total), "1", "-", "-", "cubic"])
+            bg.stdout.readline()
+            time.sleep(p["warmup_s"])
+        # the delay as made (background only), on s1's link and on s2's
+        idle = {k: _ping(env, fab.ns(k), link_addr[k], p["idle_pings"], 0.01) for k in ("s1", "s2")}
+        idle = {k: _summ(_rtts(env, pr, 15)) for k, pr in idle.items()}
+        # during the transfer, on every spine's link to l2
+        n_ping = int((p["seconds"] + 60) * 1000 / p["ping_interval_ms"])
+        pings = {k: _ping(env, fab.ns(k), addr, n_ping, p["ping_interval_ms"] / 1000)
+                 for k, addr in link_addr.items()}
+        a, ta, n_a = _rx_view(env, fab), _tx_view(env, fab), env.nstat(fab.ns("h1"))
+        q_a = _tbf(env, s1, "l2")
+        doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
+                       ["-t", str(p["seconds"])], p["seconds"])
+        t_done = time.time()
+        # the transfer is the last `seconds` before the client returned
+        outs = {k: _stop(env, pr) for k, pr in pings.items()}
+        b, tb, n_b = _rx_view(env, fab), _tx_view(env, fab), env.nstat(fab.ns("h1"))
+        q_b = _tbf(env, s1, "l2")
+        during = {k: _summ(_parse(o, t_done - p["seconds"], t_done - 0.1))
+                  for k, o in outs.items()}
+    finally:
+        for pr in ([bg, sink] + (list(pings.values()) if isinstance(pings, dict) else [])):
+            if pr is not None:
+                env.end(pr)
+        env.run(None, ["tc", "-n", s1, "qdisc", "replace", "dev", "l2", "root", "tbf", "rate",
+                       f"{rate}bit", "burst", str(burst), "latency", QUEUE_LATENCY])
+    rx = read_result(doc)["received_bps"]
+    view = _diff(a, b, fab.host_sid(1))
+    total_pk = sum(x["packets"] for x in view["paths"]) or 1
+    for x in view["paths"]:
+        x["share"] = round(x["packets"] / total_pk, 3)
+        t0, t1 = ta.get(x["path_id"], {}), tb.get(x["path_id"], {})
+        x["downs"] = t1.get("downs", 0) - t0.get("downs", 0)
+    return _with_spines({
+        "goodput_bps": rx, "fraction": rx / cap, "bg_window_clamp_bytes": clamp if d else 0,
+        "ping_idle": idle, "ping_idle_extra_ms": (round(idle["s1"]["median_ms"] -
+                                                        idle["s2"]["median_ms"], 3)
+                                                  if idle["s1"] and idle["s2"] else None),
+        "ping_during": during, "ping_during_extra_ms": _extra(during),
+        "slow_link_tbf": {k: q_b[k] - q_a[k] for k in q_a},
+        "nstat": {k: n_b.get(k, 0) - n_a.get(k, 0) for k in NSTAT_KEYS},
+        "mrc_reordered": view["reordered"], "mrc_packets": view["packets"],
+        "mrc_reorder_fraction": view["reordered"] / max(1, view["packets"]),
+        "mrc_reorder_hist": view["reorder_hist"], "paths": view["paths"],
+        "mptcp_subflows": doc["mrc"]["local"].get("mptcp_subflows")},
+        contenders.spines_used(u0, contenders.uplinks(env, fab)))
+
+
+def _with_spines(rec, used):
+    """Where MRC's own view has no paths (a contender), path 0's share is s1's uplink share."""
+    rec["spines"] = used
+    if not rec["paths"]:
+        total = sum(used["packets"].values()) or 1
+        rec["paths"] = [{"path_id": k - 1, "packets": used["packets"][f"s{k}"],
+                         "share": round(used["packets"][f"s{k}"] / total, 3), "downs": None,
+                         "qdelay_mean_us": None, "qdelay_p50_us": None}
+                        for k in range(1, len(used["packets"]) + 1)]
+    return rec
 
 
 def _summary(levels: dict) -> dict:
@@ -346,7 +401,8 @@ def table(results: dict):
                "s1->l2 drops", "path0 share", "path0 downs", "goodput frac", "MRC reord frac", "SACKReorder",
                "retrans", "DSACKs"]
     rows = []
-    for pol, d, s in ((pol, d, s) for pol, by_d in results["policies"].items() for d, s in by_d.items()):
+    every = {**results.get("contenders", {}), **results["policies"]}
+    for pol, d, s in ((pol, d, s) for pol, by_d in every.items() for d, s in by_d.items()):
         rows.append([pol, d, fmt_spread(s["ping_idle_extra_ms"]), fmt_spread(s["ping_during_extra_ms"]),
                      f"{fmt_spread(s['slow_path_qdelay_mean_us'])} / {fmt_spread(s['other_paths_qdelay_mean_us'])}",
                      fmt_spread(s["slow_link_drops"]), fmt_spread(s["slow_path_share"]), fmt_spread(s["slow_path_downs"]),
@@ -367,6 +423,11 @@ def plot(results: dict, plt):
                  label=f"{pol}: MRC reordered fraction")
         ax1.plot(xs, [by_d[d]["slow_path_share"]["median"] for d in ds], "^:", color=line.get_color(),
                  label=f"{pol}: path 0's share of packets")
+    for m, by_d in results.get("contenders", {}).items():
+        ds = list(by_d)
+        xs = [by_d[d]["ping_idle_extra_ms"]["median"] for d in ds]
+        xs = [x if x is not None else float(d) for x, d in zip(xs, ds)]
+        ax1.plot(xs, [by_d[d]["fraction"]["median"] for d in ds], "x-", lw=0.8, label=f"{m}: goodput / capacity")
     ax1.set_xlabel("extra delay on path 0, ms (ping, background only)")
     ax1.set_ylim(bottom=0)
     ax1.legend(fontsize=7)

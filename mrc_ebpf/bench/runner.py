@@ -44,6 +44,7 @@ SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "
 VERSION = 1
 PY = sys.executable
 MADE: list[str] = []        # fabric / namespace-set names this process made (the JSON lists them)
+HASHED: dict[str, dict] = {}  # fabric -> its leaves' ECMP hash as read back after it was built
 
 
 def log(msg: str) -> None:
@@ -83,6 +84,7 @@ class Env(procs.Procs):
         super().__init__()
         self.repeat = repeat
         self.cc = congestion        # TCP congestion control for every benchmark flow
+        self.mptcp = False          # TCP flows as MPTCP connections (the mptcp contender)
 
     def run(self, ns: str | None, cmd: list[str], check: bool = True, timeout: float = 120,
             input: str | None = None) -> subprocess.CompletedProcess:
@@ -99,13 +101,16 @@ class Env(procs.Procs):
         return self.run(None, [*procs.MRCCTL, "--netns", ns, *args], check=check)
 
     def perf_server(self, ns: str, port: int, bind: str) -> subprocess.Popen:
-        return self.popen(ns, [PY, "-m", "mrc_ebpf.cli.mrc_perf", "-s", "-1", "-p", str(port), "-B", bind, "-J"])
+        return self.popen(ns, [PY, "-m", "mrc_ebpf.cli.mrc_perf", "-s", "-1", "-p", str(port), "-B", bind, "-J",
+                               *(["-m"] if self.mptcp else [])])
 
     def perf_client(self, ns: str, host: str, port: int, args: list[str], timeout: float) -> dict:
         """Run mrc-perf -c, retrying while the server is not yet listening."""
         deadline = time.monotonic() + 10
         if self.cc and "-u" not in args:
             args = [*args, "-C", self.cc]
+        if self.mptcp and "-u" not in args:
+            args = [*args, "-m"]
         while True:
             r = self.run(ns, [PY, "-m", "mrc_ebpf.cli.mrc_perf", "-c", host, "-p", str(port), "-J", "-i", "0",
                               *args], check=False, timeout=timeout)
@@ -168,11 +173,13 @@ def no_interrupt():
 
 @contextlib.contextmanager
 def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, rate: str | None = "100mbit",
-           host_rate: str | None = None, mtu: int = 1500, host_sysctls=(), ecn_threshold: str | None = None):
+           host_rate: str | None = None, mtu: int = 1500, host_sysctls=(), ecn_threshold: str | None = None,
+           ask_ecn: bool = True):
     """A fabric of its own (unique name), always removed on the way out.
-    With ECN marking the hosts ask for ECN (net.ipv4.tcp_ecn=1) too."""
+    With ECN marking the hosts ask for ECN (net.ipv4.tcp_ecn=1) too, unless
+    ask_ecn is False (marking only for a mode that asks by itself)."""
     from mrc_ebpf.lab import fabric as fab_mod
-    if ecn_threshold:
+    if ecn_threshold and ask_ecn:
         host_sysctls = [*host_sysctls, "net.ipv4.tcp_ecn=1"]
     name = unique_name(tag)
     MADE.append(name)
@@ -182,7 +189,9 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
     fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, "srh", mtu, list(host_sysctls),
                ecn_threshold)
     try:
-        yield fab_mod.Fabric(fab_mod.load(name)["spec"])
+        fab = fab_mod.Fabric(fab_mod.load(name)["spec"])
+        HASHED[name] = fab_mod.read_hash(fab)
+        yield fab
     finally:
         with no_interrupt():
             try:
@@ -251,15 +260,40 @@ DEFAULT_HOST_SYSCTLS = tuple(
 
 
 def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-results",
-                 repeat: int | None = None, quiet: bool = False, congestion: str = DEFAULT_CC,
-                 host_sysctls=None, mtu: int | None = None, ecn_threshold: str | None = None) -> dict:
+                 repeat: int | None = None, quiet: bool = False, congestion: str | None = None,
+                 host_sysctls=None, mtu: int | None = None, ecn_threshold: str | None = None,
+                 hosts_default: bool = False, modes: list[str] | None = None,
+                 overrides: dict | None = None) -> dict:
+    """congestion: every TCP flow's (default DEFAULT_CC).  hosts_default: the hosts' sysctls untouched and their own default
+    congestion control (what a user gets), in place of the datacenter
+    profile (congestion, DEFAULT_HOST_SYSCTLS).  modes: the scenario's
+    modes to run (default all it has, contenders the kernel cannot run
+    left out with a note).  overrides: scenario parameters by name."""
     mod = module(scenario)
+    if hosts_default and (host_sysctls or congestion is not None):
+        raise MrcError("--hosts-default leaves the hosts alone: not with --host-sysctl or -C")
+    if congestion is None and not hosts_default:
+        congestion = DEFAULT_CC
     plt = _plt()                      # fail before measuring, not after
     if os.geteuid() != 0:
         raise MrcError("mrcctl bench needs root (namespaces, BPF)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     p = mod.params(short)
+    for k, v in (overrides or {}).items():
+        if k not in p:
+            raise MrcError(f"{scenario} has no parameter {k!r} (has: {', '.join(sorted(p))})")
+        if type(v) is not type(p[k]) and not (isinstance(p[k], (int, float)) and isinstance(v, (int, float))) \
+                and p[k] is not None:
+            raise MrcError(f"--param {k}: expected {type(p[k]).__name__} like {json.dumps(p[k])}")
+        p[k] = v
+    if hasattr(mod, "MODES_ALLOWED"):
+        from mrc_ebpf.bench.contenders import pick_modes
+        p["modes"], skipped = pick_modes(scenario, mod.MODES_ALLOWED, p["modes"], modes)
+        if skipped:
+            p["modes_skipped"] = skipped
+    elif modes:
+        raise MrcError(f"{scenario} has no modes to choose")
     if repeat is not None:
         if repeat < 1:
             raise MrcError("--repeat must be at least 1")
@@ -281,12 +315,20 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
             p["ecn_threshold"] = ecn_threshold
     if getattr(mod, "USES_TCP", True):
         from mrc_ebpf.perf.control import check_congestion
-        check_congestion(congestion)       # before any fabric is built
+        if hosts_default:
+            congestion = None
+            p["host_profile"] = "hosts-default"
+            p["host_default_congestion"] = _read("/proc/sys/net/ipv4/tcp_congestion_control")
+        else:
+            check_congestion(congestion)       # before any fabric is built
+            p["host_profile"] = "datacenter"
         p["tcp_congestion"] = congestion
-        p["host_sysctls"] = check_sysctls(DEFAULT_HOST_SYSCTLS if host_sysctls is None else host_sysctls)
+        p["host_sysctls"] = [] if hosts_default else check_sysctls(
+            DEFAULT_HOST_SYSCTLS if host_sysctls is None else host_sysctls)
     old = signal.signal(signal.SIGTERM, _sigterm)
     env = Env(p.get("repeat"), p.get("tcp_congestion"))
     del MADE[:]
+    HASHED.clear()
     started, t0 = time.time(), time.monotonic()
     log(f"{scenario}: {mod.TITLE} ({'short' if short else 'full'}, repeat {p.get('repeat')})")
     try:
@@ -299,7 +341,9 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
            "started": started, "duration_s": round(time.monotonic() - t0, 2),
            "machine": {"kernel": platform.release(), "cpus": os.cpu_count(),
                        "loadavg_at_end": list(os.getloadavg())},
-           "results": results, "namespace_prefixes": [f"{n}-" for n in MADE]}
+           "results": results, "namespace_prefixes": [f"{n}-" for n in MADE],
+           # how each fabric's leaves hashed when built (modes that change it record theirs)
+           "fabric_hash": {n: h["hash"] for n, h in HASHED.items()}}
     path_json = out / f"{scenario}.json"
     path_json.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     fig = mod.plot(results, plt)
@@ -319,6 +363,13 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
             print(f"  note: {line}")
         print(f"  -> {path_json}, {path_png}")
     return doc
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
 
 
 def check_sysctls(items) -> list[str]:

@@ -14,7 +14,12 @@ Modes, all on one fabric (h1 under l1 sends to h2 under l2):
             TCP's segments are not all full, and rr balances packets);
   adaptive  the same with the `adaptive` policy (power of two choices on
             the peer's delay/loss feedback);
-  single    MRC with one path (paths 1..K-1 deleted on both hosts).
+  single    MRC with one path (paths 1..K-1 deleted on both hosts);
+  prr, plb, mptcp  what Linux users run instead (bench/contenders.py):
+            flow-label hashing leaves, and for mptcp every flow an MPTCP
+            connection with K subflows; run before MRC is attached.
+Every run records l1's uplink counters per spine (which spines carried
+the flows) and, per contender, its proof (contenders.proof).
 Goodput is mrc-perf's receiver-side byte count over the test (-J, one
 interval), for 1..16 parallel TCP flows (-P).  The ACK direction is
 sprayed the same way.  The hosts run the bench's host sysctls
@@ -31,11 +36,13 @@ from __future__ import annotations
 
 import json
 
+from mrc_ebpf.bench import contenders
 from mrc_ebpf.bench.runner import fmt_spread, log, spread
 from mrc_ebpf.perf.iperf_json import read_result
 
-TITLE = "TCP goodput, fraction of K x rate: MRC spraying vs kernel ECMP vs one path"
-MODES = ("ecmp", "rr", "bytes", "adaptive", "single")
+TITLE = "TCP goodput, fraction of K x rate: MRC spraying vs kernel ECMP, PRR, PLB, MPTCP vs one path"
+MODES = ("ecmp", "prr", "plb", "mptcp", "rr", "bytes", "adaptive", "single")
+MODES_ALLOWED = MODES
 
 
 def params(short: bool) -> dict:
@@ -82,7 +89,8 @@ def _ceilings(env, fab, modes) -> dict:
     metrics = {k: v for m in (route[0].get("metrics", []) if route else []) for k, v in m.items()}
     mrc_mss = metrics.get("advmss", metrics.get("mtu", link_mtu) - 60)
     payload = {"ecmp": link_mtu - 60 - 12, "mrc": mrc_mss - 12}
-    return {m: round(payload["ecmp" if m == "ecmp" else "mrc"] / (link_mtu + 14), 4) for m in modes}
+    plain = ("ecmp", *contenders.CONTENDERS)
+    return {m: round(payload["ecmp" if m in plain else "mrc"] / (link_mtu + 14), 4) for m in modes}
 
 
 def run(p: dict, env) -> dict:
@@ -105,34 +113,54 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
     flows = p["flows"][str(mtu)]
     raw = {m: {str(n): [] for n in flows} for m in p["modes"]}
     port = 5400 + mtu % 1000
+    records, proofs = {}, {}
+    plb = "plb" in p["modes"]
     with fabric("sve", spines=p["spines"], leaves=2, hosts_per_leaf=1, rate=p["rate"],
-                host_rate=p["host_rate"], mtu=mtu, host_sysctls=p["host_sysctls"]) as fab:
+                host_rate=p["host_rate"], mtu=mtu, host_sysctls=p["host_sysctls"],
+                ecn_threshold=contenders.PLB_ECN_THRESHOLD if plb else None, ask_ecn=False) as fab:
         attached = False
         for mode in p["modes"]:
-            if mode != "ecmp" and not attached:
+            if mode != "ecmp" and mode not in contenders.CONTENDERS and not attached:
                 log("spray-vs-ecmp: attaching MRC on h1, h2")
                 fab_mod.attach(fab.name, "h1,h2", None, [])
                 attached = True
             _configure(env, fab, mode, p["spines"])
-            for rep in range(p["repeat"]):
-                for n in flows:
-                    port += 1
-                    log(f"spray-vs-ecmp: MTU {mtu}, {mode}, {n} flow(s), run {rep + 1}/{p['repeat']}")
-                    doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
-                                   ["-t", str(p["seconds"]), "-P", str(n)], p["seconds"])
-                    result = read_result(doc)
-                    rx = result["received_bps"]
-                    raw[mode][str(n)].append({"goodput_bps": rx, "fraction": rx / capacity,
-                                              "retransmits": result["retransmits"],
-                                              "sender_bps": result["sent_bps"]})
+            with contenders.mode(env, fab, mode, [1, 2]) as rec:
+                records[mode] = rec
+                keys = contenders.MPTCP_KEYS + contenders.PLB_KEYS
+                c0 = contenders.counters(env, fab, [1, 2], keys)
+                for rep in range(p["repeat"]):
+                    for n in flows:
+                        port += 1
+                        log(f"spray-vs-ecmp: MTU {mtu}, {mode}, {n} flow(s), run {rep + 1}/{p['repeat']}")
+                        u0 = contenders.uplinks(env, fab)
+                        doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
+                                       ["-t", str(p["seconds"]), "-P", str(n)], p["seconds"])
+                        used = contenders.spines_used(u0, contenders.uplinks(env, fab))
+                        result = read_result(doc)
+                        rx = result["received_bps"]
+                        raw[mode][str(n)].append({"goodput_bps": rx, "fraction": rx / capacity,
+                                                  "retransmits": result["retransmits"],
+                                                  "sender_bps": result["sent_bps"],
+                                                  "spines": used,
+                                                  "mptcp_subflows": doc["mrc"]["local"].get("mptcp_subflows")})
+                c1 = contenders.counters(env, fab, [1, 2], keys)
+                if mode in contenders.CONTENDERS:
+                    # the run whose packets crossed the most spines (MPTCP's subflows
+                    # hash at random: now and then all onto one)
+                    best = max((r for by_n in raw[mode].values() for r in by_n),
+                               key=lambda r: len(r["spines"]["carrying"]))
+                    proofs[mode] = contenders.proof(mode, rec, best["spines"], contenders.delta_of(c0, c1),
+                                                    best["mptcp_subflows"])
         ceiling = _ceilings(env, fab, p["modes"])
     summary = {m: {n: {"fraction": spread([r["fraction"] for r in runs]),
+                       "spines_carrying": spread([len(r["spines"]["carrying"]) for r in runs]),
                        "of_ceiling": (spread([r["fraction"] / ceiling[m] for r in runs])
                                       if ceiling.get(m) else None),
                        "goodput_bps": spread([r["goodput_bps"] for r in runs]),
                        "retransmits": spread([r["retransmits"] for r in runs]),
                        "runs": runs} for n, runs in by_n.items()} for m, by_n in raw.items()}
-    return {"ceiling": ceiling, "modes": summary}
+    return {"ceiling": ceiling, "modes": summary, "mode_setup": records, "proof": proofs}
 
 
 def _mtus(results: dict) -> list[str]:

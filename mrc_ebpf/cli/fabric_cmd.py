@@ -90,16 +90,20 @@ def fabric():
               help="Switches mark ECN: CE on an ECN-capable packet when more than TIME (at the link's "
                    "rate, e.g. 1ms) is queued in front of it on a leaf-spine link (needs --rate; "
                    "hosts need net.ipv4.tcp_ecn=1 to ask for ECN). Default: no marking.")
+@click.option("--hash", "ecmp_hash", default=fab_mod.DEFAULT_HASH, show_default=True, metavar="l4|flowlabel",
+              help="How the leaves hash flows onto spines: l4, the 5-tuple (a flow stays on its "
+                   "spine); flowlabel, the kernel's IPv6 default (addresses + flow label: Linux TCP "
+                   "moves a connection by drawing a new label on an RTO).")
 @_json_opt
 def up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
-       ecn_threshold, json_):
+       ecn_threshold, ecmp_hash, json_):
     """Build fabric NAME (default mrc)."""
     r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
-                   list(host_sysctls), ecn_threshold)
+                   list(host_sysctls), ecn_threshold, ecmp_hash)
     _emit(json_, r, lambda r: click.echo(
         f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
         f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
-        f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']}"
+        f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']}, ECMP hash {r['hash']}"
         + (f", ECN marking above {r['ecn_threshold']}" if r.get("ecn_threshold") else "")
         + f" ({r['build_s']} s)"))
 
@@ -121,7 +125,8 @@ def show(name, json_):
         click.echo(f"fabric {d['name']} ({d['status']}): {d['planes']} plane(s), {d['spines']} spines, "
                    f"{d['leaves']} leaves, {d['hosts_per_leaf']} host(s)/leaf, encoding {d['encoding']}, "
                    f"rate {d['rate'] or 'unlimited'}, host rate {d['host_rate'] or 'unlimited'}, "
-                   f"MTU {d.get('mtu', fab_mod.DEFAULT_MTU)}"
+                   f"MTU {d.get('mtu', fab_mod.DEFAULT_MTU)}, ECMP hash {d['hash']}"
+                   + (f" (leaves: {_hash_text(d['hash_on_leaves'])})" if d.get("hash_on_leaves") else "")
                    + (f", ECN marking above {d['ecn_threshold']}" if d.get("ecn_threshold") else "")
                    + "".join(f", {kv}" for kv in d.get("host_sysctls", [])))
         click.echo("\nhosts")
@@ -147,6 +152,14 @@ def show(name, json_):
         click.echo("\nnames")
         click.echo(tabulate(sorted(d["naming"].items()), tablefmt="plain"))
     _emit(json_, d, human)
+
+
+def _hash_text(h: dict) -> str:
+    """What the leaves' sysctls say: the hash's name if all agree, else each leaf's policy."""
+    if h["hash"]:
+        return h["hash"]
+    return ", ".join(f"{leaf} policy {v['ipv6_policy']} fields {v['ipv6_fields']}"
+                     for leaf, v in h["leaves"].items())
 
 
 def _fault_text(f: dict) -> str:

@@ -2,8 +2,8 @@
 datapath's per-path view (throughput, loss, reordering, queueing delay)
 on both ends.
 
-    mrc-perf -s [-p PORT] [-1] [-B ADDR]
-    mrc-perf -c HOST [-p PORT] [-t SECS] [-P N] [-u] [-b RATE] [-l LEN] [-i SECS] [-R] [-C ALGO] [-J]
+    mrc-perf -s [-p PORT] [-1] [-B ADDR] [-m]
+    mrc-perf -c HOST [-p PORT] [-t SECS] [-P N] [-u] [-b RATE] [-l LEN] [-i SECS] [-R] [-C ALGO] [-m] [-J]
 
 Errors are one line on stderr and exit status 1; with -J also iperf3's
 {"error": ...} document on stdout.  -J is iperf3's layout (perf/iperf_json.py).
@@ -51,15 +51,19 @@ def _fail(message: str, code: int = EXIT_ERROR, json_mode: bool = False):
 @click.option("-R", "--reverse", is_flag=True, help="The server sends, the client receives.")
 @click.option("-C", "--congestion", metavar="ALGO",
               help="TCP congestion control of the data streams, on both ends (default: each end's own).")
+@click.option("-m", "--mptcp", is_flag=True,
+              help="MPTCP (iperf3's flag): client, every data stream an MPTCP connection (its subflows "
+                   "come from the kernel's path manager, `ip mptcp`); server, listen with MPTCP so "
+                   "clients may ask for it.")
 @click.option("-J", "--json", "json_mode", is_flag=True, help="Print one JSON document at the end.")
 @click.option("--mrc-dev", metavar="DEV", help="The attached device to read (default: the only one).")
 @click.option("--no-mrc", is_flag=True, help="Do not read the MRC datapath's maps.")
 def main(server, host, port, one_off, bind, duration, streams, udp, bitrate, length, interval,
-         reverse, congestion, json_mode, mrc_dev, no_mrc):
+         reverse, congestion, mptcp, json_mode, mrc_dev, no_mrc):
     """iperf3-like benchmark with the MRC datapath's per-path view."""
     try:
         sys.exit(_run(server, host, port, one_off, bind, duration, streams, udp, bitrate, length,
-                      interval, reverse, congestion, json_mode, mrc_dev, no_mrc))
+                      interval, reverse, congestion, json_mode, mrc_dev, no_mrc, mptcp))
     except MrcError as e:
         _fail(str(e), json_mode=json_mode)
     except KeyboardInterrupt:
@@ -76,7 +80,7 @@ def main(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
 
 
 def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, length, interval,
-         reverse, congestion, json_mode, mrc_dev, no_mrc) -> int:
+         reverse, congestion, json_mode, mrc_dev, no_mrc, mptcp=False) -> int:
     from mrc_ebpf.perf import session as perf
     from mrc_ebpf.perf.iperf_json import document, error_document
     from mrc_ebpf.perf.control import UDP_RATE
@@ -97,11 +101,12 @@ def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
                 click.echo(json.dumps(error_document(message), indent=2))
             click.echo(f"mrc-perf: error: {message}", err=True)
         return perf.serve(port, out, bind=bind, one_off=one_off, mrc_device=mrc_dev,
-                          use_mrc=not no_mrc, on_doc=on_doc, on_error=on_error)
+                          use_mrc=not no_mrc, on_doc=on_doc, on_error=on_error, mptcp=mptcp)
     rate = parse_rate(bitrate) if bitrate is not None else (UDP_RATE if udp else 0)
     params = perf.Params(protocol="udp" if udp else "tcp", streams=streams, duration=duration,
                          bitrate=rate, length=parse_size(length) if length else 0,
-                         interval=interval, reverse=reverse, congestion=congestion).check()
+                         interval=interval, reverse=reverse, congestion=congestion,
+                         mptcp=mptcp).check()
     doc = perf.run_client(host, port, params, out, bind=bind, mrc_device=mrc_dev, use_mrc=not no_mrc)
     if json_mode:
         click.echo(json.dumps(document(doc), indent=2))

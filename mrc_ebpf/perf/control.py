@@ -34,6 +34,7 @@ class Params:
     interval: float = 1.0       # 0: one report for the whole test
     reverse: bool = False
     congestion: str | None = None   # TCP congestion control for the data streams; None: each end's own
+    mptcp: bool = False         # data streams are MPTCP connections (IPPROTO_MPTCP)
 
     def check(self) -> "Params":
         if self.protocol not in ("tcp", "udp"):
@@ -55,6 +56,8 @@ class Params:
                 raise MrcError("a congestion control (-C) applies to TCP only")
             if not re.fullmatch(r"[a-z0-9_]{1,15}", self.congestion):
                 raise MrcError(f"bad congestion control name {self.congestion!r}")
+        if self.mptcp and self.protocol != "tcp":
+            raise MrcError("MPTCP (-m) applies to TCP only")
         return self
 
     def to_json(self) -> dict:
@@ -67,7 +70,8 @@ class Params:
                        duration=float(data["duration"]), bitrate=int(data["bitrate"]),
                        length=int(data["length"]), interval=float(data["interval"]),
                        reverse=bool(data["reverse"]),
-                       congestion=None if data.get("congestion") is None else str(data["congestion"])).check()
+                       congestion=None if data.get("congestion") is None else str(data["congestion"]),
+                       mptcp=bool(data.get("mptcp", False))).check()
         except (KeyError, TypeError, ValueError):
             raise MrcError("malformed test parameters")
 
@@ -81,6 +85,38 @@ def set_congestion(sock: socket.socket, name: str | None) -> None:
     except OSError as e:
         why = "not available on this host" if e.errno == 2 else (e.strerror or str(e))
         raise MrcError(f"cannot use TCP congestion control {name!r}: {why}")
+
+
+IPPROTO_MPTCP = getattr(socket, "IPPROTO_MPTCP", 262)
+SOL_MPTCP, MPTCP_INFO = 284, 1          # uapi/linux/mptcp.h; struct mptcp_info starts with u8 subflows
+
+
+def stream_socket(family: int, mptcp: bool) -> socket.socket:
+    """A TCP socket, or an MPTCP one (its subflows are TCP connections the
+    kernel's path manager opens: `ip mptcp endpoint`, `ip mptcp limits`)."""
+    if not mptcp:
+        return socket.socket(family, socket.SOCK_STREAM)
+    try:
+        return socket.socket(family, socket.SOCK_STREAM, IPPROTO_MPTCP)
+    except OSError as e:
+        raise MrcError(f"cannot open an MPTCP socket: {e.strerror or e} "
+                       f"(kernel without CONFIG_MPTCP, or net.mptcp.enabled=0)")
+
+
+def is_mptcp(sock: socket.socket) -> bool:
+    try:
+        return sock.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == IPPROTO_MPTCP
+    except OSError:
+        return False
+
+
+def mptcp_subflows(sock: socket.socket) -> int | None:
+    """Subflows of an MPTCP connection (the first one included), or None."""
+    try:
+        raw = sock.getsockopt(SOL_MPTCP, MPTCP_INFO, 64)
+    except OSError:
+        return None
+    return raw[0] + 1 if raw else None
 
 
 def check_congestion(name: str) -> None:

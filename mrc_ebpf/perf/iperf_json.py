@@ -151,7 +151,8 @@ def document(doc: dict) -> dict:
             "version": MRC_KEY_VERSION, "role": start["role"], "test": test,
             "control": {k: start[k] for k in ("local_host", "local_port", "remote_host", "remote_port")},
             "local": {"role": local_role, "datapath": doc["local"]["mrc"],
-                      "tcp_congestion": doc["local"]["tcp_congestion"]},
+                      "tcp_congestion": doc["local"]["tcp_congestion"],
+                      "mptcp_subflows": doc["local"].get("mptcp_subflows")},
             "remote": {"role": remote_role, "datapath": doc["remote"]["mrc"],
                        "tcp_congestion": doc["remote"]["tcp_congestion"],
                        "intervals": [_interval(i, kind, remote_role, not local_sender)

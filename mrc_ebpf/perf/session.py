@@ -17,7 +17,8 @@ import time
 
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.perf.control import (DEFAULT_PORT, TCP_LENGTH, UDP_RATE, VERSION, Control, Params, PeerGone,
-                           check_congestion, congestion_of, set_congestion)
+                           check_congestion, congestion_of, is_mptcp, mptcp_subflows, set_congestion,
+                           stream_socket)
 from mrc_ebpf.perf.mrc_view import MrcView
 from mrc_ebpf.perf.report import header, interval_lines, mrc_summary_lines, summary_lines
 from mrc_ebpf.perf.tcp import DATA_HELLO, DATA_MAGIC, TcpReceiver, TcpSender
@@ -149,7 +150,7 @@ def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc,
                 t.join()
             summary = recorder.finish(_now())
             local = _results(role, mrc, recorder, summary,
-                             next((s.error for s in streams if s.error), None), congestion)
+                             next((s.error for s in streams if s.error), None), congestion, params, streams)
             ctrl.send({"op": "end", "results": local})
             remote = ctrl.expect("results", TCP_DRAIN_MAX + 30, "the receiver")["results"]
             return local, remote
@@ -165,7 +166,7 @@ def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc,
         last = max(s.end_ns for s in streams)
         summary = recorder.finish(last or _now())
         local = _results(role, mrc, recorder, summary,
-                         next((s.error for s in streams if s.error), None), congestion)
+                         next((s.error for s in streams if s.error), None), congestion, params, streams)
         ctrl.send({"op": "results", "results": local})
         return local, remote
     finally:
@@ -190,12 +191,15 @@ def _drain(params, streams, threads) -> None:
         time.sleep(UDP_IDLE / 5)
 
 
-def _results(role, mrc, recorder, summary, error, congestion) -> dict:
-    return {"role": role, "mrc": mrc.info() if mrc else None, "tcp_congestion": congestion,
-            "intervals": recorder.intervals, "summary": summary, "error": error}
+def _results(role, mrc, recorder, summary, error, congestion, params, streams) -> dict:
+    out = {"role": role, "mrc": mrc.info() if mrc else None, "tcp_congestion": congestion,
+           "intervals": recorder.intervals, "summary": summary, "error": error}
+    if params.mptcp:        # each stream's subflows at the end (MPTCP_INFO)
+        out["mptcp_subflows"] = [mptcp_subflows(s.sock) for s in streams]
+    return out
 
 
-SIDE_KEYS = ("role", "mrc", "tcp_congestion", "intervals")
+SIDE_KEYS = ("role", "mrc", "tcp_congestion", "intervals", "mptcp_subflows")
 
 
 def _document(who, ctrl_sock, params, connected, local, remote, timestamp) -> dict:
@@ -208,8 +212,8 @@ def _document(who, ctrl_sock, params, connected, local, remote, timestamp) -> di
         "start": {"timestamp": timestamp, "role": who, "local_host": lh, "local_port": lp,
                   "remote_host": rh, "remote_port": rp, "test": params.to_json(),
                   "connected": connected},
-        "local": {k: local.get(k) for k in SIDE_KEYS},
-        "remote": {k: remote.get(k) for k in SIDE_KEYS},
+        "local": {k: local[k] for k in SIDE_KEYS if k in local},
+        "remote": {k: remote[k] for k in SIDE_KEYS if k in remote},
         "end": {"sender": by_role["sender"]["summary"], "receiver": by_role["receiver"]["summary"]},
         "error": errors[0] if errors else None,
     }
@@ -301,8 +305,10 @@ def _client_test(csock, params, out, mrc_device, use_mrc) -> dict:
     socks, connected = [], []
     try:
         for i in range(1, params.streams + 1):
-            kind = socket.SOCK_STREAM if params.protocol == "tcp" else socket.SOCK_DGRAM
-            s = socket.socket(csock.family, kind)
+            if params.protocol == "tcp":
+                s = stream_socket(csock.family, params.mptcp)
+            else:
+                s = socket.socket(csock.family, socket.SOCK_DGRAM)
             socks.append(s)
             s.bind((local_addr[0], 0))
             if params.protocol == "udp":
@@ -376,10 +382,11 @@ def _make_streams(role, params, socks, addrs=None):
 
 # --------------------------------------------------------------------- server
 
-def _listen(bind: str | None, port: int, kind: int) -> socket.socket:
+def _listen(bind: str | None, port: int, kind: int, mptcp: bool = False) -> socket.socket:
     family = _family(bind) if bind else socket.AF_INET6
     addr = bind or "::"
-    sock = socket.socket(family, kind)
+    # an MPTCP listener takes plain TCP clients too (they fall back to TCP)
+    sock = stream_socket(family, True) if mptcp else socket.socket(family, kind)
     try:
         if kind == socket.SOCK_STREAM:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -397,10 +404,11 @@ def _listen(bind: str | None, port: int, kind: int) -> socket.socket:
 
 def serve(port: int, out: Output, bind: str | None = None, one_off: bool = False,
           mrc_device: str | None = None, use_mrc: bool = True, on_doc=None,
-          on_error=None) -> int:
+          on_error=None, mptcp: bool = False) -> int:
     """Serve tests until interrupted (or one with one_off); returns the exit
-    status: with one_off, that of the test."""
-    listener = _listen(bind, port, socket.SOCK_STREAM)
+    status: with one_off, that of the test.  With mptcp the listener is an
+    MPTCP socket, so clients may ask for MPTCP data streams (-m)."""
+    listener = _listen(bind, port, socket.SOCK_STREAM, mptcp)
     try:
         while True:
             out.line("-" * 61)
@@ -435,6 +443,8 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc) -> di
         cookie = bytes.fromhex(str(msg.get("cookie", "")))
         if len(cookie) != 16:
             raise MrcError("protocol error: bad cookie")
+        if params.mptcp and not is_mptcp(listener):
+            raise MrcError("the client asks for MPTCP data streams (-m): start the server with -m")
     except (MrcError, ValueError) as e:
         ctrl.error(str(e))
         raise MrcError(f"rejected a client: {e}")

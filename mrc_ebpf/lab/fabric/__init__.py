@@ -35,16 +35,20 @@ Routing: hosts send fc00:0:<(p+1)00>::/40 (plane p's spines) out of eth<p>,
 everything else of fc00::/16, fd00::/16 and 198.18.0.0/15 out of eth0 (plane
 0).  Leaves route spine SIDs to their spine (static), their own hosts'
 SIDs/prefixes to the host, and remote hosts' SIDs/prefixes by kernel ECMP
-over all spines of the plane, hashed on the 5-tuple (fib_multipath_hash_policy
-3, fields 0x37: what policy 1 means on a switch; see sysctls()).
+over all spines of the plane, hashed as --hash says (plan.HASHES): l4, the
+5-tuple (fib_multipath_hash_policy 3, fields 0x37: what policy 1 means on a
+switch; the default), or flowlabel, the kernel's own default (policy 0: IPv6
+addresses + flow label), under which Linux TCP moves a connection by drawing
+a new flow label (PRR on an RTO, PLB on congestion).
 Spines route every host SID/prefix to the host's leaf in their plane.
 """
 from __future__ import annotations
 
-from .plan import (DEFAULT_MTU, DEFAULT_NAME, DEFAULT_RATE, ENCODINGS, MAX_MTU, MIN_MTU, MODES,  # noqa: F401
+from .plan import (DEFAULT_HASH, HASHES, check_hash, DEFAULT_MTU, DEFAULT_NAME, DEFAULT_RATE, ENCODINGS, MAX_MTU, MIN_MTU, MODES,  # noqa: F401
                    QUEUE_LATENCY, STATE_DIR, SYSCTL_RE, Fabric, parse_mode, parse_rate)
 from .state import check_name, existing_namespaces, list_names, load, locked, state_path  # noqa: F401
 from .build import down, up  # noqa: F401
 from .show import describe, node_ns  # noqa: F401
 from .failures import fail, heal  # noqa: F401
 from .attach import attach, detach  # noqa: F401
+from .hashing import read as read_hash, set_hash  # noqa: F401

@@ -9,7 +9,7 @@ from mrc_ebpf.lab import ecn_marks, faults, netns
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab.procs import batch as _batch, run
 
-from .plan import DEFAULT_MTU, DEFAULT_RATE, ENCODINGS, Fabric, MAX_HOSTS, MAX_LEAVES, MAX_MTU, MAX_PLANES, MAX_SPINES, MIN_MTU, SYSCTL_RE, parse_rate
+from .plan import DEFAULT_HASH, check_hash, DEFAULT_MTU, DEFAULT_RATE, ENCODINGS, Fabric, MAX_HOSTS, MAX_LEAVES, MAX_MTU, MAX_PLANES, MAX_SPINES, MIN_MTU, SYSCTL_RE, parse_rate
 from .state import check_name, existing_namespaces, locked, state_path
 
 
@@ -19,8 +19,10 @@ def _ns_sysctl(ns: str, keys: list[str]) -> None:
 
 def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1,
        rate: str | None = DEFAULT_RATE, host_rate: str | None = None, encoding: str = "srh",
-       mtu: int = DEFAULT_MTU, host_sysctls: list[str] = (), ecn_threshold: str | None = None) -> dict:
+       mtu: int = DEFAULT_MTU, host_sysctls: list[str] = (), ecn_threshold: str | None = None,
+       ecmp_hash: str = DEFAULT_HASH) -> dict:
     check_name(name)
+    check_hash(ecmp_hash)
     for what, v, hi in (("--spines", spines, MAX_SPINES), ("--leaves", leaves, MAX_LEAVES),
                         ("--hosts-per-leaf", hosts_per_leaf, MAX_HOSTS), ("--planes", planes, MAX_PLANES)):
         if not isinstance(v, int) or not 1 <= v <= hi:
@@ -42,7 +44,8 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
     spec = {"name": name, "planes": planes, "spines": spines, "leaves": leaves,
             "hosts_per_leaf": hosts_per_leaf, "encoding": encoding,
             "rate": rate if rate_bits else None, "host_rate": host_rate if host_bits else None,
-            "mtu": mtu, "host_sysctls": list(host_sysctls), "ecn_threshold": ecn_threshold}
+            "mtu": mtu, "host_sysctls": list(host_sysctls), "ecn_threshold": ecn_threshold,
+            "hash": ecmp_hash}
     fab = Fabric(spec)
     planned = fab.namespaces()
     if state_path(name).exists():

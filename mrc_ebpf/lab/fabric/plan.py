@@ -24,6 +24,36 @@ MAX_PLANES, MAX_SPINES, MAX_LEAVES, MAX_HOSTS = 8, 255, 255, 4000
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
 RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(|k|m|g|t)(bit|bps)$", re.I)
 MODES = ("down", "blackhole", "loss")
+# How the leaves hash a flow onto a spine (`fabric up --hash`), as
+# fib_multipath_hash_{policy,fields} for IPv6 and IPv4:
+#   l4         the 5-tuple (policy 3, fields src,dst,proto,sport,dport =
+#              0x37): what policy 1 means on a switch.  Policy 1 itself
+#              would reuse skb->hash when the skb has an L4 hash, and a
+#              veth carries the sending socket's random txhash across
+#              namespaces.  A flow stays on its spine whatever its host does.
+#   flowlabel  the kernel's defaults (policy 0): IPv6 addresses + flow label
+#              + next header, IPv4 addresses.  Linux TCP draws a new flow
+#              label on every RTO (net.core.txrehash, auto_flowlabels) and
+#              PLB on persistent congestion, so a connection can move.
+HASHES = {"l4": {"policy": 3, "fields": 0x37}, "flowlabel": {"policy": 0, "fields": None}}
+DEFAULT_HASH = "l4"
+
+
+def check_hash(name: str) -> str:
+    if name not in HASHES:
+        raise MrcError(f"bad hash {name!r}: l4 (5-tuple) or flowlabel (addresses + IPv6 flow label, "
+                       f"the kernel's default)")
+    return name
+
+
+def hash_sysctls(name: str) -> list[str]:
+    h = HASHES[check_hash(name)]
+    keys = []
+    for fam in ("ipv6", "ipv4"):
+        keys.append(f"net.{fam}.fib_multipath_hash_policy={h['policy']}")
+        if h["fields"] is not None:
+            keys.append(f"net.{fam}.fib_multipath_hash_fields=0x{h['fields']:x}")
+    return keys
 
 
 def parse_rate(text: str | None) -> int:
@@ -72,6 +102,7 @@ class Fabric:
         self.rate, self.host_rate = spec["rate"], spec["host_rate"]
         self.mtu = spec.get("mtu", DEFAULT_MTU)
         self.host_sysctls = spec.get("host_sysctls", [])
+        self.hash = spec.get("hash", DEFAULT_HASH)
 
     # -- names
     @staticmethod
@@ -212,13 +243,8 @@ class Fabric:
         if info["kind"] == "host":
             keys += self.host_sysctls
         else:
-            # ECMP on the 5-tuple as a switch computes it from the headers:
-            # policy 3 with fields src,dst,proto,sport,dport (0x37).  Policy 1
-            # would reuse skb->hash when the skb has an L4 hash, and a veth
-            # carries the sending socket's random txhash across namespaces.
-            keys += ["net.ipv6.conf.all.forwarding=1", "net.ipv4.ip_forward=1",
-                     "net.ipv6.fib_multipath_hash_policy=3", "net.ipv6.fib_multipath_hash_fields=0x37",
-                     "net.ipv4.fib_multipath_hash_policy=3", "net.ipv4.fib_multipath_hash_fields=0x37"]
+            # ECMP as the fabric's --hash says (HASHES)
+            keys += ["net.ipv6.conf.all.forwarding=1", "net.ipv4.ip_forward=1", *hash_sysctls(self.hash)]
         return keys
 
     def dev_sysctls(self, node: str) -> list[str]:
@@ -227,6 +253,9 @@ class Fabric:
             keys += [f"net.ipv6.conf.{dev}.seg6_enabled=1", f"net.ipv6.conf.{dev}.accept_dad=0",
                      f"net.ipv6.conf.{dev}.keep_addr_on_down=1", f"net.ipv4.conf.{dev}.rp_filter=0"]
         return keys
+
+    def leaf_nodes(self) -> list[str]:
+        return [self.leaf(p, l) for p in range(self.planes) for l in range(1, self.leaves + 1)]
 
     def marking_devices(self) -> list[tuple[str, str, int]]:
         """(namespace, device, rate) of every switch port that queues: both

@@ -72,7 +72,13 @@ def describe(name: str) -> dict:
                           "prefix6": fab.prefix6(b), "prefix4": fab.prefix4(b),
                           "paths": [{k: v for k, v in p.items() if k != "args"} for p in fab.paths(a, b)],
                           "path_add": fab.path_add_args(a, b)})
-    return {"name": name, "status": state["status"], **{k: v for k, v in state["spec"].items() if k != "name"},
+    hashing = None
+    if live:
+        from .hashing import read as read_hash
+        with contextlib.suppress(MrcError):
+            hashing = read_hash(fab)
+    return {"name": name, "status": state["status"], "hash": fab.hash,
+            **{k: v for k, v in state["spec"].items() if k != "name"}, "hash_on_leaves": hashing,
             "namespaces": state["namespaces"], "hosts": hosts, "switches": switches, "links": links,
             "paths": pairs,
             "naming": {"links": "<spine>-<leaf> (s1-l2; plane p>0: p1s1-p1l2), <host>-<leaf> (h1-l1, "
