@@ -113,16 +113,20 @@ def cli(ctx, json_, netns_name):
               help="One-way traffic: the receiver sends feedback at least this often.")
 @click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=16000, show_default=True,
               help="Late packets widen --ack-timeout-us up to this; 0 keeps it fixed.")
+@click.option("--retrans-steer/--no-retrans-steer", default=True, show_default=True,
+              help="TCP retransmissions take the path the peer acknowledged last, not their "
+                   "spray turn (a failed path's losses are not resent into it).")
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
-           fb_interval_us, reorder_max_us):
+           fb_interval_us, reorder_max_us, retrans_steer):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
     by the device its first hop is on; the pins are named after the first."""
     from mrc_ebpf.datapath import loader
-    result = loader.attach(list(devices), sid, mode, granularity, loss_hold_us=loss_hold_us,
+    result = loader.attach(list(devices), sid, mode, granularity, retrans_steer=retrans_steer,
+                             loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us)
     _emit(ctx, result, lambda r: click.echo(
