@@ -104,3 +104,23 @@ def test_tcp_uses_the_route_rto_floor(interop):
         server.wait()
     rto = float(r.stdout.split("rto:")[1].split()[0])
     assert 5 <= rto < 100, r.stdout
+
+
+def test_tune_host_changes_only_on_request(topo):
+    """`mrcctl tune-host` shows the host-wide setting a route cannot carry;
+    only --apply / --restore change it (read back with sysctl)."""
+    ns = topo.ns("H")
+
+    def wlen():
+        return topo.exec(ns, ["sysctl", "-n", "net.ipv4.tcp_min_rtt_wlen"]).stdout.strip()
+
+    assert wlen() == "300"
+    rows = json.loads(mrcctl("tune-host", "-j", netns=ns).stdout)
+    assert rows == [{"sysctl": "net.ipv4.tcp_min_rtt_wlen", "current": "300", "tuned": "0",
+                     "kernel_default": "300", "why": rows[0]["why"]}] and wlen() == "300"
+    mrcctl("tune-host", "--apply", netns=ns)
+    assert wlen() == "0"
+    mrcctl("tune-host", "--restore", netns=ns)
+    assert wlen() == "300"
+    r = mrcctl("tune-host", "--apply", "--restore", netns=ns, check=False)
+    assert r.returncode != 0 and wlen() == "300"

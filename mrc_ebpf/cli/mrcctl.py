@@ -407,6 +407,8 @@ from mrc_ebpf.cli.fabric_cmd import fabric  # noqa: E402
 cli.add_command(fabric)
 from mrc_ebpf.cli.bench_cmd import bench  # noqa: E402
 cli.add_command(bench)
+from mrc_ebpf.cli.host_cmd import tune_host  # noqa: E402
+cli.add_command(tune_host)
 
 
 if __name__ == "__main__":
