@@ -61,9 +61,9 @@ def reattach_a(net, *options):
 
 def test_retransmissions_avoid_a_black_hole(spray):
     spray.attach("rr", *NO_FAILOVER)
-    steered = run_phase(spray, 16 << 20, 5301)
+    steered = run_phase(spray, 8 << 20, 5301)
     reattach_a(spray, "--no-retrans-steer")
-    sprayed = run_phase(spray, 16 << 20, 5302)
+    sprayed = run_phase(spray, 8 << 20, 5302)
     print(f"steered {steered}\nsprayed {sprayed}")
     for r in (steered, sprayed):
         assert r["intact"] and r["dropped"] > 100 and r["TcpRetransSegs"] > 100
@@ -74,6 +74,6 @@ def test_retransmissions_avoid_a_black_hole(spray):
     # again; steered, (almost) none
     lost = {k: r["TcpExtTCPLostRetransmit"] / r["TcpRetransSegs"] for k, r in
             (("steered", steered), ("sprayed", sprayed))}
-    assert lost["sprayed"] > 0.1, lost
+    assert lost["sprayed"] > 0.05, lost
     assert lost["steered"] < lost["sprayed"] / 4, lost
     assert steered["TcpExtTCPTimeouts"] <= sprayed["TcpExtTCPTimeouts"]

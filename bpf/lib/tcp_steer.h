@@ -156,6 +156,7 @@ static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, struct p
 	struct mrc_peer_acks *acks;
 	struct mrc_peer_tx *ptx;
 	struct mrc_path_live *live;
+	struct mrc_path *path, *given;
 	__u32 id;
 
 	if (choice->probe)
@@ -170,6 +171,13 @@ static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, struct p
 	    ptx->heard_ns <= acks->ns[choice->path_id & (MRC_MAX_PATHS - 1)])
 		return;
 	index = peer_id * MRC_MAX_PATHS + id;
+	/* still a path of the packet's own set: up, and of the class of the
+	 * path the spray gave it (a path may have been deleted, or be another
+	 * class's reserve, since it was heard) */
+	path = paths.lookup(&index);
+	given = paths.lookup(&choice->path_index);
+	if (!path || !given || path->state != MRC_PATH_UP || path->tclass != given->tclass)
+		return;
 	live = path_live.lookup(&index);
 	if (!live || live->down_ns)
 		return;
