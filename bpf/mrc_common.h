@@ -320,6 +320,12 @@ struct mrc_peer_tx {
 	__u64	seq;		/* next per-peer sequence number */
 	__u64	bytes;		/* bytes policy: bytes sprayed so far (all classes) */
 	__u64	fail_open_ns;	/* since when every path is down (0: not) */
+	/* The path with the newest acknowledgement TX has seen while choosing
+	 * paths, and that acknowledgement: where a TCP retransmission goes
+	 * (lib/tcp_steer.h) */
+	__u64	heard_ns;
+	__u32	heard_path;
+	__u32	pad;
 };
 
 /* path_tx: array by path index; atomic, so the sequence has no gaps */
@@ -366,8 +372,17 @@ struct mrc_config {
 	__u32	probe_us;	/* a down path is tried once per this */
 	__u32	fb_interval_us;	/* one-way traffic: feedback at least this often */
 	__u32	reorder_max_us;	/* late packets widen ack_timeout up to this */
+	__u32	retrans_steer;	/* 1: TCP retransmissions take the path heard last (lib/tcp_steer.h) */
 	__u32	n_devices;
 	struct mrc_device devices[MRC_MAX_DEVICES];
+};
+
+/* tx_flows: array by a TCP flow's hash (direct-mapped): how far each flow
+ * has sent, so that TX tells a retransmission from new data */
+#define MRC_TX_FLOWS		4096	/* a power of two */
+struct mrc_tx_flow {
+	__u32	hash;		/* the flow's skb hash; a slot holds one flow at a time */
+	__u32	snd_nxt;	/* one past the highest sequence number it sent */
 };
 
 /* ---- counters: per-CPU array indexed by enum mrc_counter -------------- */
@@ -417,6 +432,8 @@ enum mrc_counter {
 	MRC_RX_CE,			/* a fabric queue's CE mark carried to the inner header */
 	MRC_RX_DROP_ECN,		/* outcome: outer CE on a Not-ECT inner packet (RFC 6040) */
 	MRC_RX_DROP_OUTER_HEADER,	/* outcome: outer version is not 6, or its source is multicast */
+	MRC_TX_TCP_RETRANS,		/* a TCP segment with nothing new (lib/tcp_steer.h) */
+	MRC_TX_RETRANS_STEERED,		/* ... moved to a path heard more recently */
 	MRC_COUNTER_MAX,
 };
 

@@ -18,6 +18,7 @@
 #include "lib/path_select.h"
 #include "lib/nexthop.h"
 #include "lib/control.h"
+#include "lib/tcp_steer.h"
 
 static __always_inline int tx_pass(void)
 {
@@ -102,8 +103,8 @@ int mrc_tx(struct __sk_buff *skb)
 	struct mrc_path_tx *path_seq;
 	struct mrc_path_stats *pstats;
 	struct path_choice choice;
-	__u32 zero = 0, nseg, encap_len, mark = skb->mark, copy_mark;
-	__u8 control = 0, usid;
+	__u32 zero = 0, nseg, encap_len, mark = skb->mark, copy_mark, l4 = 0, l4_len = 0;
+	__u8 control = 0, usid, retrans = 0;
 
 	count(MRC_TX_SEEN);
 
@@ -124,6 +125,9 @@ int mrc_tx(struct __sk_buff *skb)
 	peer = peers.lookup(&key);
 	if (!peer)
 		return tx_pass();
+	if (!control && !(mark & MRC_PROBE_MARK_MASK) && cfg->retrans_steer &&
+	    tcp_steer_locate(skb, &l4, &l4_len))
+		retrans = tcp_steer_is_retrans(skb, l4, l4_len);
 
 	if ((mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_MARK ?
 	    path_select_pinned(peer, mark, cfg, MRC_TX_PINNED_PROBE, &choice) :
@@ -139,6 +143,8 @@ int mrc_tx(struct __sk_buff *skb)
 		bpf_clone_redirect(skb, skb->ifindex, 0);
 		skb->mark = mark;
 	}
+	if (retrans)
+		tcp_steer_pick(peer, &choice);
 	choice.control = control;
 	path = paths.lookup(&choice.path_index);
 	if (!path || path->state != MRC_PATH_UP)
@@ -176,6 +182,8 @@ int mrc_tx(struct __sk_buff *skb)
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
 	failover_path_sent(choice.live, peer->peer_id, choice.tx_ns);
+	if (cfg->retrans_steer && !control)
+		tcp_steer_heard(peer->peer_id, choice.path_id);
 	if (control)
 		count(MRC_TX_CONTROL);
 	pstats = path_stats.lookup(&choice.path_index);

@@ -205,16 +205,20 @@ def cli(ctx, json_, pretty, netns_name):
               help="One-way traffic: the receiver sends feedback at least this often.")
 @click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["reorder_max_us"], show_default=True,
               help="Late packets widen --ack-timeout-us up to this; 0 keeps it fixed.")
+@click.option("--retrans-steer/--no-retrans-steer", default=True, show_default=True,
+              help="TCP retransmissions take the path the peer acknowledged last, not their "
+                   "spray turn (a failed path's losses are not resent into it).")
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
-           fb_interval_us, reorder_max_us):
+           fb_interval_us, reorder_max_us, retrans_steer):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
     by the device its first hop is on; the pins are named after the first."""
     from mrc_ebpf.datapath import loader
-    result = loader.attach(list(devices), sid, mode, granularity, loss_hold_us=loss_hold_us,
+    result = loader.attach(list(devices), sid, mode, granularity, retrans_steer=retrans_steer,
+                             loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us)
     _emit(ctx, result, lambda r: click.echo(
@@ -270,6 +274,8 @@ def status(ctx):
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
                      ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
                      ("pins", r["pins"])]
+            for route in r["routes"]:
+                items.append(("route", f"{route['prefix']}: {fmt_metrics(route['route_metrics'])}"))
             for w in r["ack_windows"]:
                 items.append(("ack window", f"{w['prefix']}: {w['window_us']} us, widened from "
                                             f"{w['ack_timeout_us']} us by late packets"))
@@ -389,21 +395,31 @@ def path():
                    "peer's last (e.g. fc00:0:101:e002::); repeatable.")
 @click.option("--weight", type=int, default=1, show_default=True, help="Weight (policy weighted).")
 @click.option("--class", "tclass", metavar="NAME", help="Reserve the path for this traffic class.")
+@click.option("--route-metric", "route_metrics", multiple=True, metavar="KEY=VALUE",
+              help="A TCP metric of the route to PREFIX, in place of mrcctl's "
+                   "(rto_min=5ms reordering=127 quickack=1); also features=ecn (where the fabric "
+                   "marks) and congctl=ALGO; KEY=none removes one. Repeatable.")
 @dev_option
 @json_option
 @click.pass_context
-def path_add(ctx, prefix, via, usid, weight, tclass, device):
+def path_add(ctx, prefix, via, usid, weight, tclass, route_metrics, device):
     """Add paths towards PREFIX (a prefix may have many)."""
     from mrc_ebpf.control import paths
     if not via and not usid:
         raise click.UsageError("give --via SEG1,SEG2,... or --usid CONTAINER (repeatable)")
     with _attached(device, change=True) as att:
-        results = paths.add(att, prefix, list(via), weight, tclass, list(usid))
+        results = paths.add(att, prefix, list(via), weight, tclass, list(usid), list(route_metrics))
     _emit(ctx, results, lambda _: click.echo("\n".join(
         f"{r['prefix']} path {r['path_id']} "
         f"{'usid ' + r['usid'] if r['encoding'] == 'usid' else 'via ' + ','.join(r['segments'])} "
         + ("exists already: unchanged" if r["existed"] else
-           f"(+{r['overhead']} B, route MTU {r['route_mtu']})") for r in results)))
+           f"(+{r['overhead']} B, route MTU {r['route_mtu']}, {fmt_metrics(r['route_metrics'])})")
+        for r in results)))
+
+
+def fmt_metrics(metrics: dict) -> str:
+    """A route's TCP metrics as `ip route` writes them."""
+    return " ".join(f"{k} {v}" for k, v in metrics.items()) or "no TCP metrics"
 
 
 @path.command("del")
@@ -483,6 +499,9 @@ def path_list(ctx, device):
                   r["state"], r["weight"], r["tx_packets"], r["tx_bytes"]) for r in rows]
         click.echo(tabulate(table, headers=["prefix", "id", "segments", "policy", "class", "state",
                                             "weight", "tx pkts", "tx bytes"]))
+        routes = {r["prefix"]: r["route_metrics"] for r in rows}
+        for prefix, metrics in routes.items():
+            click.echo(f"route {prefix}: {fmt_metrics(metrics)}")
     _emit(ctx, rows, human)
 
 
@@ -501,6 +520,8 @@ cli.add_command(ops_cmd.monitor)
 cli.add_command(ops_cmd.top)
 from mrc_ebpf.cli.gc_cmd import gc  # noqa: E402
 cli.add_command(gc)
+from mrc_ebpf.cli.host_cmd import tune_host  # noqa: E402
+cli.add_command(tune_host)
 
 
 if __name__ == "__main__":

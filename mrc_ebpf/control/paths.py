@@ -227,20 +227,33 @@ def _rebuild(att: Attachment, peer: layout.Peer) -> None:
         by_sid.update(layout.Sid.from_buffer_copy(bytes(path.peer_sid)), layout.u32(peer.peer_id))
 
 
-def _sync_route(att: Attachment, prefix, peer: layout.Peer) -> None:
+def route_metrics(att: Attachment, prefix) -> dict[str, str]:
+    """The TCP metrics on the peer route as installed (routes.DEFAULT_TCP_METRICS
+    with the user's overrides), read back from the kernel."""
+    with IPRoute() as ipr:
+        route = routes.find(ipr, prefix, att.ifindexes)
+        return routes.tcp_metrics_of(route) if route is not None else {}
+
+
+def _sync_route(att: Attachment, prefix, peer: layout.Peer,
+                overrides: dict[str, str | None] | None = None) -> None:
     """The peer route goes via the first used path's first hop; paths with
     another first hop (another router, another plane's device) are
-    redirected to theirs by the datapath."""
+    redirected to theirs by the datapath.  The route keeps the TCP metrics
+    it has (a new one gets the defaults), with `overrides` applied."""
     paths = att.maps["paths"]
     used = _used(att, peer)
     first = used[0][1]
     index = first.oif
     with IPRoute() as ipr:
         att.route_change(ipr, prefix)
+        current = routes.find(ipr, prefix, att.ifindexes)
+        tcp = dict(routes.DEFAULT_TCP_METRICS) if current is None else routes.tcp_metrics_of(current)
+        tcp.update(overrides or {})
         for other in att.ifindexes:     # it may have moved to another plane
             if other != index:
                 routes.remove(ipr, prefix, other)
-        routes.install(ipr, prefix, _addr(first.nexthop), index, _route_mtu(att, peer))
+        routes.install(ipr, prefix, _addr(first.nexthop), index, _route_mtu(att, peer), tcp)
     for i, path in used:
         redirect = path.oif != index or bytes(path.nexthop) != bytes(first.nexthop)
         flags = (path.flags | REDIRECT) if redirect else (path.flags & ~REDIRECT)
@@ -269,12 +282,15 @@ def _check_sid_room(att: Attachment, specs: list[PathSpec]) -> None:
 
 
 def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1,
-        tclass_name: str | None = None, usids: list[str] = ()) -> list[dict]:
-    """Add paths in one go: segment lists ("S1,S2") and uSID containers.
+        tclass_name: str | None = None, usids: list[str] = (),
+        route_metrics_: list[str] = ()) -> list[dict]:
+    """Add paths in one go: segment lists ("S1,S2") and uSID containers;
+    `route_metrics_` (KEY=VALUE) override the peer route's TCP metrics.
 
     A path the prefix already has (same segments, same encoding) is left
     as it is and reported with "existed": True; one that differs from the
     existing only in weight or class is refused."""
+    overrides = dict(routes.parse_metric(m) for m in route_metrics_)
     specs = [PathSpec.via(v) for v in vias] + [PathSpec.compressed(u) for u in usids]
     if not specs:
         raise MrcError("a path needs --via SEG1,SEG2,... or --usid CONTAINER")
@@ -356,9 +372,10 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
         att.maps["peer_tx"].update(layout.Index(peer.peer_id), layout.PeerTx())
     _rebuild(att, peer)       # spray lists first: the peer entry makes them live
     peers.update(key, peer)
-    _sync_route(att, prefix, peer)
+    _sync_route(att, prefix, peer, overrides)
     mtu = _route_mtu(att, peer)
-    return [{**r, "route_mtu": mtu} for r in existing + results]
+    metrics = route_metrics(att, prefix)
+    return [{**r, "route_mtu": mtu, "route_metrics": metrics} for r in existing + results]
 
 
 def _describe_spec(spec: PathSpec) -> str:
@@ -411,7 +428,7 @@ def set_policy(att: Attachment, prefix_text: str, policy: str) -> dict:
 def peers(att: Attachment) -> list[dict]:
     return [{"prefix": str(key_prefix(k)), "peer_id": p.peer_id,
              "policy": POLICY_NAMES.get(p.policy, str(p.policy)),
-             "paths": len(_used(att, p))}
+             "paths": len(_used(att, p)), "route_metrics": route_metrics(att, key_prefix(k))}
             for k, p in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id)]
 
 
@@ -422,6 +439,7 @@ def list_paths(att: Attachment) -> list[dict]:
     now = _monotonic_ns()
     for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
         prefix = key_prefix(key)
+        metrics = route_metrics(att, prefix)
         for path_id, path in _used(att, peer):
             index = path_index(peer.peer_id, path_id)
             stats = att.maps["path_stats"].lookup(index)
@@ -442,6 +460,7 @@ def list_paths(att: Attachment) -> list[dict]:
                 "tx_bytes": sum(s.tx_bytes for s in stats),
                 "next_seq": att.maps["path_tx"].lookup(index).seq,
                 "nexthop": _addr(path.nexthop), "redirect": bool(path.flags & REDIRECT),
+                "route_metrics": metrics,
                 "feedback": None if not health.updated_ns else {
                     "qdelay_us": health.qdelay_us, "lost": health.lost,
                     "age_ms": round((now - health.updated_ns) / 1e6, 1)},

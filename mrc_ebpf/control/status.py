@@ -54,7 +54,8 @@ def _one(ipr: IPRoute, device: str) -> dict:
     except MrcError as e:
         row.update(healthy=False, problems=[str(e)], sid=None, xdp_mode=None, xdp_prog_id=0,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
-                   granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[])
+                   granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
+                   routes=[])
         return row
     with att:
         cfg = att.config
@@ -65,7 +66,9 @@ def _one(ipr: IPRoute, device: str) -> dict:
         row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
                    peers=len(peers), paths=sum(len(paths._used(att, p)) for p in peers), overhead=overhead,
                    devices=att.device_names(), fail_open=_fail_open(att),
-                   ack_windows=_ack_windows(att))
+                   ack_windows=_ack_windows(att),
+                   routes=[{"prefix": p["prefix"], "route_metrics": p["route_metrics"]}
+                           for p in paths.peers(att)])
     for f in row["fail_open"]:
         row["problems"].append(f"every path to {f['prefix']} is down: sending on them anyway, "
                                f"probed (fail-open) for {f['for_ms']} ms")

@@ -51,7 +51,8 @@ class Path(ctypes.Structure):
 
 @mirror("struct mrc_peer_tx")
 class PeerTx(ctypes.Structure):
-    _fields_ = [("seq", u64), ("bytes", u64), ("fail_open_ns", u64)]
+    _fields_ = [("seq", u64), ("bytes", u64), ("fail_open_ns", u64), ("heard_ns", u64),
+                ("heard_path", u32), ("pad", u32)]
 
 
 @mirror("struct mrc_path_tx")
@@ -73,8 +74,13 @@ class Device(ctypes.Structure):
 class Config(ctypes.Structure):
     _fields_ = [("sid", Addr), ("mtu", u32), ("loss_hold_us", u32), ("ack_timeout_us", u32),
                 ("probe_us", u32), ("fb_interval_us", u32), ("reorder_max_us", u32),
-                ("n_devices", u32),
+                ("retrans_steer", u32), ("n_devices", u32),
                 ("devices", Device * C["MRC_MAX_DEVICES"])]
+
+
+@mirror("struct mrc_tx_flow")
+class TxFlow(ctypes.Structure):
+    _fields_ = [("hash", u32), ("snd_nxt", u32)]
 
 
 @mirror("struct mrc_spray")
@@ -159,6 +165,7 @@ MAPS = {
     "event_seq": (Index, u64, False),
     "fb_due": (Index, u64, False),
     "peer_acks": (Index, PeerAcks, False),
+    "tx_flows": (Index, TxFlow, False),
 }
 
 

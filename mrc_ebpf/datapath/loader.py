@@ -308,7 +308,7 @@ def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granular
 
 
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
-           granularity: str = "packet", **timers: int) -> dict:
+           granularity: str = "packet", retrans_steer: bool = True, **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices)."""
     require_root()
     devices = [devices] if isinstance(devices, str) else list(devices)
@@ -339,7 +339,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             bpfsys.obj_pin(rx.fd, str(directory / PROG_RX))
             bpfsys.obj_pin(fb.fd, str(directory / PROG_FB))
 
-            cfg = layout.Config(n_devices=len(devices), **timers)
+            cfg = layout.Config(n_devices=len(devices), retrans_steer=int(retrans_steer), **timers)
             ctypes.memmove(cfg.sid, sid.packed, 16)
             modes = []
             for i, (device, index) in enumerate(zip(devices, indexes)):

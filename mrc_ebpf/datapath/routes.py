@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 
 from pyroute2 import IPRoute
@@ -43,6 +44,130 @@ def name_protocol(path: str = PROTO_FILE) -> bool:
         return False
 
 
+# What TCP needs over sprayed paths, put on the peer route so that it
+# applies to MRC's traffic alone (docs/design/tcp.md has the why and the
+# numbers).  iproute2's names; values as `ip route` prints them.
+#  rto_min 5ms: the RTO floor (locked, else TCP ignores it): 200 ms is for
+#    the Internet; a fabric's RTT is microseconds plus its queues.
+#  reordering 127: the packets TCP waits for before it takes a hole for a
+#    loss until RACK has seen reordering (3 is a single path's number;
+#    spraying reorders by up to a few packets per path).
+#  quickack 1: every segment acknowledged at once, so the sender's clock
+#    (RACK, the datapath's failover) sees each path's deliveries promptly.
+#  features ecn (off by default: only where the fabric marks) and
+#  congctl NAME (only if asked) are taken as overrides.
+DEFAULT_TCP_METRICS = {"rto_min": "5ms", "reordering": "127", "quickack": "1"}
+_RTAX = {"rto_min": "RTAX_RTO_MIN", "reordering": "RTAX_REORDERING", "quickack": "RTAX_QUICKACK",
+         "features": "RTAX_FEATURES", "congctl": "RTAX_CC_ALGO"}
+_LOCKED = {"rto_min": 13, "reordering": 9}       # bit = RTAX_* number: locked as iproute2 does
+RTAX_FEATURE_ECN = 1
+MAX_REORDERING = 300        # net.ipv4.tcp_max_reordering's default
+
+
+def _parse_ms(text: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|us)?", text.strip())
+    if not m:
+        raise ValueError
+    scale = {"s": 1000.0, "ms": 1.0, "us": 0.001, None: 1.0}[m.group(2)]
+    ms = float(m.group(1)) * scale
+    if ms != int(ms) or not 1 <= ms <= 60000:
+        raise ValueError
+    return int(ms)
+
+
+def _available_congestion() -> list[str]:
+    try:
+        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def parse_metric(text: str) -> tuple[str, str | None]:
+    """KEY=VALUE of `--route-metric` -> (key, value as `ip route` shows it);
+    value None (`KEY=none`) removes a default."""
+    key, sep, value = text.partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep or key not in _RTAX:
+        raise MrcError(f"bad --route-metric {text!r}: KEY=VALUE with KEY one of {', '.join(_RTAX)}")
+    if value == "none":
+        return key, None
+    try:
+        if key == "rto_min":
+            return key, f"{_parse_ms(value)}ms"
+        if key == "reordering":
+            n = int(value)
+            if not 1 <= n <= MAX_REORDERING:
+                raise ValueError
+            return key, str(n)
+        if key == "quickack":
+            if value not in ("0", "1"):
+                raise ValueError
+            return key, value
+        if key == "features":
+            if value != "ecn":
+                raise ValueError
+            return key, value
+        if value not in _available_congestion():
+            raise ValueError
+        return key, value
+    except ValueError:
+        hint = {"rto_min": "a time of 1ms..60s, e.g. 5ms", "reordering": f"1..{MAX_REORDERING}",
+                "quickack": "0 or 1", "features": "ecn",
+                "congctl": "one of " + " ".join(_available_congestion())}[key]
+        raise MrcError(f"bad --route-metric {text!r}: {key} takes {hint} (or none)")
+
+
+def _netlink_metrics(tcp: dict[str, str | None]) -> dict:
+    out, lock = {}, 0
+    for key, value in tcp.items():
+        if value is None:
+            continue
+        if key == "rto_min":
+            out[_RTAX[key]] = _parse_ms(value)
+        elif key == "features":
+            out[_RTAX[key]] = RTAX_FEATURE_ECN
+        elif key == "congctl":
+            out[_RTAX[key]] = value
+        else:
+            out[_RTAX[key]] = int(value)
+        if key in _LOCKED:
+            lock |= 1 << _LOCKED[key]
+    if lock:
+        out["RTAX_LOCK"] = lock
+    return out
+
+
+def tcp_metrics_of(route) -> dict[str, str]:
+    """The TCP metrics of an installed route, as `ip route` names them."""
+    raw = route.get_attr("RTA_METRICS")
+    out = {}
+    if raw is None:
+        return out
+    for key, rtax in _RTAX.items():
+        value = raw.get_attr(rtax)
+        if value is None:
+            continue
+        if key == "rto_min":
+            out[key] = f"{value}ms"
+        elif key == "features":
+            if value & RTAX_FEATURE_ECN:
+                out[key] = "ecn"
+        else:
+            out[key] = str(value)
+    return out
+
+
+def find(ipr: IPRoute, prefix: ipaddress._BaseNetwork, indexes) -> object | None:
+    """mrcctl's route to `prefix` out of one of `indexes`, or None."""
+    family = socket.AF_INET6 if prefix.version == 6 else socket.AF_INET
+    for route in ipr.get_routes(family=family, proto=ROUTE_PROTO):
+        if (route.get_attr("RTA_OIF") in indexes and route["dst_len"] == prefix.prefixlen
+                and route.get_attr("RTA_DST") == str(prefix.network_address)):
+            return route
+    return None
+
+
 def next_hop(ipr: IPRoute, segment: str) -> tuple[int, str]:
     """(device index, gateway) towards `segment`; the segment itself if on-link."""
     try:
@@ -53,15 +178,18 @@ def next_hop(ipr: IPRoute, segment: str) -> tuple[int, str]:
     return route.get_attr("RTA_OIF"), route.get_attr("RTA_GATEWAY") or segment
 
 
-def install(ipr: IPRoute, prefix: ipaddress._BaseNetwork, gateway: str, index: int, mtu: int) -> None:
+def install(ipr: IPRoute, prefix: ipaddress._BaseNetwork, gateway: str, index: int, mtu: int,
+            tcp: dict[str, str | None] | None = None) -> None:
+    """`tcp`: the route's TCP metrics (parse_metric's form), None for none."""
+    extra = _netlink_metrics(tcp or {})
     kwargs = dict(dst=str(prefix.network_address), dst_len=prefix.prefixlen, oif=index,
                   proto=ROUTE_PROTO, priority=ROUTE_METRIC)
     if prefix.version == 6:
         kwargs.update(family=socket.AF_INET6, gateway=gateway,
-                      metrics={"RTAX_MTU": mtu, "RTAX_ADVMSS": mtu - 60})
+                      metrics={"RTAX_MTU": mtu, "RTAX_ADVMSS": mtu - 60, **extra})
     else:  # IPv4 over an IPv6 next hop (RTA_VIA)
         kwargs.update(family=socket.AF_INET, via={"family": socket.AF_INET6, "addr": gateway},
-                      metrics={"RTAX_MTU": mtu, "RTAX_ADVMSS": mtu - 40})
+                      metrics={"RTAX_MTU": mtu, "RTAX_ADVMSS": mtu - 40, **extra})
     try:
         ipr.route("replace", **kwargs)
     except NetlinkError as e:
