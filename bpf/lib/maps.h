@@ -29,5 +29,6 @@ BPF_ARRAY(events, struct mrc_event, MRC_EVENTS);
 BPF_ARRAY(event_seq, __u64, 1);
 BPF_ARRAY(fb_due, __u64, MRC_MAX_PEERS);
 BPF_ARRAY(peer_acks, struct mrc_peer_acks, MRC_MAX_PEERS);
+BPF_ARRAY(peer_floor, struct mrc_peer_floor, MRC_MAX_PEERS);
 
 #endif

@@ -30,7 +30,8 @@ def _one(ipr: IPRoute, device: str) -> dict:
     except MrcError as e:
         row.update(healthy=False, problems=[str(e)], sid=None, xdp_mode=None, xdp_prog_id=0,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
-                   granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[])
+                   granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
+                   path_states={}, min_active=None)
         return row
     with att:
         cfg = att.config
@@ -41,7 +42,8 @@ def _one(ipr: IPRoute, device: str) -> dict:
         row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
                    peers=len(peers), paths=sum(p.n_paths for p in peers), overhead=overhead,
                    devices=att.device_names(), fail_open=_fail_open(att),
-                   ack_windows=_ack_windows(att))
+                   ack_windows=_ack_windows(att), path_states=_path_states(att),
+                   min_active=cfg.min_active)
     for f in row["fail_open"]:
         row["problems"].append(f"every path to {f['prefix']} is down: sending on them anyway, "
                                f"probed (fail-open) for {f['for_ms']} ms")
@@ -63,6 +65,15 @@ def _fail_open(att: Attachment) -> list[dict]:
         if since:
             out.append({"prefix": str(paths.key_prefix(key)), "for_ms": round((now - since) / 1e6, 1)})
     return out
+
+
+def _path_states(att: Attachment) -> dict[str, int]:
+    """How many paths are in each of MRC's states (up, assumed-bad, denied, unknown)."""
+    counts = {s: 0 for s in (paths.STATE_UP, paths.STATE_BAD, paths.STATE_DENIED, paths.STATE_UNKNOWN)}
+    for _, peer in att.maps["peers"].items():
+        for path_id, path in paths._used(att, peer):
+            counts[paths.path_state(att, peer, path_id, path)] += 1
+    return counts
 
 
 def _ack_windows(att: Attachment) -> list[dict]:

@@ -168,7 +168,9 @@ def resolve_device(device: str | None) -> str:
 
 # Defaults for a datacenter: round trips of tens of microseconds.
 TIMERS = {"loss_hold_us": 20000, "ack_timeout_us": 1000, "probe_us": 5000, "fb_interval_us": 100,
-          "reorder_max_us": 16000}
+          "reorder_max_us": 16000,
+          # not a timer: MRC's ev_min_active, the floor of usable paths per peer
+          "min_active": 0}
 
 
 def _check_free(ipr: IPRoute, devices: list[str]) -> list[int]:
