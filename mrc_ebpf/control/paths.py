@@ -418,6 +418,8 @@ def set_denied(att: Attachment, prefix_text: str, path_ids: list[int], deny: boo
         path.state = want
         att.maps["paths"].update(index, path)
         changed.append(path_id)
+    if not deny:
+        _forget_acks(att, peer.peer_id, changed)
     _rebuild(att, peer)
     left = sum(1 for _, p in _used(att, peer) if p.state == UP)
     return {"prefix": str(prefix), "action": "deny" if deny else "allow", "path_ids": list(path_ids),
