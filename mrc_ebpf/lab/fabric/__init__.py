@@ -41,7 +41,7 @@ Spines route every host SID/prefix to the host's leaf in their plane.
 """
 from __future__ import annotations
 
-from .plan import (DEFAULT_MTU, DEFAULT_NAME, DEFAULT_RATE, ENCODINGS, MAX_MTU, MIN_MTU, MODES,  # noqa: F401
+from .plan import (DEFAULT_ENTROPY, DEFAULT_MTU, DEFAULT_NAME, DEFAULT_RATE, ENCODINGS, MAX_MTU, MIN_MTU, MODES,  # noqa: F401
                    QUEUE_LATENCY, STATE_DIR, SYSCTL_RE, Fabric, parse_mode, parse_rate)
 from .state import check_name, existing_namespaces, list_names, load, locked, state_path  # noqa: F401
 from .build import down, up  # noqa: F401

@@ -7,7 +7,7 @@ import sys
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab.procs import run_parallel, ROOT
 
-from .plan import Fabric
+from .plan import DEFAULT_ENTROPY, Fabric
 from .state import existing_namespaces, locked
 
 
@@ -37,7 +37,7 @@ def _check(r: subprocess.CompletedProcess, what: str) -> None:
 
 
 def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
-           ipv4: bool = False) -> dict:
+           ipv4: bool = False, entropy: int | None = None) -> dict:
     with locked(name) as state:
         fab = Fabric(state["spec"])
         if state["status"] != "up":
@@ -45,6 +45,11 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
         chosen = _pick_hosts(fab, hosts)
         if len(chosen) < 2:
             raise MrcError("attach needs at least two hosts")
+        if entropy is not None and fab.encoding != "ev":
+            raise MrcError(f"--entropy is for an --encoding ev fabric; {name} is {fab.encoding}")
+        entropy = DEFAULT_ENTROPY if entropy is None else entropy
+        if not 1 <= entropy <= 256:
+            raise MrcError(f"bad --entropy {entropy}: 1..256 paths per peer")
         already = [fab.host(h) for h in chosen if fab.host(h) in state["attached"]]
         if already:
             raise MrcError(f"already attached: {', '.join(already)} (mrcctl fabric detach first)")
@@ -68,7 +73,7 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
                         continue
                     prefixes = [fab.prefix6(b)] + ([fab.prefix4(b)] if ipv4 else [])
                     for prefix in prefixes:
-                        cmds.append(_mrcctl(ns, *fab.path_add_args(a, b, prefix)))
+                        cmds.append(_mrcctl(ns, *fab.path_add_args(a, b, prefix, entropy)))
                         if policy:
                             cmds.append(_mrcctl(ns, "path", "policy", prefix, policy))
                 jobs.append(cmds)
@@ -80,8 +85,11 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
             state["attached"][fab.host(h)] = {"devices": devs, "sid": fab.host_sid(h), "ipv4": ipv4,
                                               "peers": [fab.host(b) for b in chosen if b != h],
                                               "policy": policy or "rr", "extra": list(extra)}
+            if fab.encoding == "ev":
+                state["attached"][fab.host(h)]["entropy"] = entropy
     return {"name": name, "hosts": [fab.host(h) for h in chosen], "devices": devs,
-            "policy": policy or "rr", "paths_per_peer": fab.planes * fab.spines}
+            "policy": policy or "rr",
+            "paths_per_peer": entropy if fab.encoding == "ev" else fab.planes * fab.spines}
 
 
 def _run_sequences(jobs: list[list[list[str]]], what: str, limit: int = 2) -> None:
