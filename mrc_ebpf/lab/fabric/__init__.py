@@ -38,6 +38,10 @@ SIDs/prefixes to the host, and remote hosts' SIDs/prefixes by kernel ECMP
 over all spines of the plane, hashed on the 5-tuple (fib_multipath_hash_policy
 3, fields 0x37: what policy 1 means on a switch; see sysctls()).
 Spines route every host SID/prefix to the host's leaf in their plane.
+
+--encoding ev: no SRv6 in the fabric (seg6 off on every switch, no SIDs on
+the spines), leaves hash the flow label (fib_multipath_hash_policy 0), one
+plane; `attach` gives each host entropy paths (--entropy N, default 64).
 """
 from __future__ import annotations
 
