@@ -152,10 +152,20 @@ struct mrc_class_name {
 /* mrc_path.state */
 #define MRC_PATH_UNUSED		0
 #define MRC_PATH_UP		1
+/* Denied by the operator (mrcctl path deny): in no spray list, never sent
+ * on nor probed until allowed again.  (Taken out by the datapath is not a
+ * state here but mrc_path_live.down_ns: "assumed bad", and probed.) */
+#define MRC_PATH_DENIED		2
 
 /* mrc_path.flags */
 #define MRC_PATH_F_REDIRECT	0x01	/* next hop differs from the peer route's */
 #define MRC_PATH_F_USID		0x02	/* segments[0] is a uSID container: no SRH */
+/* An entropy path (an EV, as MRC calls it): no segment list.  The outer
+ * destination is the peer's SID itself (segments[0] == peer_sid) and the
+ * packet is encapsulated as a uSID path is (Destination Options carry
+ * the TLV), so MRC_PATH_F_USID is set too; the fabric's ECMP hashing of
+ * the outer flow label, which is the path's own, chooses where it goes. */
+#define MRC_PATH_F_ENTROPY	0x04
 
 /*
  * paths: array indexed by peer_id * MRC_MAX_PATHS + path_id.  The segment
@@ -230,6 +240,17 @@ struct mrc_path_live {
 	__u64	late_ns;		/* down: when a send from before the down was acknowledged */
 	__u32	downs;			/* times it went down */
 	__u32	probes;			/* packets sent on it while down */
+	__u64	kept_since_ns;		/* overdue send the floor kept it up for (MRC_EV_KEPT logged) */
+};
+
+/*
+ * peer_floor: array by peer_id, MRC's ev_min_active: the datapath takes
+ * no path out that would leave the peer fewer than config.min_active
+ * usable ones (lib/floor.h).
+ */
+struct mrc_peer_floor {
+	__u64	usable;		/* loader: the peer's paths in state UP (not denied) */
+	__u64	out;		/* datapath: how many of them are taken out (down_ns) */
 };
 
 /*
@@ -261,6 +282,8 @@ struct mrc_peer_acks {
 #define MRC_EV_UP		2	/* a probe (or late packet) was acknowledged */
 #define MRC_EV_FAIL_OPEN	3	/* every path of the peer is down: sending anyway */
 #define MRC_EV_LATE		4	/* up: its packets from before the down arrived late */
+#define MRC_EV_KEPT		5	/* overdue, but kept: taking it out would leave the
+					 * peer fewer than min_active usable paths */
 
 struct mrc_event {
 	__u64	seq;		/* 1, 2, ...: position in the log (0: empty slot) */
@@ -375,6 +398,7 @@ struct mrc_config {
 	__u32	retrans_steer;	/* 1: TCP retransmissions take the path heard last (lib/tcp_steer.h) */
 	__u32	n_devices;
 	struct mrc_device devices[MRC_MAX_DEVICES];
+	__u32	min_active;	/* a peer keeps at least this many paths in use (0: no floor) */
 };
 
 /* tx_flows: array by a TCP flow's hash (direct-mapped): how far each flow

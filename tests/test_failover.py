@@ -304,7 +304,7 @@ def test_probe_finds_a_dead_idle_path_and_its_return(spray):
     # the hole also ate some of A's feedback-only packets for B's replies
     assert by_id[BLACKHOLED]["received"] == 0 and dropped >= 4
     assert all(by_id[k]["received"] == 4 for k in (0, 1, 3)), by_id
-    assert by_id[BLACKHOLED]["state"] == "down"
+    assert by_id[BLACKHOLED]["state"] == "assumed-bad"
     healed = probe(spray, "--path", str(BLACKHOLED))
     assert healed["paths"][0]["received"] == 3 and healed["paths"][0]["state"] == "up"
     kinds = [e["type"] for e in events(spray) if e["path_id"] == BLACKHOLED]

@@ -120,3 +120,18 @@ def test_vm_failover_on_blackhole(net):
         faults.heal(net.R[1], "rup")
     events = json.loads(mrcctl("stats", "--events", "-j", netns=net.A).stdout)["events"]
     assert any(e["type"] == "down" and e["path_id"] == 1 for e in events), events
+
+
+def test_vm_entropy_paths(net):
+    """Entropy paths on 6.1: outer IPv6 straight to B's SID with the TLV in
+    Destination Options, one flow label each; B's XDP decapsulates them."""
+    net.t.exec(net.B, ["ip", "-6", "addr", "add", "fd00:bc::b/128", "dev", "lo"])
+    net.t.route(net.L1, "fc00:b::/48", "via", "fd00:10:1::2")     # B_SID fc00:b::1, via R1
+    mrcctl("path", "add", "fd00:bc::/64", "--entropy", "2", "--sid", net.B_SID, netns=net.A)
+    before = counters(net.B)["rx_decap"]
+    assert ping(net, net.A, "fd00:bc::b").returncode == 0, diagnosis(net)
+    assert counters(net.B)["rx_decap"] - before >= 3
+    rows = [r for r in json.loads(mrcctl("path", "list", "-j", netns=net.A).stdout)
+            if r["prefix"] == "fd00:bc::/64"]
+    assert [r["encoding"] for r in rows] == ["entropy", "entropy"]
+    assert all(r["tx_packets"] >= 1 for r in rows) and rows[0]["flowlabel"] != rows[1]["flowlabel"]

@@ -10,6 +10,7 @@
 
 #include "lib/maps.h"
 #include "lib/compiler.h"
+#include "lib/floor.h"
 
 static __always_inline void failover_event_log(__u32 peer_id, __u16 path_id, __u16 type, __u64 now,
 				      __u64 since)
@@ -139,6 +140,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 	 * late if that came first (feedback_late) */
 	if (down && acked >= live->down_after_ns &&
 	    __sync_bool_compare_and_swap(&live->down_ns, down, 0)) {
+		floor_release(peer_id);
 		if (live->late_ns > down) {
 			/* sent before the down: the path was late, not dead */
 			failover_ack_window_widen(acks, cfg, now);
@@ -159,12 +161,23 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 		return PATH_USE;
 	window = failover_ack_window(acks, cfg, now) + failover_queue_allowance(cfg, peer_id, path_id);
 	if (acks->max_ns > since + window || acks->last_ns > since + window * MRC_SILENCE_FACTOR) {
+		/* the floor (min_active) may keep it in use: logged once per
+		 * overdue send */
+		if (!floor_take_out(cfg, peer_id)) {
+			if (live->kept_since_ns != since) {
+				live->kept_since_ns = since;
+				failover_event_log(peer_id, path_id, MRC_EV_KEPT, now, since);
+			}
+			return PATH_USE;
+		}
 		/* one CPU wins the transition and logs it */
 		if (__sync_bool_compare_and_swap(&live->down_ns, 0, now)) {
 			live->down_after_ns = live->last_sent_ns;
 			live->next_probe_ns = now + probe_ns;
 			live->downs++;
 			failover_event_log(peer_id, path_id, MRC_EV_DOWN, now, since);
+		} else {
+			floor_release(peer_id);
 		}
 		return PATH_SKIP;
 	}

@@ -33,5 +33,6 @@ BPF_RINGBUF_OUTPUT(mrc_event_ring, MRC_EVENT_RING_PAGES);
 BPF_ARRAY(fb_due, __u64, MRC_MAX_PEERS);
 BPF_ARRAY(peer_acks, struct mrc_peer_acks, MRC_MAX_PEERS);
 BPF_ARRAY(tx_flows, struct mrc_tx_flow, MRC_TX_FLOWS);
+BPF_ARRAY(peer_floor, struct mrc_peer_floor, MRC_MAX_PEERS);
 
 #endif

@@ -79,7 +79,9 @@ def fabric():
               help="tbf rate on both directions of every leaf-spine link (none: unlimited).")
 @click.option("--host-rate", default=None, help="tbf rate on host links (default: unlimited).")
 @click.option("--encoding", type=click.Choice(fab_mod.ENCODINGS), default="srh", show_default=True,
-              help="srh: spine End + host SID as two segments; usid: one NEXT-C-SID container.")
+              help="srh: spine End + host SID as two segments; usid: one NEXT-C-SID container; "
+                   "ev: no SRv6 in the fabric (plain IPv6 switches, leaves hashing the flow "
+                   "label): entropy paths.")
 @click.option("--mtu", type=int, default=fab_mod.DEFAULT_MTU, show_default=True,
               help="MTU of every link, up to 9000 (above 3506 the hosts' XDP runs in generic "
                    "mode on veth).")
@@ -215,14 +217,17 @@ def exec_(ctx, name, node, cmd):
 @click.option("--ipv4", is_flag=True,
               help="Also add the IPv4 /32s as peers (their own path ids and counters; the "
                    "peer's feedback then names one of the two prefixes).")
+@click.option("--entropy", type=int, metavar="N",
+              help=f"--encoding ev: entropy paths per peer (default {fab_mod.DEFAULT_ENTROPY}).")
 @_json_opt
 @click.pass_context
-def attach(ctx, name, hosts, policy, ipv4, json_):
+def attach(ctx, name, hosts, policy, ipv4, entropy, json_):
     """Attach mrc-ebpf on the hosts' NICs (eth0.. one per plane, one datapath)
     and add every other chosen host's IPv6 prefix with all its paths.
 
     Options after `--` go to `mrcctl attach` (e.g. -- --granularity burst)."""
-    r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4)
+    r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4,
+                       entropy=entropy)
     _emit(json_, r, lambda r: click.echo(
         f"attached {', '.join(r['hosts'])} on {' '.join(r['devices'])}: {r['paths_per_peer']} paths "
         f"per peer, policy {r['policy']}"))

@@ -208,10 +208,13 @@ def cli(ctx, json_, pretty, netns_name):
 @click.option("--retrans-steer/--no-retrans-steer", default=True, show_default=True,
               help="TCP retransmissions take the path the peer acknowledged last, not their "
                    "spray turn (a failed path's losses are not resent into it).")
+@click.option("--min-active", type=click.IntRange(0, 256), default=0, show_default=True,
+              help="The datapath takes no path out that would leave a peer fewer than this many "
+                   "usable ones (MRC's ev_min_active); each refusal is an event (kept).")
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
-           fb_interval_us, reorder_max_us, retrans_steer):
+           fb_interval_us, reorder_max_us, retrans_steer, min_active):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
@@ -220,7 +223,8 @@ def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, p
     result = loader.attach(list(devices), sid, mode, granularity, retrans_steer=retrans_steer,
                              loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
-                             fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us)
+                             fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us,
+                             min_active=min_active)
     _emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
         f"{r['granularity']}; pinned at {r['pins']}"))
@@ -273,6 +277,8 @@ def status(ctx):
                            f"prog {h['tc_prog_id'] or '-'}{'' if h['tc_ours'] else ' (missing)'}")]
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
                      ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
+                     ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
+                     ("min active", r["min_active"] or "no floor"),
                      ("pins", r["pins"])]
             for route in r["routes"]:
                 items.append(("route", f"{route['prefix']}: {fmt_metrics(route['route_metrics'])}"))
@@ -314,10 +320,10 @@ def stats(ctx, device, by_path, show_events, watch):
 
     def human(d):
         if show_events:
-            click.echo(tabulate([(e["seq"], e["ns"], e["ago_ms"], e["type"], e["prefix"], e["path_id"],
-                                  e["after_us"] if e["after_us"] is not None else "")
+            click.echo(tabulate([(e["seq"], e["ns"], e["ago_ms"], e["type"], e["state"], e["prefix"],
+                                  e["path_id"], e["after_us"] if e["after_us"] is not None else "")
                                  for e in d["events"]],
-                                headers=["seq", "kernel ns", "ms ago", "event", "peer", "path",
+                                headers=["seq", "kernel ns", "ms ago", "event", "state", "peer", "path",
                                          "us after unacked send"]) if d["events"] else "no events")
             return
         if not by_path:
@@ -393,6 +399,10 @@ def path():
 @click.option("--usid", multiple=True, metavar="CONTAINER",
               help="A compressed (uSID) path: 32-bit block, then one 16-bit ID per hop, the "
                    "peer's last (e.g. fc00:0:101:e002::); repeatable.")
+@click.option("--entropy", type=int, default=0, metavar="N",
+              help="N entropy paths (EVs): no segment list, outer IPv6 straight to --sid, each "
+                   "with its own outer flow label for the fabric's ECMP to hash.")
+@click.option("--sid", "peer_sid", metavar="PEER_SID", help="With --entropy: the peer's SID.")
 @click.option("--weight", type=int, default=1, show_default=True, help="Weight (policy weighted).")
 @click.option("--class", "tclass", metavar="NAME", help="Reserve the path for this traffic class.")
 @click.option("--route-metric", "route_metrics", multiple=True, metavar="KEY=VALUE",
@@ -402,16 +412,22 @@ def path():
 @dev_option
 @json_option
 @click.pass_context
-def path_add(ctx, prefix, via, usid, weight, tclass, route_metrics, device):
+def path_add(ctx, prefix, via, usid, entropy, peer_sid, weight, tclass, route_metrics, device):
     """Add paths towards PREFIX (a prefix may have many)."""
     from mrc_ebpf.control import paths
-    if not via and not usid:
-        raise click.UsageError("give --via SEG1,SEG2,... or --usid CONTAINER (repeatable)")
+    if not via and not usid and not entropy and not peer_sid:
+        raise click.UsageError("give --via SEG1,SEG2,..., --usid CONTAINER (repeatable) "
+                               "or --entropy N --sid PEER_SID")
     with _attached(device, change=True) as att:
-        results = paths.add(att, prefix, list(via), weight, tclass, list(usid), list(route_metrics))
+        results = paths.add(att, prefix, list(via), weight, tclass, list(usid), entropy, peer_sid,
+                            list(route_metrics))
+
+    def where(r):
+        if r["encoding"] == "entropy":
+            return f"entropy {r['peer_sid']}" + (f" EV {r['flowlabel']:#07x}" if "flowlabel" in r else "")
+        return "usid " + r["usid"] if r["encoding"] == "usid" else "via " + ",".join(r["segments"])
     _emit(ctx, results, lambda _: click.echo("\n".join(
-        f"{r['prefix']} path {r['path_id']} "
-        f"{'usid ' + r['usid'] if r['encoding'] == 'usid' else 'via ' + ','.join(r['segments'])} "
+        f"{r['prefix']} path {r['path_id']} {where(r)} "
         + ("exists already: unchanged" if r["existed"] else
            f"(+{r['overhead']} B, route MTU {r['route_mtu']}, {fmt_metrics(r['route_metrics'])})")
         for r in results)))
@@ -522,6 +538,9 @@ from mrc_ebpf.cli.gc_cmd import gc  # noqa: E402
 cli.add_command(gc)
 from mrc_ebpf.cli.host_cmd import tune_host  # noqa: E402
 cli.add_command(tune_host)
+from mrc_ebpf.cli.path_state_cmd import allow as path_allow, deny as path_deny  # noqa: E402
+path.add_command(path_deny)
+path.add_command(path_allow)
 
 
 if __name__ == "__main__":

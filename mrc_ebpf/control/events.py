@@ -10,6 +10,10 @@ TYPES = {value: name[len("MRC_EV_"):].lower().replace("_", "-")
          for name, value in C.items() if name.startswith("MRC_EV_")}
 
 
+# the state a path is in after each kind of event (MRC's names, control/paths.py)
+STATE_AFTER = {"down": "assumed-bad", "up": "up", "late": "up", "kept": "up", "fail-open": "assumed-bad"}
+
+
 def read(att, peer_prefixes: dict[int, str] | None = None) -> list[dict]:
     """Events in the order they happened, oldest first (at most MRC_EVENTS)."""
     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -18,7 +22,8 @@ def read(att, peer_prefixes: dict[int, str] | None = None) -> list[dict]:
         if not ev.seq:
             continue
         rows.append({"seq": ev.seq, "ns": ev.ns, "ago_ms": round((now - ev.ns) / 1e6, 3),
-                     "type": TYPES.get(ev.type, str(ev.type)), "peer_id": ev.peer_id,
+                     "type": TYPES.get(ev.type, str(ev.type)),
+                     "state": STATE_AFTER.get(TYPES.get(ev.type)), "peer_id": ev.peer_id,
                      "prefix": (peer_prefixes or {}).get(ev.peer_id), "path_id": ev.path_id,
                      "since_ns": ev.since_ns,
                      "after_us": round((ev.ns - ev.since_ns) / 1e3, 1) if ev.since_ns else None})

@@ -20,9 +20,11 @@ from mrc_ebpf.errors import MrcError
 from mrc_ebpf.datapath.source import C
 
 MAX_PATHS, MAX_PEERS, MAX_SEGMENTS = C["MRC_MAX_PATHS"], C["MRC_MAX_PEERS"], C["MRC_MAX_SEGMENTS"]
-REDIRECT, USID = C["MRC_PATH_F_REDIRECT"], C["MRC_PATH_F_USID"]
+REDIRECT, USID, ENTROPY = C["MRC_PATH_F_REDIRECT"], C["MRC_PATH_F_USID"], C["MRC_PATH_F_ENTROPY"]
 USID_BLOCK_BITS, USID_ID_BITS = C["MRC_USID_BLOCK_BITS"], C["MRC_USID_ID_BITS"]
-UP, UNUSED = C["MRC_PATH_UP"], C["MRC_PATH_UNUSED"]
+UP, UNUSED, DENIED = C["MRC_PATH_UP"], C["MRC_PATH_UNUSED"], C["MRC_PATH_DENIED"]
+# MRC's names for a path's (an EV's) state
+STATE_UP, STATE_BAD, STATE_DENIED, STATE_UNKNOWN = "up", "assumed-bad", "denied", "unknown"
 MAX_CLASSES, SLOTS = C["MRC_MAX_CLASSES"], C["MRC_SPRAY_SLOTS"]
 POLICIES = {name[len("MRC_POLICY_"):].lower(): value
             for name, value in C.items() if name.startswith("MRC_POLICY_")}
@@ -78,12 +80,33 @@ def parse_usid(text: str) -> tuple[ipaddress.IPv6Address, ipaddress.IPv6Address]
     return container, peer
 
 
+def parse_peer_sid(text: str) -> ipaddress.IPv6Address:
+    try:
+        sid = ipaddress.IPv6Address(text.strip())
+    except ValueError:
+        raise MrcError(f"bad --sid {text!r}: expected the peer's SID, an IPv6 address")
+    if sid.is_multicast or sid.is_unspecified or sid.is_link_local or sid.is_loopback:
+        raise MrcError(f"bad --sid {text!r}: must be a unicast SID")
+    return sid
+
+
 class PathSpec:
-    """One path as given: an SRH segment list, or a uSID container."""
+    """One path as given: an SRH segment list, a uSID container, or an
+    entropy path (no segment list: the peer's SID and an outer flow label
+    that the fabric's ECMP hashes)."""
 
     def __init__(self, segments: list[ipaddress.IPv6Address], peer_sid: ipaddress.IPv6Address,
-                 usid: bool):
-        self.segments, self.peer_sid, self.usid = segments, peer_sid, usid
+                 usid: bool, entropy: bool = False):
+        self.segments, self.peer_sid, self.usid, self.entropy = segments, peer_sid, usid, entropy
+
+    @classmethod
+    def ev(cls, peer_sid: ipaddress.IPv6Address) -> "PathSpec":
+        # encapsulated as a uSID path whose container is the peer's SID
+        return cls([peer_sid], peer_sid, True, entropy=True)
+
+    @property
+    def flags(self) -> int:
+        return (USID if self.usid else 0) | (ENTROPY if self.entropy else 0)
 
     @classmethod
     def via(cls, text: str) -> "PathSpec":
@@ -104,6 +127,8 @@ class PathSpec:
         return layout.encap_len(len(self.segments), self.usid)
 
     def describe(self) -> dict:
+        if self.entropy:
+            return {"encoding": "entropy", "peer_sid": str(self.peer_sid)}
         if self.usid:
             return {"encoding": "usid", "usid": str(self.segments[0]), "peer_sid": str(self.peer_sid)}
         return {"encoding": "srh", "segments": [str(s) for s in self.segments],
@@ -141,9 +166,29 @@ def flowlabel(prefix, path_id: int, segments) -> int:
 
 def _segments_of(path: layout.Path) -> list[str]:
     """Travel order (the wire holds them last-first); a uSID path's one
-    entry is its container."""
+    entry is its container, an entropy path's the peer's SID."""
     wire = [ipaddress.IPv6Address(bytes(path.segments[i].addr)) for i in range(path.n_segments)]
     return [str(s) for s in reversed(wire)]
+
+
+def encoding_of(path: layout.Path) -> str:
+    if path.flags & ENTROPY:
+        return "entropy"
+    return "usid" if path.flags & USID else "srh"
+
+
+def _unique_labels(prefix, ids: list[int], specs: list[PathSpec], taken: set[int]) -> list[int]:
+    """The outer flow label of each new path: stable per (prefix, id,
+    segments); an entropy path's label is its EV, so no two of a peer's
+    paths share one (a clash is moved on to the next free value)."""
+    out = []
+    for path_id, spec in zip(ids, specs):
+        label = flowlabel(prefix, path_id, spec.segments)
+        while label in taken:
+            label = label % 0xFFFFF + 1
+        taken.add(label)
+        out.append(label)
+    return out
 
 
 def _overhead(path: layout.Path) -> int:
@@ -219,6 +264,9 @@ def _rebuild(att: Attachment, peer: layout.Peer) -> None:
         spray = layout.Spray(n=len(ids), quantum=quantum)
         spray.ids[:len(ids)] = ids
         att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
+    # the floor (min_active): how many may be used, how many the datapath took out
+    out = sum(1 for i, _ in used if att.maps["path_live"].lookup(path_index(peer.peer_id, i)).down_ns)
+    att.maps["peer_floor"].update(layout.Index(peer.peer_id), layout.PeerFloor(usable=len(used), out=out))
     by_sid = att.maps["peer_by_sid"]
     for key, value in list(by_sid.items()):
         if value.value == peer.peer_id:
@@ -267,7 +315,7 @@ def _addr(raw) -> str:
 
 
 def _same_path(path: layout.Path, spec: PathSpec) -> bool:
-    return bool(path.flags & USID) == spec.usid and \
+    return bool(path.flags & USID) == spec.usid and bool(path.flags & ENTROPY) == spec.entropy and \
         _segments_of(path) == [str(s) for s in spec.segments]
 
 
@@ -282,24 +330,35 @@ def _check_sid_room(att: Attachment, specs: list[PathSpec]) -> None:
 
 
 def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1,
-        tclass_name: str | None = None, usids: list[str] = (),
-        route_metrics_: list[str] = ()) -> list[dict]:
-    """Add paths in one go: segment lists ("S1,S2") and uSID containers;
+        tclass_name: str | None = None, usids: list[str] = (), entropy: int = 0,
+        entropy_sid: str | None = None, route_metrics_: list[str] = ()) -> list[dict]:
+    """Add paths in one go: segment lists ("S1,S2"), uSID containers and
+    `entropy` entropy paths (EVs) to the peer SID `entropy_sid`;
     `route_metrics_` (KEY=VALUE) override the peer route's TCP metrics.
 
     A path the prefix already has (same segments, same encoding) is left
     as it is and reported with "existed": True; one that differs from the
-    existing only in weight or class is refused."""
+    existing only in weight or class is refused.  Entropy paths count: a
+    peer with k EVs to the SID keeps them, and only N - k more are added."""
     overrides = dict(routes.parse_metric(m) for m in route_metrics_)
     specs = [PathSpec.via(v) for v in vias] + [PathSpec.compressed(u) for u in usids]
+    if entropy or entropy_sid:
+        if not entropy_sid:
+            raise MrcError("--entropy N needs --sid PEER_SID (where the entropy paths end)")
+        if not 1 <= entropy <= MAX_PATHS:
+            raise MrcError(f"bad --entropy {entropy}: 1..{MAX_PATHS} paths")
+        sid = parse_peer_sid(entropy_sid)
+        specs += [PathSpec.ev(sid) for _ in range(entropy)]
     if not specs:
-        raise MrcError("a path needs --via SEG1,SEG2,... or --usid CONTAINER")
+        raise MrcError("a path needs --via SEG1,SEG2,..., --usid CONTAINER or --entropy N --sid SID")
     prefix = parse_prefix(prefix_text)
     if not 1 <= weight <= MAX_WEIGHT:
         raise MrcError(f"bad weight {weight}: 1..{MAX_WEIGHT}")
     tclass = classes.class_id(att, tclass_name) if tclass_name else 0
     seen = set()
     for spec in specs:
+        if spec.entropy:
+            continue        # each is another EV towards the same SID
         ident = (spec.usid, tuple(spec.segments))
         if ident in seen:
             raise MrcError(f"the same path is given twice: {_describe_spec(spec)}")
@@ -312,13 +371,14 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
         peer = layout.Peer(peer_id=_free_peer_id(att), n_paths=0, policy=POLICIES["rr"])
     used = _used(att, peer) if not new_peer else []
     class_label = tclass_name or classes.DEFAULT
-    existing, fresh = [], []
+    existing, fresh, matched = [], [], set()
     for spec in specs:
-        match = next(((i, p) for i, p in used if _same_path(p, spec)), None)
+        match = next(((i, p) for i, p in used if i not in matched and _same_path(p, spec)), None)
         if match is None:
             fresh.append(spec)
             continue
         path_id, path = match
+        matched.add(path_id)
         if (path.weight, path.tclass) != (weight, tclass):
             have = classes.names(att).get(path.tclass, str(path.tclass))
             raise MrcError(f"{prefix} already has path {path_id} {_describe_spec(spec)} with weight "
@@ -353,10 +413,11 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
             resolved.append((oif, gateway))
 
     results = []
-    for path_id, spec, (oif, gateway) in zip(free_ids, fresh, resolved):
+    taken = {p.flowlabel for _, p in _used(att, peer)} if not new_peer else set()
+    labels = _unique_labels(prefix, free_ids, fresh, taken)
+    for path_id, spec, (oif, gateway), label in zip(free_ids, fresh, resolved, labels):
         path = layout.Path(n_segments=len(spec.segments), state=UP, weight=weight, tclass=tclass,
-                           flowlabel=flowlabel(prefix, path_id, spec.segments), oif=oif,
-                           flags=USID if spec.usid else 0)
+                           flowlabel=label, oif=oif, flags=spec.flags)
         ctypes.memmove(path.nexthop, ipaddress.IPv6Address(gateway).packed, 16)
         ctypes.memmove(path.peer_sid.addr, spec.peer_sid.packed, 16)
         for i, seg in enumerate(reversed(spec.segments)):
@@ -365,11 +426,12 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
         att.maps["paths"].update(index, path)
         _reset_path_state(att, index)
         peer.n_paths = max(peer.n_paths, path_id + 1)
-        results.append({"prefix": str(prefix), "path_id": path_id, **spec.describe(),
+        results.append({"prefix": str(prefix), "path_id": path_id, **spec.describe(), "flowlabel": label,
                         "weight": weight, "class": class_label,
                         "overhead": spec.overhead, "existed": False})
     if new_peer:
         att.maps["peer_tx"].update(layout.Index(peer.peer_id), layout.PeerTx())
+    _forget_acks(att, peer.peer_id, [r["path_id"] for r in results])
     _rebuild(att, peer)       # spray lists first: the peer entry makes them live
     peers.update(key, peer)
     _sync_route(att, prefix, peer, overrides)
@@ -380,6 +442,101 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
 
 def _describe_spec(spec: PathSpec) -> str:
     return f"usid {spec.segments[0]}" if spec.usid else f"via {','.join(map(str, spec.segments))}"
+
+
+def _forget_acks(att: Attachment, peer_id: int, ids: list[int]) -> None:
+    """A path id used before keeps the peer's acknowledgement of it: a new
+    path there starts unknown, never yet acknowledged."""
+    acks = att.maps["peer_acks"].lookup(layout.Index(peer_id))
+    if any(acks.ns[i] for i in ids):
+        for i in ids:
+            acks.ns[i] = 0
+        att.maps["peer_acks"].update(layout.Index(peer_id), acks)
+
+
+def path_state(att: Attachment, peer: layout.Peer, path_id: int, path: layout.Path) -> str:
+    """up, assumed-bad (taken out by the datapath, probed), denied (by the
+    operator) or unknown (never yet acknowledged by the peer)."""
+    if path.state == DENIED:
+        return STATE_DENIED
+    if att.maps["path_live"].lookup(path_index(peer.peer_id, path_id)).down_ns:
+        return STATE_BAD
+    if not att.maps["peer_acks"].lookup(layout.Index(peer.peer_id)).ns[path_id]:
+        return STATE_UNKNOWN
+    return STATE_UP
+
+
+def set_denied(att: Attachment, prefix_text: str, path_ids: list[int], deny: bool) -> dict:
+    """Deny paths (never used nor probed) or allow them again (fresh: no
+    datapath verdict carried over)."""
+    prefix = parse_prefix(prefix_text)
+    key, peer = _lookup_peer(att, prefix)
+    used = dict(_used(att, peer))
+    for path_id in path_ids:
+        if path_id not in used:
+            raise MrcError(f"{prefix} has no path {path_id} (it has "
+                           f"{', '.join(map(str, sorted(used)))})")
+    changed = []
+    for path_id in path_ids:
+        path = used[path_id]
+        want = DENIED if deny else UP
+        if path.state == want:
+            continue
+        index = path_index(peer.peer_id, path_id)
+        if not deny:
+            att.maps["path_live"].update(index, layout.PathLive())
+        path.state = want
+        att.maps["paths"].update(index, path)
+        changed.append(path_id)
+    if not deny:
+        _forget_acks(att, peer.peer_id, changed)
+    _rebuild(att, peer)
+    left = sum(1 for _, p in _used(att, peer) if p.state == UP)
+    return {"prefix": str(prefix), "action": "deny" if deny else "allow", "path_ids": list(path_ids),
+            "changed": changed, "usable": left}
+
+
+def hops_of(path: layout.Path) -> list[ipaddress.IPv6Address]:
+    """The SIDs a path crosses, in travel order: its segments, or each ID
+    of its uSID container as a SID under the block (an entropy path
+    names no hop: the fabric's hash picks them)."""
+    if path.flags & ENTROPY:
+        return []
+    wire = [ipaddress.IPv6Address(bytes(path.segments[i].addr)) for i in range(path.n_segments)]
+    if not path.flags & USID:
+        return list(reversed(wire))
+    value = int(wire[0])
+    block = value >> (128 - USID_BLOCK_BITS) << (128 - USID_BLOCK_BITS)
+    out = []
+    for i in range((128 - USID_BLOCK_BITS) // USID_ID_BITS):
+        shift = 128 - USID_BLOCK_BITS - USID_ID_BITS * (i + 1)
+        ident = (value >> shift) & ((1 << USID_ID_BITS) - 1)
+        if not ident:
+            break
+        out.append(ipaddress.IPv6Address(block | ident << (128 - USID_BLOCK_BITS - USID_ID_BITS)))
+    return out
+
+
+def set_denied_hop(att: Attachment, hop_text: str, deny: bool, prefix_text: str | None = None) -> list[dict]:
+    """Deny (or allow) every path of every peer (or of one prefix) that
+    crosses the SID `hop_text`: draining a switch for maintenance."""
+    try:
+        hop = ipaddress.IPv6Address(hop_text.strip())
+    except ValueError:
+        raise MrcError(f"bad --hop {hop_text!r}: expected a SID (IPv6 address)")
+    only = peer_key(parse_prefix(prefix_text)) if prefix_text else None
+    if only is not None:
+        _lookup_peer(att, parse_prefix(prefix_text))
+    results = []
+    for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
+        if only is not None and bytes(key) != bytes(only):
+            continue
+        ids = [i for i, p in _used(att, peer) if hop in hops_of(p)]
+        if ids:
+            results.append(set_denied(att, str(key_prefix(key)), ids, deny))
+    if not results:
+        raise MrcError(f"no path crosses {hop}")
+    return results
 
 
 def _lookup_peer(att: Attachment, prefix) -> tuple[layout.PeerKey, layout.Peer]:
@@ -434,7 +591,6 @@ def peers(att: Attachment) -> list[dict]:
 
 def list_paths(att: Attachment) -> list[dict]:
     rows = []
-    states = {UP: "up", UNUSED: "unused"}
     names = classes.names(att)
     now = _monotonic_ns()
     for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
@@ -445,17 +601,16 @@ def list_paths(att: Attachment) -> list[dict]:
             stats = att.maps["path_stats"].lookup(index)
             health = att.maps["path_health"].lookup(index)
             live = att.maps["path_live"].lookup(index)
-            state = states.get(path.state, str(path.state))
-            if state == "up" and live.down_ns:
-                state = "down"
+            state = path_state(att, peer, path_id, path)
             rows.append({
                 "prefix": str(prefix), "path_id": path_id, "segments": _segments_of(path),
-                "encoding": "usid" if path.flags & USID else "srh",
+                "encoding": encoding_of(path),
                 "peer_sid": _addr(path.peer_sid), "oif": path.oif,
                 "state": state, "weight": path.weight, "downs": live.downs,
                 "class": names.get(path.tclass, str(path.tclass)),
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
-                "flowlabel": path.flowlabel, "overhead": _overhead(path),
+                "flowlabel": path.flowlabel, "ev": path.flowlabel if path.flags & ENTROPY else None,
+                "overhead": _overhead(path),
                 "tx_packets": sum(s.tx_packets for s in stats),
                 "tx_bytes": sum(s.tx_bytes for s in stats),
                 "next_seq": att.maps["path_tx"].lookup(index).seq,

@@ -63,6 +63,9 @@ def probe(att: Attachment, address_text: str, path_ids: list[int] | None = None,
     unknown = sorted(set(chosen) - set(used))
     if unknown:
         raise MrcError(f"{prefix} has no path {unknown[0]} (it has {', '.join(map(str, used))})")
+    # a denied path is never probed (the datapath would drop the probe too)
+    denied = {r["path_id"] for r in paths.list_paths(att) if r["prefix"] == prefix
+              and r["state"] == paths.STATE_DENIED}
     family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
     proto = socket.IPPROTO_ICMPV6 if address.version == 6 else socket.IPPROTO_ICMP
     request, reply = ECHO[address.version]
@@ -73,6 +76,8 @@ def probe(att: Attachment, address_text: str, path_ids: list[int] | None = None,
         s.setblocking(False)
         for k in range(count):
             for path_id in chosen:
+                if path_id in denied:
+                    continue
                 seq = path_id << 8 | k
                 header = struct.pack("!BBHHH", request, 0, 0, ident, seq)
                 payload = b"mrc-probe" + bytes(7)
@@ -92,7 +97,8 @@ def probe(att: Attachment, address_text: str, path_ids: list[int] | None = None,
     rows = []
     for path_id in chosen:
         got = sorted(rtt for (p, _), rtt in rtts.items() if p == path_id)
-        rows.append({"path_id": path_id, "segments": states[path_id]["segments"], "sent": count,
+        rows.append({"path_id": path_id, "segments": states[path_id]["segments"],
+                     "sent": 0 if path_id in denied else count,
                      "received": len(got), "state": states[path_id]["state"],
                      "rtt_us": None if not got else {
                          "min": round(got[0], 1), "median": round(got[len(got) // 2], 1),

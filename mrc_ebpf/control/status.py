@@ -55,7 +55,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
         row.update(healthy=False, problems=[str(e)], sid=None, xdp_mode=None, xdp_prog_id=0,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
-                   routes=[])
+                   routes=[], path_states={}, min_active=None)
         return row
     with att:
         cfg = att.config
@@ -66,7 +66,8 @@ def _one(ipr: IPRoute, device: str) -> dict:
         row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
                    peers=len(peers), paths=sum(len(paths._used(att, p)) for p in peers), overhead=overhead,
                    devices=att.device_names(), fail_open=_fail_open(att),
-                   ack_windows=_ack_windows(att),
+                   ack_windows=_ack_windows(att), path_states=_path_states(att),
+                   min_active=cfg.min_active,
                    routes=[{"prefix": p["prefix"], "route_metrics": p["route_metrics"]}
                            for p in paths.peers(att)])
     for f in row["fail_open"]:
@@ -90,6 +91,15 @@ def _fail_open(att: Attachment) -> list[dict]:
         if since:
             out.append({"prefix": str(paths.key_prefix(key)), "for_ms": round((now - since) / 1e6, 1)})
     return out
+
+
+def _path_states(att: Attachment) -> dict[str, int]:
+    """How many paths are in each of MRC's states (up, assumed-bad, denied, unknown)."""
+    counts = {s: 0 for s in (paths.STATE_UP, paths.STATE_BAD, paths.STATE_DENIED, paths.STATE_UNKNOWN)}
+    for _, peer in att.maps["peers"].items():
+        for path_id, path in paths._used(att, peer):
+            counts[paths.path_state(att, peer, path_id, path)] += 1
+    return counts
 
 
 def _ack_windows(att: Attachment) -> list[dict]:

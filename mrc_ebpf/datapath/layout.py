@@ -75,7 +75,7 @@ class Config(ctypes.Structure):
     _fields_ = [("sid", Addr), ("mtu", u32), ("loss_hold_us", u32), ("ack_timeout_us", u32),
                 ("probe_us", u32), ("fb_interval_us", u32), ("reorder_max_us", u32),
                 ("retrans_steer", u32), ("n_devices", u32),
-                ("devices", Device * C["MRC_MAX_DEVICES"])]
+                ("devices", Device * C["MRC_MAX_DEVICES"]), ("min_active", u32)]
 
 
 @mirror("struct mrc_tx_flow")
@@ -126,13 +126,18 @@ class PathLive(ctypes.Structure):
     _fields_ = [("unacked_since_ns", u64), ("down_ns", u64), ("next_probe_ns", u64),
                 ("last_sent_ns", u64), ("clock_after_ns", u64), ("down_after_ns", u64),
                 ("late_ns", u64),
-                ("downs", u32), ("probes", u32)]
+                ("downs", u32), ("probes", u32), ("kept_since_ns", u64)]
 
 
 @mirror("struct mrc_peer_acks")
 class PeerAcks(ctypes.Structure):
     _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("max_ns", u64), ("last_ns", u64),
                 ("window_ns", u64), ("window_hold_ns", u64)]
+
+
+@mirror("struct mrc_peer_floor")
+class PeerFloor(ctypes.Structure):
+    _fields_ = [("usable", u64), ("out", u64)]
 
 
 @mirror("struct mrc_event")
@@ -166,6 +171,7 @@ MAPS = {
     "fb_due": (Index, u64, False),
     "peer_acks": (Index, PeerAcks, False),
     "tx_flows": (Index, TxFlow, False),
+    "peer_floor": (Index, PeerFloor, False),
 }
 
 

@@ -250,8 +250,9 @@ def resolve_device(device: str | None) -> str:
     raise MrcError(f"several devices are attached ({', '.join(attached)}): say which with --dev")
 
 
-# Defaults for a datacenter (MRC_DEFAULT_*_US of mrc_common.h)
-TIMERS = layout.TIMER_DEFAULTS
+# Defaults for a datacenter (MRC_DEFAULT_*_US of mrc_common.h), and
+# min_active, not a timer: MRC's ev_min_active, the floor of usable paths per peer
+TIMERS = {**layout.TIMER_DEFAULTS, "min_active": 0}
 
 
 def _check_free(ipr: IPRoute, devices: list[str]) -> list[int]:

@@ -115,22 +115,28 @@ class Diamond:
     its own pair of links (rup towards A, rdown towards B); L1 and L2 are plain IPv6 routers.  A (SID fc00:a::1, address
     fd00:a::a) and B (SID fc00:b::1, fd00:b::b) are the hosts that run
     mrc-ebpf.  `path_via(k, dst_sid)` is the segment list through Rk.
+
+    With entropy=True the routers are plain IPv6 routers (SRv6 off) and
+    L1 and L2 reach the far host's SID by kernel ECMP over all of them,
+    hashing addresses and flow label (fib_multipath_hash_policy 0): the
+    network for entropy paths, which choose a router only by their label.
     """
 
     A_SID, B_SID = "fc00:a::1", "fc00:b::1"
     A6, B6 = "fd00:a::a", "fd00:b::b"
 
-    def __init__(self, topo: Topology, n_paths: int = 4, usid: bool = False):
+    def __init__(self, topo: Topology, n_paths: int = 4, usid: bool = False, entropy: bool = False):
         t = self.t = topo
         self.n = n_paths
         self.usid = usid
+        self.entropy = entropy
         if usid:
             # compressed paths: block fc00:1::/32, router k is ID k, the
             # hosts IDs e00a and e00b; a path is fc00:1:<k>:<host>::
             self.A_SID, self.B_SID = "fc00:1:e00a::", "fc00:1:e00b::"
         self.A, self.B = t.ns("A"), t.ns("B")
         self.L1, self.L2 = t.ns("L1", forwarding=True), t.ns("L2", forwarding=True)
-        self.R = [t.ns(f"R{k}", forwarding=True) for k in range(1, n_paths + 1)]
+        self.R = [t.ns(f"R{k}", forwarding=True, seg6=not entropy) for k in range(1, n_paths + 1)]
         t.link(self.A, "a0", self.L1, "l1a")
         t.link(self.L2, "l2b", self.B, "b0")
         t.addr(self.A, "a0", f"{self.A6}/64")
@@ -160,6 +166,10 @@ class Diamond:
             t.route(r, "fc00:a::/48", "via", f"{up}1")
             t.route(r, "fd00:b::/64", "via", f"{down}1")
             t.route(r, "fd00:a::/64", "via", f"{up}1")
+            if entropy:
+                for dev in ("rup", "rdown"):
+                    t.sysctl(r, f"net.ipv6.conf.{dev}.seg6_enabled", 0)
+                continue
             if usid:
                 t.route(r, f"{self.B_SID}/48", "via", f"{down}1")
                 t.route(r, f"{self.A_SID}/48", "via", f"{up}1")
@@ -169,6 +179,12 @@ class Diamond:
             else:
                 t.exec(r, ["ip", "-6", "route", "add", f"fc00:1:{k:x}::/128", "encap", "seg6local",
                            "action", "End", "dev", "rup"])
+        if entropy:
+            for leaf, side, sid in ((self.L1, "10", self.B_SID), (self.L2, "20", self.A_SID)):
+                t.sysctl(leaf, "net.ipv6.fib_multipath_hash_policy", 0)
+                hops = [a for k in range(1, n_paths + 1)
+                        for a in ("nexthop", "via", f"fd00:{side}:{k:x}::2")]
+                t.exec(leaf, ["ip", "-6", "route", "replace", f"{sid}/48", *hops])
         # plain (unencapsulated) traffic between the hosts goes via R1
         t.route(self.L1, "fd00:b::/64", "via", "fd00:10:1::2")
         t.route(self.L2, "fd00:a::/64", "via", "fd00:20:1::2")

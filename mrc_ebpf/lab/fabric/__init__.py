@@ -41,10 +41,14 @@ switch; the default), or flowlabel, the kernel's own default (policy 0: IPv6
 addresses + flow label), under which Linux TCP moves a connection by drawing
 a new flow label (PRR on an RTO, PLB on congestion).
 Spines route every host SID/prefix to the host's leaf in their plane.
+
+--encoding ev: no SRv6 in the fabric (seg6 off on every switch, no SIDs on
+the spines), leaves hash the flow label (fib_multipath_hash_policy 0), one
+plane; `attach` gives each host entropy paths (--entropy N, default 64).
 """
 from __future__ import annotations
 
-from .plan import (DEFAULT_HASH, HASHES, check_hash, DEFAULT_MTU, DEFAULT_NAME, DEFAULT_RATE, ENCODINGS, MAX_MTU, MIN_MTU, MODES,  # noqa: F401
+from .plan import (DEFAULT_ENTROPY, DEFAULT_HASH, HASHES, check_hash, DEFAULT_MTU, DEFAULT_NAME, DEFAULT_RATE, ENCODINGS, MAX_MTU, MIN_MTU, MODES,  # noqa: F401
                    QUEUE_LATENCY, STATE_DIR, SYSCTL_RE, Fabric, parse_mode, parse_rate)
 from .state import check_name, existing_namespaces, list_names, load, locked, state_path  # noqa: F401
 from .build import down, up  # noqa: F401

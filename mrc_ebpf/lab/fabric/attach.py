@@ -5,7 +5,7 @@ import re
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab.procs import mrcctl_cmd as _mrcctl, mrcctl_result, run_parallel, run_sequences
 
-from .plan import Fabric
+from .plan import DEFAULT_ENTROPY, Fabric
 from .state import existing_namespaces, locked
 
 
@@ -24,7 +24,7 @@ def _pick_hosts(fab: Fabric, hosts: str | None) -> list[int]:
 
 
 def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
-           ipv4: bool = False) -> dict:
+           ipv4: bool = False, entropy: int | None = None) -> dict:
     with locked(name) as state:
         fab = Fabric(state["spec"])
         if state["status"] != "up":
@@ -32,6 +32,11 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
         chosen = _pick_hosts(fab, hosts)
         if len(chosen) < 2:
             raise MrcError("attach needs at least two hosts")
+        if entropy is not None and fab.encoding != "ev":
+            raise MrcError(f"--entropy is for an --encoding ev fabric; {name} is {fab.encoding}")
+        entropy = DEFAULT_ENTROPY if entropy is None else entropy
+        if not 1 <= entropy <= 256:
+            raise MrcError(f"bad --entropy {entropy}: 1..256 paths per peer")
         already = [fab.host(h) for h in chosen if fab.host(h) in state["attached"]]
         if already:
             raise MrcError(f"already attached: {', '.join(already)} (mrcctl fabric detach first)")
@@ -55,7 +60,7 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
                         continue
                     prefixes = [fab.prefix6(b)] + ([fab.prefix4(b)] if ipv4 else [])
                     for prefix in prefixes:
-                        cmds.append(_mrcctl(ns, *fab.path_add_args(a, b, prefix)))
+                        cmds.append(_mrcctl(ns, *fab.path_add_args(a, b, prefix, entropy)))
                         if policy:
                             cmds.append(_mrcctl(ns, "path", "policy", prefix, policy))
                 jobs.append(cmds)
@@ -69,8 +74,11 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
             state["attached"][fab.host(h)] = {"devices": devs, "sid": fab.host_sid(h), "ipv4": ipv4,
                                               "peers": [fab.host(b) for b in chosen if b != h],
                                               "policy": policy or "rr", "extra": list(extra)}
+            if fab.encoding == "ev":
+                state["attached"][fab.host(h)]["entropy"] = entropy
     return {"name": name, "hosts": [fab.host(h) for h in chosen], "devices": devs,
-            "policy": policy or "rr", "paths_per_peer": fab.planes * fab.spines}
+            "policy": policy or "rr",
+            "paths_per_peer": entropy if fab.encoding == "ev" else fab.planes * fab.spines}
 
 
 def detach(name: str, hosts: str | None) -> dict:

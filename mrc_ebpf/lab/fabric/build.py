@@ -30,7 +30,10 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
     if leaves * hosts_per_leaf > MAX_HOSTS:
         raise MrcError(f"{leaves * hosts_per_leaf} hosts: at most {MAX_HOSTS}")
     if encoding not in ENCODINGS:
-        raise MrcError(f"bad encoding {encoding!r}: srh or usid")
+        raise MrcError(f"bad encoding {encoding!r}: srh, usid or ev")
+    if encoding == "ev" and planes != 1:
+        raise MrcError("--encoding ev builds one plane: a host's entropy paths leave by eth0, "
+                       "and the leaves' hash picks the spine")
     if not isinstance(mtu, int) or not MIN_MTU <= mtu <= MAX_MTU:
         raise MrcError(f"--mtu {mtu}: must be {MIN_MTU}..{MAX_MTU}")
     for kv in host_sysctls:

@@ -10,7 +10,9 @@ from mrc_ebpf.errors import MrcError
 STATE_DIR = Path(os.environ.get("MRC_FABRIC_STATE", "/run/mrc-fabric"))
 DEFAULT_NAME = "mrc"
 DEFAULT_RATE = "100mbit"
-ENCODINGS = ("srh", "usid")
+ENCODINGS = ("srh", "usid", "ev")
+# --encoding ev: entropy paths a host gets to each other host (fabric attach --entropy)
+DEFAULT_ENTROPY = 64
 QUEUE_LATENCY = "20ms"
 DEFAULT_MTU = 1500
 # Jumbo frames as datacenter fabrics run them.  Above 3506 (a page less
@@ -206,10 +208,14 @@ class Fabric:
         return {frozenset((lk["a"]["node"], lk["b"]["node"])): lk for lk in self.links()}
 
     # -- paths
-    def paths(self, a: int, b: int) -> list[dict]:
-        """Host a -> host b: one path per (plane, spine)."""
+    def paths(self, a: int, b: int, entropy: int = DEFAULT_ENTROPY) -> list[dict]:
+        """Host a -> host b: one path per (plane, spine); for ev, `entropy`
+        entropy paths to b's SID, which the leaves' ECMP spreads."""
         out = []
         dst = self.host_id(b)
+        if self.encoding == "ev":
+            return [{"plane": 0, "spine": None, "entropy": entropy, "sid": self.sid(dst),
+                     "args": ["--entropy", str(entropy), "--sid", self.sid(dst)]}]
         for p in range(self.planes):
             for s in range(1, self.spines + 1):
                 sid = self.spine_id(p, s)
@@ -223,9 +229,10 @@ class Fabric:
                 out.append(path)
         return out
 
-    def path_add_args(self, a: int, b: int, prefix: str | None = None) -> list[str]:
+    def path_add_args(self, a: int, b: int, prefix: str | None = None,
+                      entropy: int = DEFAULT_ENTROPY) -> list[str]:
         args = ["path", "add", prefix or self.prefix6(b)]
-        for path in self.paths(a, b):
+        for path in self.paths(a, b, entropy):
             args += path["args"]
         return args
 
@@ -242,6 +249,14 @@ class Fabric:
                 "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"]
         if info["kind"] == "host":
             keys += self.host_sysctls
+        elif self.encoding == "ev":
+            # a fabric without SRv6, whose ECMP hashes what entropy paths
+            # vary: policy 0 is addresses + flow label for IPv6
+            keys = [k for k in keys if "seg6_enabled" not in k]
+            keys += ["net.ipv6.conf.all.seg6_enabled=0", "net.ipv6.conf.default.seg6_enabled=0",
+                     "net.ipv6.conf.all.forwarding=1", "net.ipv4.ip_forward=1",
+                     "net.ipv6.fib_multipath_hash_policy=0",
+                     "net.ipv4.fib_multipath_hash_policy=3", "net.ipv4.fib_multipath_hash_fields=0x37"]
         else:
             # ECMP as the fabric's --hash says (HASHES)
             keys += ["net.ipv6.conf.all.forwarding=1", "net.ipv4.ip_forward=1", *hash_sysctls(self.hash)]
@@ -249,8 +264,9 @@ class Fabric:
 
     def dev_sysctls(self, node: str) -> list[str]:
         keys = []
+        seg6 = 0 if self.encoding == "ev" and self.nodes()[node]["kind"] != "host" else 1
         for dev in ["lo", *self.devices(node)]:
-            keys += [f"net.ipv6.conf.{dev}.seg6_enabled=1", f"net.ipv6.conf.{dev}.accept_dad=0",
+            keys += [f"net.ipv6.conf.{dev}.seg6_enabled={seg6}", f"net.ipv6.conf.{dev}.accept_dad=0",
                      f"net.ipv6.conf.{dev}.keep_addr_on_down=1", f"net.ipv4.conf.{dev}.rp_filter=0"]
         return keys
 
@@ -328,6 +344,8 @@ class Fabric:
             cmds += [f"route replace {self.host_sid(h)}/48 via {gw} dev {dev}",
                      f"route replace {self.prefix6(h)} via {gw} dev {dev}",
                      f"route replace {self.prefix4(h)} via inet6 {gw} dev {dev}"]
+        if self.encoding == "ev":
+            return cmds          # a plain IPv6 router: no SID of its own
         flavor = " flavors next-csid lblen 32 nflen 16" if self.encoding == "usid" else ""
         cmds.append(f"route replace {self.spine_sid(p, s)}/48 encap seg6local action End{flavor} dev l1")
         return cmds

@@ -31,7 +31,8 @@ def describe(name: str) -> dict:
         if d["kind"] == "spine":
             sw["id"] = f"0x{fab.spine_id(d['plane'], d['index']):x}"
             sw["sid"] = fab.spine_sid(d["plane"], d["index"])
-            sw["behavior"] = "End" + (" next-csid lblen 32 nflen 16" if fab.encoding == "usid" else "")
+            sw["behavior"] = ("IPv6 router (SRv6 off)" if fab.encoding == "ev" else
+                              "End" + (" next-csid lblen 32 nflen 16" if fab.encoding == "usid" else ""))
         switches.append(sw)
     queues = (ecn_marks.read(name) or {}) if live and state.get("ecn_marking") else {}
     by_end = {(d["ns"], d["dev"]): queues.get(mac) for mac, d in state.get("ecn_marking", {}).items()}
