@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from conftest import DROP_PATH, XFER, mrcctl
+from conftest import XFER, mrcctl
+from mrc_ebpf.lab import faults
 
 pytestmark = pytest.mark.root
 
@@ -26,11 +27,11 @@ def events(net):
     return json.loads(mrcctl("stats", "--events", "-j", netns=net.A).stdout)["events"]
 
 
-def blackhole(net, router):
-    proc = net.t.popen(net.R[router], [*DROP_PATH, "rup", "all"], stdin=subprocess.PIPE,
-                       stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+def blackhole(net, router) -> tuple[str, str]:
+    """Router k's link from L1 black-holed (the lab's fault program)."""
+    hole = (net.R[router], "rup")
+    faults.inject(*hole, "blackhole")
+    return hole
 
 
 def delta(after: dict, before: dict) -> dict:
@@ -76,7 +77,7 @@ def test_assumed_bad_is_the_datapaths_verdict(spray):
         net.udp(2000, pps=10000)
         got = states(net)
     finally:
-        hole.communicate("", timeout=60)
+        faults.heal(*hole)
     assert got == {0: "up", 1: "up", 2: "assumed-bad", 3: "up"}, got
     evs = [e for e in events(net) if e["path_id"] == 2 and e["type"] == "down"]
     assert evs and evs[0]["state"] == "assumed-bad"
@@ -100,7 +101,7 @@ def test_min_active_keeps_two_of_four_with_three_blackholed(spray):
         status = json.loads(mrcctl("status", "-j", netns=net.A).stdout)[0]
     finally:
         for h in holes:
-            h.communicate("", timeout=60)
+            faults.heal(*h)
     in_use = sorted(k for k, v in sent.items() if v > 10)
     assert len(in_use) == 2 and 0 in in_use, (sent, got)
     assert all(sent[k] >= 600 for k in in_use), sent     # rr skips the out paths' turns
@@ -127,7 +128,7 @@ def test_without_a_floor_all_three_go(spray):
         got = states(net)
     finally:
         for h in holes:
-            h.communicate("", timeout=60)
+            faults.heal(*h)
     assert got == {0: "up", 1: "assumed-bad", 2: "assumed-bad", 3: "assumed-bad"}, got
     assert not [e for e in events(net) if e["type"] == "kept"]
 
