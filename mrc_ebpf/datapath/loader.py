@@ -250,9 +250,8 @@ def resolve_device(device: str | None) -> str:
     raise MrcError(f"several devices are attached ({', '.join(attached)}): say which with --dev")
 
 
-# Defaults for a datacenter (MRC_DEFAULT_*_US of mrc_common.h), and
-# min_active, not a timer: MRC's ev_min_active, the floor of usable paths per peer
-TIMERS = {**layout.TIMER_DEFAULTS, "min_active": 0}
+# Defaults for a datacenter (MRC_DEFAULT_*_US of mrc_common.h)
+TIMERS = layout.TIMER_DEFAULTS
 
 
 def _check_free(ipr: IPRoute, devices: list[str]) -> list[int]:
@@ -309,7 +308,8 @@ def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granular
 
 
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
-           granularity: str = "packet", retrans_steer: bool = True, **timers: int) -> dict:
+           granularity: str = "packet", retrans_steer: bool = True, min_active: int = 0,
+           **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices)."""
     require_root()
     devices = [devices] if isinstance(devices, str) else list(devices)
@@ -340,7 +340,9 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             bpfsys.obj_pin(rx.fd, str(directory / PROG_RX))
             bpfsys.obj_pin(fb.fd, str(directory / PROG_FB))
 
-            cfg = layout.Config(n_devices=len(devices), retrans_steer=int(retrans_steer), **timers)
+            # min_active is MRC's ev_min_active: the floor of usable paths per peer
+            cfg = layout.Config(n_devices=len(devices), retrans_steer=int(retrans_steer),
+                                min_active=min_active, **timers)
             ctypes.memmove(cfg.sid, sid.packed, 16)
             modes = []
             for i, (device, index) in enumerate(zip(devices, indexes)):
