@@ -29,5 +29,7 @@ BPF_ARRAY(events, struct mrc_event, MRC_EVENTS);
 BPF_ARRAY(event_seq, __u64, 1);
 BPF_ARRAY(fb_due, __u64, MRC_MAX_PEERS);
 BPF_ARRAY(peer_acks, struct mrc_peer_acks, MRC_MAX_PEERS);
+BPF_ARRAY(auth, struct mrc_auth, 1);	/* epoch and MAC keys (lib/auth.h) */
+BPF_PERCPU_ARRAY(tx_scratch, struct mrc_tx_scratch, 1);
 
 #endif

@@ -21,7 +21,8 @@ class MrcTlv(ctypes.BigEndianStructure):
                 ("path_id", u16), ("tclass", u8), ("fb_block", u8),
                 ("path_seq", u32), ("peer_seq", u32), ("tx_ns", u64),
                 ("fb_path_id", u16), ("fb_qdelay_us", u16), ("fb_lost", u32), ("fb_heard", u64),
-                ("fb_since_ns32", u32), ("fb_path_tx32", u32)]
+                ("fb_since_ns32", u32), ("fb_path_tx32", u32),
+                ("epoch", u32), ("key_id", u8), ("reserved", u8 * 3), ("mac", u8 * 8)]
 
 
 class Sid(ctypes.Structure):
@@ -87,14 +88,14 @@ Hist = u32 * C["MRC_HIST_BUCKETS"]
 class RxPath(ctypes.Structure):
     _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
                 ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
-                ("qdelay_hist", Hist)]
+                ("qdelay_hist", Hist), ("epoch", u32), ("pad2", u32), ("seen", u64)]
 
 
 class RxPeer(ctypes.Structure):
     _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("loss_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("latest_tx", u64 * C["MRC_MAX_PATHS"]), ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
-                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist)]
+                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32)]
 
 
 class PathLive(ctypes.Structure):
@@ -112,6 +113,19 @@ class PeerAcks(ctypes.Structure):
 class Event(ctypes.Structure):
     _fields_ = [("seq", u64), ("ns", u64), ("since_ns", u64), ("peer_id", u32),
                 ("path_id", u16), ("type", u16)]
+
+
+class AuthKey(ctypes.Structure):
+    _fields_ = [("k0", u64), ("k1", u64), ("id", u8), ("pad", u8 * 7)]
+
+
+class Auth(ctypes.Structure):
+    _fields_ = [("epoch", u32), ("tx_slot", u8), ("pad", u8 * 3),
+                ("keys", AuthKey * C["MRC_AUTH_KEYS"])]
+
+
+class TxScratch(ctypes.Structure):
+    _fields_ = [("bytes", u8 * 128)]
 
 
 Index = u32
@@ -138,6 +152,8 @@ MAPS = {
     "event_seq": (Index, u64, False),
     "fb_due": (Index, u64, False),
     "peer_acks": (Index, PeerAcks, False),
+    "auth": (Index, Auth, False),
+    "tx_scratch": (Index, TxScratch, True),
 }
 
 
