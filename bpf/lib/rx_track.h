@@ -67,7 +67,7 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 	__u32 seq = bpf_ntohl(tlv->path_seq), epoch = bpf_ntohl(tlv->epoch);
 	__s64 owd = (__s64)(now - mrc_ntohll(tlv->tx_ns));
 	__u64 qdelay_us;
-	int gap = 0;
+	int gap = 0, first = 0;
 
 	__builtin_memcpy(key.sid, src_sid, 16);
 	key.path_id = bpf_ntohs(tlv->path_id);
@@ -79,6 +79,7 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 		p = rx_paths.lookup(&key);
 		if (!p)
 			return 0;
+		first = 1;
 	}
 	if (p->epoch != epoch) {
 		/* the sender re-attached: its numbers begin again */
@@ -86,8 +87,10 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 		p->next_seq = seq;
 		p->min_owd_ns = owd;
 		p->seen = 0;
+		first = 1;
 	}
-	if (rx_track_window(p, seq) && keyed) {
+	/* the first packet of an epoch opens an empty window */
+	if (!first && rx_track_window(p, seq) && keyed) {
 		*stale = 1;
 		return 0;
 	}

@@ -113,21 +113,25 @@ def cli(ctx, json_, netns_name):
               help="One-way traffic: the receiver sends feedback at least this often.")
 @click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=16000, show_default=True,
               help="Late packets widen --ack-timeout-us up to this; 0 keeps it fixed.")
+@click.option("--key-file", metavar="FILE",
+              help="The fabric's shared key (32 hex digits): sign what we send, file only "
+                   "authentic feedback (see `mrcctl key`).")
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
-           fb_interval_us, reorder_max_us):
+           fb_interval_us, reorder_max_us, key_file):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
     by the device its first hop is on; the pins are named after the first."""
     from mrc_ebpf.datapath import loader
-    result = loader.attach(list(devices), sid, mode, granularity, loss_hold_us=loss_hold_us,
+    result = loader.attach(list(devices), sid, mode, granularity, key_file=key_file, loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us)
     _emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
-        f"{r['granularity']}; pinned at {r['pins']}"))
+        f"{r['granularity']}{'; feedback authenticated' if r['auth']['authenticated'] else ''}; "
+        f"pinned at {r['pins']}"))
 
 
 @cli.command()
@@ -388,6 +392,8 @@ from mrc_ebpf.cli.fabric_cmd import fabric  # noqa: E402
 cli.add_command(fabric)
 from mrc_ebpf.cli.bench_cmd import bench  # noqa: E402
 cli.add_command(bench)
+from mrc_ebpf.cli.key_cmd import key  # noqa: E402
+cli.add_command(key)
 
 
 if __name__ == "__main__":
