@@ -139,24 +139,25 @@ def test_reattached_sender_starts_afresh_at_the_peer(fabric):
     counted every one of them late before epochs)."""
     net = fabric
     net.attach("rr")
-    sender = net.t.popen(net.A, [*UDP_SEND, net.B6, "9", "60000", "--pps=5000"], stdout=subprocess.PIPE)
+    sender = net.t.popen(net.A, [*UDP_SEND, net.B6, "9", "100000000", "--pps=5000"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(2)
+        before = sum(net.sent().values())
         mrcctl("detach", "a0", netns=net.A)
         mrcctl("attach", "a0", "--sid", net.A_SID, netns=net.A)
         for k in range(1, net.n + 1):
             mrcctl("path", "add", "fd00:b::/64", *net.path_args(k, net.B_SID), netns=net.A)
-        sent_after = sum(net.sent().values())
-        sender.communicate(timeout=120)
+        time.sleep(3)
     finally:
-        if sender.poll() is None:
-            sender.kill()
-            sender.wait()
-    sent_after = sum(net.sent().values())
+        sender.kill()
+        sender.wait()
+    after = sum(net.sent().values())
     rows = [r for r in json.loads(mrcctl("stats", "--paths", "-j", netns=net.B).stdout)["received"]
             if r["from"] == net.A_SID]
     late, lost = sum(r["late"] for r in rows), sum(r["lost"] for r in rows)
     restarts = counters(net, net.B)["rx_epoch"]
-    print(f"after re-attach A sent {sent_after}; B: late {late}, lost {lost}, epochs seen {restarts}")
-    assert sent_after > 5000 and restarts == 1
+    print(f"A sent {before} before re-attaching, {after} after; B: late {late}, lost {lost}, "
+          f"epochs seen {restarts}")
+    assert before > 1000 and after > 1000 and restarts == 1
     assert late < 50 and lost < 50, rows
