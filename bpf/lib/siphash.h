@@ -56,17 +56,17 @@ static __always_inline __u64 siphash_final(struct siphash_state *s, __u32 len)
 }
 
 /*
- * The little-endian word at p, whatever p's alignment.  Loaded where it
- * is used: the barrier keeps clang from loading a whole message ahead,
- * which spills it to the stack (the caller's stack is nearly full).
+ * The little-endian word at p, which may be unaligned: one 8-byte load.
+ * The verifier checks alignment on the stack always, elsewhere (packet,
+ * map value) only under strict alignment, which x86-64 and arm64 do not
+ * have: so p must not point into the stack.  The barrier keeps clang from
+ * loading a whole message ahead of its use, which would spill it to the
+ * stack (the callers' stacks are nearly full).
  */
 static __always_inline __u64 siphash_load(const void *p)
 {
-	__u64 w;
-
 	asm volatile("" ::: "memory");
-	__builtin_memcpy(&w, p, sizeof(w));
-	return w;
+	return *(const __u64 *)p;
 }
 
 #endif
