@@ -95,6 +95,7 @@ import socket
 import tempfile
 import time
 
+from mrc_ebpf.datapath import layout
 from mrc_ebpf.lab import netns
 from mrc_ebpf.bench.flowtool import read_log
 from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
@@ -102,7 +103,7 @@ from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
 TITLE = "goodput across a far-side black hole of 1 of 4 paths: MRC failover vs kernel ECMP"
 NSTAT_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPLossProbes", "TcpExtTCPSpuriousRTOs",
               "TcpExtTCPSACKReorder")
-MRC_OVERHEAD = 128          # outer IPv6 40 + SRH 8 + 2 segments 32 + TLV 48 (README "MTU")
+MRC_OVERHEAD = layout.encap_len(2)  # outer IPv6 + SRH with 2 segments + the MRC TLV (README "MTU")
 ETH, IP6, UDP, TCP_HDR = 14, 40, 8, 32    # TCP with timestamps
 
 
