@@ -226,3 +226,42 @@ def test_sender_signs_what_it_sends(dp, usid):
         assert tlv.key_id == auth.key_id(key)
         assert tlv.mac == auth.tlv_mac(key, SID, final, bytes(tlv))
         assert tlv.mac != auth.tlv_mac(OTHER, SID, final, bytes(tlv))
+
+
+@pytest.mark.root
+def test_key_cli_attach_and_roll_over(interop, tmp_path):
+    """--key-file errors are one line and attach nothing; a roll-over goes
+    add -> use -> retire, with two keys accepted in between."""
+    import json
+    from conftest import mrcctl
+    A = interop.A
+    bad = tmp_path / "bad.key"
+    bad.write_text("not a key\n")
+    for path in (bad, tmp_path / "missing.key"):
+        r = mrcctl("attach", "a0", "--sid", interop.A_SID, "--key-file", str(path), netns=A, check=False)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "key file" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    assert "nothing attached" in mrcctl("status", netns=A).stdout
+    old, new, third = (tmp_path / f"{n}.key" for n in ("old", "new", "third"))
+    old.write_text(KEY1.hex() + "\n")
+    new.write_text(KEY2.hex() + "\n")
+    third.write_text(OTHER.hex() + "\n")
+    out = json.loads(mrcctl("attach", "a0", "--sid", interop.A_SID, "--key-file", str(old), "-j", netns=A).stdout)
+    assert out["auth"]["keys"] == [{"slot": 0, "key_id": auth.key_id(KEY1), "signs": True}]
+
+    def show():
+        return json.loads(mrcctl("key", "show", "-j", netns=A).stdout)
+    epoch = show()["epoch"]
+    assert epoch > 0
+    mrcctl("key", "add", "--key-file", str(new), netns=A)
+    assert {(k["key_id"], k["signs"]) for k in show()["keys"]} == {(auth.key_id(KEY1), True),
+                                                                  (auth.key_id(KEY2), False)}
+    r = mrcctl("key", "add", "--key-file", str(third), netns=A, check=False)
+    assert r.returncode == 1 and "retire" in r.stderr and r.stderr.count("\n") == 1
+    mrcctl("key", "use", "--key-file", str(new), netns=A)
+    assert {(k["key_id"], k["signs"]) for k in show()["keys"]} == {(auth.key_id(KEY1), False),
+                                                                  (auth.key_id(KEY2), True)}
+    mrcctl("key", "retire", netns=A)
+    assert show()["keys"] == [{"slot": 1, "key_id": auth.key_id(KEY2), "signs": True}]
+    mrcctl("key", "clear", netns=A)
+    assert show() == {"epoch": epoch, "keys": [], "authenticated": False}

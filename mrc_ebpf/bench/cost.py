@@ -9,8 +9,9 @@ paths, and times mrc_tx on an IPv6/UDP packet for that peer and mrc_rx on
 what mrc_tx produced.  Each test run is a single run (repeat=1): both
 programs change the packet, so repeating on the kernel's copy would time
 the pass-through path from the second run on.  The kernel times each run;
-the table shows percentiles over N runs.  Numbers are for comparing with
-each other on one machine, not absolute.
+the table shows percentiles over N runs, without and then with a key
+(authenticated TLVs, lib/auth.h).  Numbers are for comparing with each
+other on one machine, not absolute.
 
 Part 2, throughput: two namespaces joined by one veth pair (pfifo on both
 ends, so a full XDP ring pushes back rather than drops).  iperf3 floods
@@ -20,6 +21,9 @@ out start and end) for three set-ups doing the same job:
   none    plain IPv6 routing, no program;
   mrc     mrcctl attach on both ends, one path (A's TC egress encapsulates,
           B's XDP validates and decapsulates);
+  mrc-key the same attachment with a shared key on both ends (`mrcctl key
+          use`): every TLV signed by TX and verified by RX; it alternates
+          with mrc run by run (the key set and cleared in place);
   kernel  the kernel's own `encap seg6 mode encap` route on A and
           `End.DT6` on B.
 Ratios are against `none` in the same repetition.  The sender is one
@@ -167,20 +171,26 @@ def _setup(env, ns, mode: str, undo: bool = False) -> None:
                        "segs", B_DT6, "via", B_LINK, "dev", "a0"])
         env.run(None, ["ip", "-n", B, "-6", "route", verb, f"{A_DATA}/128", "encap", "seg6", "mode", "encap",
                        "segs", A_DT6, "via", A_LINK, "dev", "b0"])
-    elif mode in ("mrc", "mrc-key"):
+    elif mode == "mrc":
         if undo:
             env.mrcctl(A, "detach", "--all")
             env.mrcctl(B, "detach", "--all")
         else:
-            import tempfile
-            with tempfile.NamedTemporaryFile("w", suffix=".key") as f:
-                f.write(BENCH_KEY.hex() + "\n")
-                f.flush()
-                key = ["--key-file", f.name] if mode == "mrc-key" else []
-                env.mrcctl(A, "attach", "a0", "--sid", A_SID, *key)
-                env.mrcctl(B, "attach", "b0", "--sid", B_SID, *key)
+            env.mrcctl(A, "attach", "a0", "--sid", A_SID)
+            env.mrcctl(B, "attach", "b0", "--sid", B_SID)
             env.mrcctl(A, "path", "add", "fd00:b::/64", "--via", B_SID)
             env.mrcctl(B, "path", "add", "fd00:a::/64", "--via", A_SID)
+
+
+def _key(env, ns, on: bool) -> None:
+    """mrc-key is mrc with a key on both ends: set or cleared in place, so
+    the two alternate on one attachment, without a compile between."""
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".key") as f:
+        f.write(BENCH_KEY.hex() + "\n")
+        f.flush()
+        for n in (ns["A"], ns["B"]):
+            env.mrcctl(n, "key", *(("use", "--key-file", f.name) if on else ("clear",)))
 
 
 def _pair(env, ns) -> None:
@@ -253,21 +263,23 @@ def run(p: dict, env) -> dict:
     with namespaces("c", ["A", "B"]) as ns:
         _pair(env, ns)
         port = 5300
-        # none and kernel alternate; mrc (without, then with a key) is
-        # attached once each (a compile per end)
+        # none and kernel alternate; so do mrc and mrc-key, on one
+        # attachment (a compile per end) whose key is set and cleared
         attached = ("mrc", "mrc-key")
         for group in ([s for s in p["setups"] if s not in attached],
-                      *([s] for s in attached if s in p["setups"])):
+                      [s for s in p["setups"] if s in attached]):
             if not group:
                 continue
             if group[0] in attached:
-                _setup(env, ns, group[0])
+                _setup(env, ns, "mrc")
             try:
                 for rep in range(p["repeat"]):
                     for setup in group:
                         log(f"cost: flood {setup} (run {rep + 1}/{p['repeat']})")
                         if setup == "kernel":
                             _setup(env, ns, setup)
+                        if setup in attached:
+                            _key(env, ns, setup == "mrc-key")
                         try:
                             port += 1
                             runs[setup].append(_flood(env, ns, p["flood_seconds"], port))
@@ -276,7 +288,7 @@ def run(p: dict, env) -> dict:
                                 _setup(env, ns, setup, undo=True)
             finally:
                 if group[0] in attached:
-                    _setup(env, ns, group[0], undo=True)
+                    _setup(env, ns, "mrc", undo=True)
     through = {}
     for setup in p["setups"]:
         ratios = [r["pps"] / base["pps"] for r, base in zip(runs[setup], runs["none"])]

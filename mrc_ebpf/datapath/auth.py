@@ -141,14 +141,10 @@ def add(value: layout.Auth, key: bytes, sign: bool) -> layout.Auth:
     new = layout.Auth.from_buffer_copy(bytes(value))
     slot = _slot_of(new, key)
     if slot is None:
-        signing = new.tx_slot - 1 if new.tx_slot else None
         free = [i for i, k in enumerate(new.keys) if not k.id]
-        others = [i for i in range(len(new.keys)) if i != signing]
-        if free:
-            slot = free[0]
-        else:
+        if not free:
             raise MrcError("two keys are installed already: `mrcctl key retire` the one not signing first")
-        assert slot in others or signing is None
+        slot = free[0]
         candidate = auth_key(key)
         for i, k in enumerate(new.keys):
             if k.id and k.id == candidate.id:
