@@ -43,7 +43,7 @@
  */
 #define MRC_TLV_TYPE		124
 #define MRC_VERSION		1
-#define MRC_TLV_SIZE		48	/* whole TLV: keeps the SRH 8-byte aligned */
+#define MRC_TLV_SIZE		64	/* whole TLV: keeps the SRH 8-byte aligned */
 #define MRC_TLV_LEN		(MRC_TLV_SIZE - 2)	/* the TLV's length field */
 
 /* mrc_tlv.flags */
@@ -75,7 +75,18 @@ struct mrc_tlv {
 	__be32	fb_since_ns32;
 	/* exactly: the newest packet heard on fb_path_id was stamped this */
 	__be32	fb_path_tx32;
+	/* The sender's epoch (struct mrc_auth): a new one tells the peer the
+	 * sender restarted and its sequence numbers begin again. */
+	__be32	epoch;
+	__u8	key_id;		/* key the MAC is made with; 0: no MAC */
+	__u8	reserved[3];	/* zero */
+	/* SipHash-2-4 of (outer source, final destination, this TLV up to
+	 * here) under key key_id (lib/auth.h); zero when key_id is 0 */
+	__u8	mac[8];
 } __attribute__((packed));
+
+/* the bytes of the TLV that the MAC covers: all of it before mac[] */
+#define MRC_TLV_MAC_OFF		(MRC_TLV_SIZE - 8)
 
 /* SRH fixed part (8) + segment list + MRC TLV */
 #define MRC_SRH_LEN(nseg)	(8 + 16 * (nseg) + MRC_TLV_SIZE)
@@ -318,6 +329,13 @@ struct mrc_rx_path {
 	__u32	next_seq;	/* next path_seq expected */
 	__u32	qdelay_us;	/* moving average of one-way delay above the minimum */
 	__u32	qdelay_hist[MRC_HIST_BUCKETS];	/* log2 microseconds */
+	/* the sender's epoch next_seq belongs to: another one restarts the
+	 * path's sequence (and delay baseline) instead of counting late */
+	__u32	epoch;
+	__u32	pad2;
+	/* bit i: path_seq next_seq - 2 - i arrived (the replay window of an
+	 * authenticated sender: a number arrives once; next_seq - 1 did) */
+	__u64	seen;
 };
 
 /*
@@ -336,6 +354,8 @@ struct mrc_rx_peer {
 	__u8	fb_block;	/* next block of `heard` to report */
 	__u8	pad;
 	__u32	reorder_hist[MRC_HIST_BUCKETS];	/* log2 of (highest - peer_seq) */
+	__u32	epoch;		/* the sender's latest epoch (lib/auth.h) */
+	__u32	restarts;	/* times its epoch changed: it re-attached */
 };
 
 /* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */
@@ -458,7 +478,49 @@ enum mrc_counter {
 	MRC_RX_DROP_OUTER_HEADER,	/* outcome: outer version is not 6, or its source is multicast */
 	MRC_TX_TCP_RETRANS,		/* a TCP segment with nothing new (lib/tcp_steer.h) */
 	MRC_TX_RETRANS_STEERED,		/* ... moved to a path heard more recently */
+	/* RX with a key (lib/auth.h): a TLV whose feedback and measurements
+	 * were not filed, by reason (not outcomes: the inner packet goes on) */
+	MRC_RX_AUTH_NO_MAC,		/* the sender sent no MAC (key_id 0) */
+	MRC_RX_AUTH_UNKNOWN_KEY,	/* key_id is none of our keys */
+	MRC_RX_AUTH_BAD_MAC,		/* the MAC does not verify */
+	MRC_RX_AUTH_OLD_EPOCH,		/* epoch older than the sender's latest */
+	MRC_RX_AUTH_REPLAY,		/* path_seq seen already, or behind the window */
+	MRC_RX_EPOCH,			/* a sender's new epoch: its tracking restarted */
 	MRC_COUNTER_MAX,
+};
+
+/* ---- authenticated feedback (lib/auth.h) ---------------------------- */
+/*
+ * auth: array of one, written by the loader.  A host with keys signs
+ * every TLV it sends with keys[tx_slot - 1] and files a peer's TLV
+ * (feedback, measurements) only when it carries a MAC made with one of
+ * its keys and is fresh: two keys, so a fabric can roll to a new key
+ * host by host.  Without keys, TLVs go out unsigned and are all filed.
+ */
+#define MRC_AUTH_KEYS		2
+#define MRC_AUTH_REPLAY_WINDOW	64	/* path_seq numbers behind the newest that may arrive */
+
+struct mrc_auth_key {
+	__u64	k0;		/* SipHash key: bytes 0-7 of the 16, little-endian */
+	__u64	k1;		/* bytes 8-15 */
+	__u8	id;		/* sent as mrc_tlv.key_id; 0: slot empty */
+	__u8	pad[7];
+};
+
+struct mrc_auth {
+	/* set at attach, from CLOCK_REALTIME in 2^-10 s: a later attach has
+	 * a later epoch (compared modulo 2^32) */
+	__u32	epoch;
+	__u8	tx_slot;	/* 1 + the slot of keys[] we sign with; 0: none */
+	__u8	pad[3];
+	struct mrc_auth_key keys[MRC_AUTH_KEYS];
+};
+
+/* tx_scratch: per-CPU array of one, where mrc_tx builds the headers it
+ * writes (outer IPv6 and the TLV), which do not fit on its 512-byte stack
+ * beside everything else */
+struct mrc_tx_scratch {
+	__u8	bytes[128];
 };
 
 #endif /* MRC_COMMON_H */

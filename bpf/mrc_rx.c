@@ -34,6 +34,7 @@
 #include "lib/rx_track.h"
 #include "lib/feedback.h"
 #include "lib/ecn.h"
+#include "lib/auth.h"
 
 static __always_inline int rx_pass(void)
 {
@@ -199,17 +200,24 @@ int mrc_rx(struct xdp_md *ctx)
 		return rx_drop(reason);
 	if (mrc) {
 		__u64 now = bpf_ktime_get_ns();
-		int gap;
+		__u32 unfiled;
+		int keyed;
 
 		count(MRC_RX_MRC_TLV);
-		gap = rx_track_path(ip6->saddr.s6_addr, mrc, inner_len, now);
-		rx_track_peer(ip6->saddr.s6_addr, mrc, gap);
-		feedback_file(ip6->saddr.s6_addr, mrc, now);
+		/* with a key, only an authentic, fresh TLV is filed (lib/auth.h) */
+		unfiled = auth_verify(ip6, mrc, &keyed);
+		if (!unfiled)
+			unfiled = rx_track(ip6->saddr.s6_addr, mrc, inner_len, now, keyed);
+		if (unfiled)
+			count(unfiled);
+		else
+			feedback_file(ip6->saddr.s6_addr, mrc, now);
 		if (mrc->flags & MRC_F_CONTROL) {
 			count(MRC_RX_CONTROL);	/* it carried feedback only */
 			return XDP_DROP;
 		}
-		feedback_due(ip6->saddr.s6_addr, cfg, now);
+		if (!unfiled)
+			feedback_due(ip6->saddr.s6_addr, cfg, now);
 	}
 	reason = ecn_decap(ip6, inner_proto, (void *)ip6 + (outer_len & 0xfff), data_end);
 	if (reason)

@@ -109,10 +109,13 @@ def test_spray_vs_ecmp(runs):
 
 def test_cost(runs):
     r = _load(runs, "cost")
-    assert [x["paths"] for x in r["prog_test_run"] if x["policy"] == "rr"] == [1, 16, 256]
+    for keyed in (False, True):
+        assert [x["paths"] for x in r["prog_test_run"] if x["policy"] == "rr" and x["key"] == keyed] == \
+            [1, 16, 256]
     for x in r["prog_test_run"]:
         assert 0 < x["tx_ns_median"]["median"] < 1e6 and 0 < x["rx_ns_median"]["median"] < 1e6
-    for setup in ("none", "mrc", "kernel"):
+    assert set(r["key_over_no_key_ns"]) and all(v > 0 for v in r["key_over_no_key_ns"].values())
+    for setup in ("none", "mrc", "mrc-key", "kernel"):
         assert r["throughput"][setup]["pps"]["median"] > 1000
     assert r["mrc_over_kernel_pps"]["median"] > 0
 

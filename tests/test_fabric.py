@@ -480,8 +480,9 @@ def test_jumbo_fabric_with_host_sysctls(make_fabric):
     fabric("attach", net.name, "--policy", "bytes")
     status = json.loads(mrcctl("status", "-j", netns=net.ns("h1")).stdout)[0]
     assert status["mtu"] == 9000
-    # the route leaves room for two segments: 9000 - 128 fits, one byte more does not
-    big = 9000 - 128 - 48
+    # the route leaves room for two segments: 9000 - encap_len(2) fits, one byte more does not
+    from mrc_ebpf.datapath.layout import encap_len
+    big = 9000 - encap_len(2) - 48
     assert net.exec("h1", ["ping", "-c", "2", "-i", "0.2", "-M", "do", "-s", str(big),
                            "fd00:0:2::1"], check=False).returncode == 0
     assert net.exec("h1", ["ping", "-c", "1", "-M", "do", "-s", str(big + 1), "fd00:0:2::1"],

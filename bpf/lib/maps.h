@@ -34,5 +34,7 @@ BPF_ARRAY(fb_due, __u64, MRC_MAX_PEERS);
 BPF_ARRAY(peer_acks, struct mrc_peer_acks, MRC_MAX_PEERS);
 BPF_ARRAY(tx_flows, struct mrc_tx_flow, MRC_TX_FLOWS);
 BPF_ARRAY(peer_floor, struct mrc_peer_floor, MRC_MAX_PEERS);
+BPF_ARRAY(auth, struct mrc_auth, 1);	/* epoch and MAC keys (lib/auth.h) */
+BPF_PERCPU_ARRAY(tx_scratch, struct mrc_tx_scratch, 1);
 
 #endif

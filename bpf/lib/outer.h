@@ -10,6 +10,7 @@
 #include "lib/compiler.h"
 #include "lib/path_select.h"
 #include "lib/feedback.h"
+#include "lib/auth.h"
 
 /* Outer IPv6 from us (our SID) to `dst`.  The inner packet's traffic
  * class is copied out, so switches queue it by class; the flow label is
@@ -32,8 +33,8 @@ static __always_inline void outer_ip6_init(struct ipv6hdr *ip6, const struct mrc
 
 /* The MRC TLV of this packet; `type` is MRC_TLV_TYPE in an SRH,
  * MRC_OPT_TYPE in a Destination Options header (same layout). */
-static __always_inline void outer_tlv_init(struct mrc_tlv *tlv, __u8 type, const struct mrc_path *path,
-					 const struct path_choice *choice)
+static __always_inline void outer_tlv_init(struct mrc_tlv *tlv, __u8 type, const struct mrc_config *cfg,
+					 const struct mrc_path *path, const struct path_choice *choice)
 {
 	tlv->type = type;
 	tlv->len = MRC_TLV_LEN;
@@ -45,6 +46,20 @@ static __always_inline void outer_tlv_init(struct mrc_tlv *tlv, __u8 type, const
 	tlv->flags = (choice->probe ? MRC_F_PROBE : 0) | (choice->control ? MRC_F_CONTROL : 0);
 	tlv->tx_ns = mrc_htonll(choice->tx_ns);
 	feedback_fill(tlv, &path->peer_sid);
+	/* signed as it leaves us and arrives at the peer's SID */
+	auth_sign(tlv, cfg->sid, path->peer_sid.addr);
+}
+
+/* This CPU's zeroed scratch room for headers being built (mrc_common.h),
+ * or NULL. */
+static __always_inline void *outer_scratch(void)
+{
+	__u32 zero = 0;
+	struct mrc_tx_scratch *room = tx_scratch.lookup(&zero);
+
+	if (room)
+		__builtin_memset(room, 0, sizeof(*room));
+	return room;
 }
 
 /* An IPv4 inner packet leaves as IPv6: the Ethernet type follows. */

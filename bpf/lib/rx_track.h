@@ -15,6 +15,7 @@
 
 #include "lib/maps.h"
 #include "lib/compiler.h"
+#include "lib/counters.h"
 
 /* bucket 0: 0; bucket i: [2^(i-1), 2^i); the last bucket takes the rest */
 static __always_inline __u32 rx_track_log2_bucket(__u64 v)
@@ -28,27 +29,70 @@ static __always_inline __u32 rx_track_log2_bucket(__u64 v)
 	return bucket;
 }
 
-/* Returns whether the packet skipped sequence numbers (a new loss). */
+/*
+ * The replay window of a path: p->seen after `seq` arrived, bit i for
+ * path_seq next_seq - 2 - i.  Returns 0 if seq is new, -1 if it arrived
+ * before or is behind the window.
+ */
+static __always_inline int rx_track_window(struct mrc_rx_path *p, __u32 seq)
+{
+	__s32 ahead = seq - p->next_seq;
+	__u32 back;
+
+	if (ahead >= 0) {
+		/* the newest moves to seq; the old newest is bit `ahead` */
+		p->seen = ahead >= MRC_AUTH_REPLAY_WINDOW - 1 ?
+			  (ahead < MRC_AUTH_REPLAY_WINDOW ? 1ULL << (ahead & 63) : 0) :
+			  (p->seen << ((ahead + 1) & 63)) | (1ULL << (ahead & 63));
+		return 0;
+	}
+	back = p->next_seq - 2 - seq;	/* seq == next_seq - 1 (the newest): ~0 */
+	if (back >= MRC_AUTH_REPLAY_WINDOW || (p->seen & (1ULL << (back & 63))))
+		return -1;
+	p->seen |= 1ULL << (back & 63);
+	return 0;
+}
+
+/*
+ * Returns whether the packet skipped sequence numbers (a new loss).  A
+ * path last heard in another epoch of its sender starts again at this
+ * packet.  `keyed`: a packet seen before (replayed) is not counted and
+ * *stale is set.
+ */
 static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_tlv *tlv,
-					 __u32 bytes, __u64 now)
+					 __u32 bytes, __u64 now, int keyed, int *stale)
 {
 	struct mrc_rx_key key = {};
 	struct mrc_rx_path *p;
-	__u32 seq = bpf_ntohl(tlv->path_seq);
+	__u32 seq = bpf_ntohl(tlv->path_seq), epoch = bpf_ntohl(tlv->epoch);
 	__s64 owd = (__s64)(now - mrc_ntohll(tlv->tx_ns));
 	__u64 qdelay_us;
-	int gap = 0;
+	int gap = 0, first = 0;
 
 	__builtin_memcpy(key.sid, src_sid, 16);
 	key.path_id = bpf_ntohs(tlv->path_id);
 	p = rx_paths.lookup(&key);
 	if (!p) {
-		struct mrc_rx_path fresh = { .next_seq = seq, .min_owd_ns = owd };
+		struct mrc_rx_path fresh = { .next_seq = seq, .min_owd_ns = owd, .epoch = epoch };
 
 		rx_paths.update(&key, &fresh);
 		p = rx_paths.lookup(&key);
 		if (!p)
 			return 0;
+		first = 1;
+	}
+	if (p->epoch != epoch) {
+		/* the sender re-attached: its numbers begin again */
+		p->epoch = epoch;
+		p->next_seq = seq;
+		p->min_owd_ns = owd;
+		p->seen = 0;
+		first = 1;
+	}
+	/* the first packet of an epoch opens an empty window */
+	if (!first && rx_track_window(p, seq) && keyed) {
+		*stale = 1;
+		return 0;
 	}
 	p->packets++;
 	p->bytes += bytes;
@@ -68,12 +112,20 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 	return gap;
 }
 
-static __always_inline void rx_track_peer(const __u8 *src_sid, const struct mrc_tlv *tlv, int gap)
+/*
+ * The sender's entry, made on its first packet.  A new epoch (it
+ * re-attached) restarts its reordering baseline; with a key (`keyed`,
+ * the TLV authenticated) only a later epoch does, and a TLV of an older
+ * one is not filed: NULL and *why set.  Without a key any other epoch
+ * is taken as the new one, as whoever sends it could forge anything else.
+ */
+static __always_inline struct mrc_rx_peer *rx_track_sender(const __u8 *src_sid,
+							   const struct mrc_tlv *tlv,
+							   int keyed, __u32 *why)
 {
 	struct mrc_sid sid;
 	struct mrc_rx_peer *peer;
-	__u32 peer_seq = bpf_ntohl(tlv->peer_seq);
-	__u64 *tx;
+	__u32 epoch = bpf_ntohl(tlv->epoch);
 
 	__builtin_memcpy(sid.addr, src_sid, 16);
 	peer = rx_peers.lookup(&sid);
@@ -83,13 +135,32 @@ static __always_inline void rx_track_peer(const __u8 *src_sid, const struct mrc_
 		struct mrc_rx_peer *fresh = rx_peer_zero.lookup(&zero);
 
 		if (!fresh)
-			return;
+			return NULL;
 		rx_peers.update(&sid, fresh);
 		peer = rx_peers.lookup(&sid);
 		if (!peer)
-			return;
-		peer->max_peer_seq = peer_seq;
+			return NULL;
+		peer->max_peer_seq = bpf_ntohl(tlv->peer_seq);
+		peer->epoch = epoch;
 	}
+	if (peer->epoch != epoch) {
+		if (keyed && (__s32)(epoch - peer->epoch) < 0) {
+			*why = MRC_RX_AUTH_OLD_EPOCH;
+			return NULL;
+		}
+		peer->epoch = epoch;
+		peer->max_peer_seq = bpf_ntohl(tlv->peer_seq);
+		peer->restarts++;
+		count(MRC_RX_EPOCH);
+	}
+	return peer;
+}
+
+static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct mrc_tlv *tlv, int gap)
+{
+	__u32 peer_seq = bpf_ntohl(tlv->peer_seq);
+	__u64 *tx;
+
 	peer->packets++;
 	peer->last_path_id = bpf_ntohs(tlv->path_id);
 	peer->heard[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
@@ -109,6 +180,28 @@ static __always_inline void rx_track_peer(const __u8 *src_sid, const struct mrc_
 		peer->reorder_hist[rx_track_log2_bucket(peer->max_peer_seq - peer_seq) &
 				   (MRC_HIST_BUCKETS - 1)]++;
 	}
+}
+
+/*
+ * What a valid packet's TLV tells the receiver, filed.  Returns 0 when
+ * its feedback may be filed too, or the counter saying why not.
+ */
+static __always_inline __u32 rx_track(const __u8 *src_sid, const struct mrc_tlv *tlv, __u32 bytes,
+				      __u64 now, int keyed)
+{
+	struct mrc_rx_peer *peer;
+	__u32 why = 0;
+	int gap, stale = 0;
+
+	peer = rx_track_sender(src_sid, tlv, keyed, &why);
+	if (why)
+		return why;
+	gap = rx_track_path(src_sid, tlv, bytes, now, keyed, &stale);
+	if (stale)
+		return MRC_RX_AUTH_REPLAY;
+	if (peer)
+		rx_track_peer(peer, tlv, gap);
+	return 0;
 }
 
 #endif

@@ -37,8 +37,12 @@ static __always_inline int srh_write_encap(struct __sk_buff *skb, const struct m
 					   const struct path_choice *choice)
 {
 	struct srh_outer hdr = {};
-	struct mrc_tlv tlv = {};
+	struct mrc_tlv *tlv = outer_scratch();
 	__u32 off = ETH_HLEN + sizeof(hdr), first;
+
+	_Static_assert(sizeof(*tlv) <= sizeof(struct mrc_tx_scratch), "the TLV fits the scratch room");
+	if (!tlv)
+		return -1;
 
 	first = nseg - 1;	/* the first segment to visit is the last entry */
 	barrier_var(first);	/* keep the bound check below on this register */
@@ -72,8 +76,8 @@ static __always_inline int srh_write_encap(struct __sk_buff *skb, const struct m
 #undef STORE_SEGMENT
 	off += nseg * 16;
 
-	outer_tlv_init(&tlv, MRC_TLV_TYPE, path, choice);
-	if (bpf_skb_store_bytes(skb, off, &tlv, sizeof(tlv), 0))
+	outer_tlv_init(tlv, MRC_TLV_TYPE, cfg, path, choice);
+	if (bpf_skb_store_bytes(skb, off, tlv, sizeof(*tlv), 0))
 		return -1;
 	return outer_set_ethertype(skb, inner_proto);
 }

@@ -36,16 +36,19 @@ static __always_inline int usid_write_encap(struct __sk_buff *skb, const struct 
 					    const struct mrc_path *path, __u8 inner_proto, __u8 tos,
 					    const struct path_choice *choice)
 {
-	struct usid_outer hdr = {};
+	struct usid_outer *hdr = outer_scratch();
 
-	outer_ip6_init(&hdr.ip6, cfg, path->segments[0].addr, tos, path->flowlabel,
+	_Static_assert(sizeof(*hdr) <= sizeof(struct mrc_tx_scratch), "the headers fit the scratch room");
+	if (!hdr)
+		return -1;
+	outer_ip6_init(&hdr->ip6, cfg, path->segments[0].addr, tos, path->flowlabel,
 		       skb->len - ETH_HLEN - sizeof(struct ipv6hdr), IPPROTO_DSTOPTS);
-	hdr.doh.nexthdr = inner_proto;
-	hdr.doh.hdrlen = MRC_DOH_LEN / 8 - 1;
-	outer_tlv_init(&hdr.doh.mrc, MRC_OPT_TYPE, path, choice);
-	hdr.doh.padn_type = MRC_OPT_PADN;
-	hdr.doh.padn_len = sizeof(hdr.doh.padn);
-	if (bpf_skb_store_bytes(skb, ETH_HLEN, &hdr, sizeof(hdr), 0))
+	hdr->doh.nexthdr = inner_proto;
+	hdr->doh.hdrlen = MRC_DOH_LEN / 8 - 1;
+	outer_tlv_init(&hdr->doh.mrc, MRC_OPT_TYPE, cfg, path, choice);
+	hdr->doh.padn_type = MRC_OPT_PADN;
+	hdr->doh.padn_len = sizeof(hdr->doh.padn);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, hdr, sizeof(*hdr), 0))
 		return -1;
 	return outer_set_ethertype(skb, inner_proto);
 }

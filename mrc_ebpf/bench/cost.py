@@ -9,8 +9,9 @@ paths, and times mrc_tx on an IPv6/UDP packet for that peer and mrc_rx on
 what mrc_tx produced.  Each test run is a single run (repeat=1): both
 programs change the packet, so repeating on the kernel's copy would time
 the pass-through path from the second run on.  The kernel times each run;
-the table shows percentiles over N runs.  Numbers are for comparing with
-each other on one machine, not absolute.
+the table shows percentiles over N runs, without and then with a key
+(authenticated TLVs, lib/auth.h).  Numbers are for comparing with each
+other on one machine, not absolute.
 
 Part 2, throughput: two namespaces joined by one veth pair (pfifo on both
 ends, so a full XDP ring pushes back rather than drops).  iperf3 floods
@@ -20,6 +21,9 @@ out start and end) for three set-ups doing the same job:
   none    plain IPv6 routing, no program;
   mrc     mrcctl attach on both ends, one path (A's TC egress encapsulates,
           B's XDP validates and decapsulates);
+  mrc-key the same attachment with a shared key on both ends (`mrcctl key
+          use`): every TLV signed by TX and verified by RX; it alternates
+          with mrc run by run (the key set and cleared in place);
   kernel  the kernel's own `encap seg6 mode encap` route on A and
           `End.DT6` on B.
 Ratios are against `none` in the same repetition.  The sender is one
@@ -73,37 +77,71 @@ def _percentiles(samples: list[int]) -> dict:
     return {"p10": at(0.10), "median": at(0.5), "p90": at(0.90)}
 
 
-def measure(runs: int = 20000, policies=("rr", "bytes", "adaptive"), repeat: int = 1) -> list[list[dict]]:
-    """`repeat` rounds of every (policy, paths) point, one compile."""
+# the key of the keyed rows (a fixed one: the cost does not depend on it)
+BENCH_KEY = bytes.fromhex("000102030405060708090a0b0c0d0e0f")
+
+
+def measure(runs: int = 20000, policies=("rr", "bytes", "adaptive"), repeat: int = 1,
+            keys=(False, True)) -> list[list[dict]]:
+    """`repeat` rounds of every (policy, paths) point, without and with a
+    key (authenticated TLVs: signed by TX, verified by RX), one compile."""
     module, tx, rx, _ = compile_datapath()
     try:
-        return [_measure(module, tx, rx, runs, policies) for _ in range(repeat)]
+        return [[row for keyed in keys for row in _measure(module, tx, rx, runs, policies, keyed)]
+                for _ in range(repeat)]
     finally:
         module.cleanup()
 
 
-def _measure(module, tx, rx, runs, policies) -> list[dict]:
+def _set_key(module, keyed: bool) -> None:
+    from mrc_ebpf.datapath import auth
+    value = auth.initial(BENCH_KEY if keyed else None)
+    module["auth"][ctypes.c_int(0)] = module["auth"].Leaf.from_buffer_copy(bytes(value))
+    module["rx_paths"].clear()
+    module["rx_peers"].clear()
+
+
+def _inbound(out: bytes, runs: int, keyed: bool) -> list[bytes]:
+    """What the peer would send us, as RX sees it: our SID as destination,
+    and a new path_seq each run (a repeated one would be a late packet, and
+    with a key a replay, not filed: cheaper than the real thing), signed
+    when keyed."""
+    from mrc_ebpf.datapath import auth
+    inbound = bytearray(out)
+    inbound[14 + 8:14 + 24] = ipaddress.IPv6Address(PEER_SID).packed
+    inbound[14 + 24:14 + 40] = ipaddress.IPv6Address(SID).packed
+    inbound[14 + 40 + 3] = 0                  # segments left: we are the last
+    inbound[14 + 48:14 + 64] = ipaddress.IPv6Address(SID).packed
+    tlv_at = 14 + 40 + 8 + 16 * (inbound[14 + 40 + 4] + 1)
+    assert inbound[tlv_at] == layout.C["MRC_TLV_TYPE"]
+    seq_at, mac_at = tlv_at + layout.MrcTlv.path_seq.offset, tlv_at + layout.C["MRC_TLV_MAC_OFF"]
+    frames = []
+    for i in range(runs):
+        inbound[seq_at:seq_at + 4] = (i + 1).to_bytes(4, "big")
+        if keyed:
+            tlv = bytes(inbound[tlv_at:tlv_at + layout.C["MRC_TLV_SIZE"]])
+            inbound[mac_at:mac_at + 8] = auth.tlv_mac(BENCH_KEY, PEER_SID, SID, tlv)
+        frames.append(bytes(inbound))
+    return frames
+
+
+def _measure(module, tx, rx, runs, policies, keyed=False) -> list[dict]:
     packet = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IPv6(src="fd00:a::a", dst="fd00:b::b") / UDP(dport=9) / bytes(64))
     rows = []
     for policy in policies:
         for n_paths in (1, 16, 256):
             _configure(module, n_paths, policy)
+            _set_key(module, keyed)
             tx_ns, rx_ns = [], []
             for _ in range(runs):
                 ret, ns, out = bpfsys.prog_test_run(tx.fd, packet, 1)
                 assert ret == 0 and len(out) > len(packet), "TX did not encapsulate"
                 tx_ns.append(ns)
-            # the receiver's view of the last one: our SID as its destination
-            inbound = bytearray(out)
-            inbound[14 + 8:14 + 24] = ipaddress.IPv6Address(PEER_SID).packed
-            inbound[14 + 24:14 + 40] = ipaddress.IPv6Address(SID).packed
-            inbound[14 + 40 + 3] = 0                  # segments left: we are the last
-            inbound[14 + 48:14 + 64] = ipaddress.IPv6Address(SID).packed
-            for _ in range(runs):
-                ret, ns, _ = bpfsys.prog_test_run(rx.fd, bytes(inbound), 1)
+            for frame in _inbound(out, runs, keyed):
+                ret, ns, _ = bpfsys.prog_test_run(rx.fd, frame, 1)
                 assert ret == 2, "RX did not pass the packet up (XDP_PASS)"
                 rx_ns.append(ns)
-            rows.append({"policy": policy, "paths": n_paths,
+            rows.append({"policy": policy, "paths": n_paths, "key": keyed,
                          "tx_ns": _percentiles(tx_ns), "rx_ns": _percentiles(rx_ns)})
     return rows
 
@@ -112,7 +150,7 @@ def _measure(module, tx, rx, runs, policies) -> list[dict]:
 
 USES_TCP = False
 TITLE = "per-packet cost (BPF_PROG_TEST_RUN) and 64-byte UDP throughput: none vs mrc vs kernel SRv6"
-SETUPS = ("none", "mrc", "kernel")
+SETUPS = ("none", "mrc", "mrc-key", "kernel")
 A_LINK, B_LINK = "fd01::a", "fd01::b"
 A_DATA, B_DATA = "fd00:a::1", "fd00:b::1"
 A_SID, B_SID, B_DT6, A_DT6 = "fc00:a::1", "fc00:b::1", "fc00:b::6", "fc00:a::6"
@@ -142,6 +180,17 @@ def _setup(env, ns, mode: str, undo: bool = False) -> None:
             env.mrcctl(B, "attach", "b0", "--sid", B_SID)
             env.mrcctl(A, "path", "add", "fd00:b::/64", "--via", B_SID)
             env.mrcctl(B, "path", "add", "fd00:a::/64", "--via", A_SID)
+
+
+def _key(env, ns, on: bool) -> None:
+    """mrc-key is mrc with a key on both ends: set or cleared in place, so
+    the two alternate on one attachment, without a compile between."""
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".key") as f:
+        f.write(BENCH_KEY.hex() + "\n")
+        f.flush()
+        for n in (ns["A"], ns["B"]):
+            env.mrcctl(n, "key", *(("use", "--key-file", f.name) if on else ("clear",)))
 
 
 def _pair(env, ns) -> None:
@@ -196,24 +245,32 @@ def run(p: dict, env) -> dict:
     for i, row in enumerate(progs[0]):
         tx = [rep[i]["tx_ns"]["median"] for rep in progs]
         rx = [rep[i]["rx_ns"]["median"] for rep in progs]
-        prog_rows.append({"policy": row["policy"], "paths": row["paths"], "tx_ns_median": spread(tx),
+        prog_rows.append({"policy": row["policy"], "paths": row["paths"], "key": row["key"],
+                          "tx_ns_median": spread(tx),
                           "rx_ns_median": spread(rx), "runs": [{"tx_ns": rep[i]["tx_ns"], "rx_ns": rep[i]["rx_ns"]}
                                                              for rep in progs]})
-    flat = {}
+    flat, key_cost = {}, {}
     for pol in p["policies"]:
-        rows = [r for r in prog_rows if r["policy"] == pol]
+        rows = [r for r in prog_rows if r["policy"] == pol and not r["key"]]
+        keyed = [r for r in prog_rows if r["policy"] == pol and r["key"]]
         for d in ("tx", "rx"):
             med = [r[f"{d}_ns_median"]["median"] for r in rows]
             flat[f"{pol}_{d}_256_over_1"] = med[-1] / med[0]
+            for r, k in zip(rows, keyed):
+                key_cost[f"{pol}_{r['paths']}_{d}_key_over_none"] = \
+                    k[f"{d}_ns_median"]["median"] / r[f"{d}_ns_median"]["median"]
     runs = {s: [] for s in p["setups"]}
     with namespaces("c", ["A", "B"]) as ns:
         _pair(env, ns)
         port = 5300
-        # none and kernel alternate; mrc is attached once (a compile per end)
-        for group in ([s for s in p["setups"] if s != "mrc"], [s for s in p["setups"] if s == "mrc"]):
+        # none and kernel alternate; so do mrc and mrc-key, on one
+        # attachment (a compile per end) whose key is set and cleared
+        attached = ("mrc", "mrc-key")
+        for group in ([s for s in p["setups"] if s not in attached],
+                      [s for s in p["setups"] if s in attached]):
             if not group:
                 continue
-            if group == ["mrc"]:
+            if group[0] in attached:
                 _setup(env, ns, "mrc")
             try:
                 for rep in range(p["repeat"]):
@@ -221,6 +278,8 @@ def run(p: dict, env) -> dict:
                         log(f"cost: flood {setup} (run {rep + 1}/{p['repeat']})")
                         if setup == "kernel":
                             _setup(env, ns, setup)
+                        if setup in attached:
+                            _key(env, ns, setup == "mrc-key")
                         try:
                             port += 1
                             runs[setup].append(_flood(env, ns, p["flood_seconds"], port))
@@ -228,7 +287,7 @@ def run(p: dict, env) -> dict:
                             if setup == "kernel":
                                 _setup(env, ns, setup, undo=True)
             finally:
-                if group == ["mrc"]:
+                if group[0] in attached:
                     _setup(env, ns, "mrc", undo=True)
     through = {}
     for setup in p["setups"]:
@@ -239,9 +298,14 @@ def run(p: dict, env) -> dict:
                           "frame_bytes": runs[setup][0]["frame_bytes"],
                           "ratio_to_none": spread(ratios), "runs": runs[setup]}
     mrc_vs_kernel = spread([m["pps"] / k["pps"] for m, k in zip(runs["mrc"], runs["kernel"])])
+    notes = []
+    if runs.get("mrc-key") and runs.get("mrc"):
+        keyed = spread([k["pps"] / m["pps"] for k, m in zip(runs["mrc-key"], runs["mrc"])])
+        notes.append(f"mrc with a key / without pps ratio {keyed['median']:.2f}")
     return {"prog_test_run": prog_rows, "flatness_256_over_1": flat, "throughput": through,
-            "mrc_over_kernel_pps": mrc_vs_kernel,
-            "notes": [f"mrc/kernel pps ratio {mrc_vs_kernel['median']:.2f} "
+            "mrc_over_kernel_pps": mrc_vs_kernel, "key_over_no_key_ns": key_cost,
+            "notes": notes + [
+                      f"mrc/kernel pps ratio {mrc_vs_kernel['median']:.2f} "
                       f"(min {mrc_vs_kernel['min']:.2f}, max {mrc_vs_kernel['max']:.2f})",
                       "ns/packet 256 paths over 1 path: " +
                       ", ".join(f"{k} {v:.2f}" for k, v in flat.items())]}
@@ -250,7 +314,8 @@ def run(p: dict, env) -> dict:
 def table(results: dict):
     from mrc_ebpf.bench.runner import fmt_spread
     headers = ["what", "setting", "TX ns/pkt", "RX ns/pkt", "pps", "payload Gbit/s", "vs none"]
-    rows = [("prog_test_run", f"{r['policy']}, {r['paths']} paths", fmt_spread(r["tx_ns_median"]),
+    rows = [("prog_test_run", f"{r['policy']}, {r['paths']} paths{', key' if r.get('key') else ''}",
+             fmt_spread(r["tx_ns_median"]),
              fmt_spread(r["rx_ns_median"]), "", "", "") for r in results["prog_test_run"]]
     for setup, t in results["throughput"].items():
         rows.append(("64 B UDP flood", setup, "", "", fmt_spread(t["pps"]), fmt_spread(t["payload_gbps"]),
@@ -261,7 +326,7 @@ def table(results: dict):
 def plot(results: dict, plt):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for pol in sorted({r["policy"] for r in results["prog_test_run"]}):
-        rows = [r for r in results["prog_test_run"] if r["policy"] == pol]
+        rows = [r for r in results["prog_test_run"] if r["policy"] == pol and not r.get("key")]
         for d, m in (("tx", "o-"), ("rx", "s--")):
             ys = [r[f"{d}_ns_median"]["median"] for r in rows]
             lo = [y - r[f"{d}_ns_median"]["min"] for y, r in zip(ys, rows)]
@@ -276,7 +341,7 @@ def plot(results: dict, plt):
     med = [results["throughput"][n]["pps"]["median"] / 1e3 for n in names]
     lo = [m - results["throughput"][n]["pps"]["min"] / 1e3 for m, n in zip(med, names)]
     hi = [results["throughput"][n]["pps"]["max"] / 1e3 - m for m, n in zip(med, names)]
-    ax2.bar(names, med, yerr=[lo, hi], color=["grey", "tab:blue", "tab:orange"][:len(names)])
+    ax2.bar(names, med, yerr=[lo, hi], color=["grey", "tab:blue", "tab:cyan", "tab:orange"][:len(names)])
     ax2.set_ylabel("kpps at the receiver (64 B UDP)")
     return fig
 
@@ -292,9 +357,10 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     keys = ("p10", "median", "p90")
-    print(tabulate([(r["policy"], r["paths"], *(r["tx_ns"][k] for k in keys),
+    print(tabulate([(r["policy"], r["paths"], "yes" if r["key"] else "no", *(r["tx_ns"][k] for k in keys),
                      *(r["rx_ns"][k] for k in keys)) for r in rows],
-                   headers=["policy", "paths", "TX ns p10", "median", "p90", "RX ns p10", "median", "p90"]))
+                   headers=["policy", "paths", "key", "TX ns p10", "median", "p90", "RX ns p10", "median",
+                            "p90"]))
 
 
 if __name__ == "__main__":

@@ -211,23 +211,27 @@ def cli(ctx, json_, pretty, netns_name):
 @click.option("--min-active", type=click.IntRange(0, 256), default=0, show_default=True,
               help="The datapath takes no path out that would leave a peer fewer than this many "
                    "usable ones (MRC's ev_min_active); each refusal is an event (kept).")
+@click.option("--key-file", metavar="FILE",
+              help="The fabric's shared key (32 hex digits): sign what we send, file only "
+                   "authentic feedback (see `mrcctl key`).")
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
-           fb_interval_us, reorder_max_us, retrans_steer, min_active):
+           fb_interval_us, reorder_max_us, retrans_steer, min_active, key_file):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
     by the device its first hop is on; the pins are named after the first."""
     from mrc_ebpf.datapath import loader
     result = loader.attach(list(devices), sid, mode, granularity, retrans_steer=retrans_steer,
-                             loss_hold_us=loss_hold_us,
+                             key_file=key_file, loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us,
                              min_active=min_active)
     _emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
-        f"{r['granularity']}; pinned at {r['pins']}"))
+        f"{r['granularity']}{'; feedback authenticated' if r['auth']['authenticated'] else ''}; "
+        f"pinned at {r['pins']}"))
 
 
 @cli.command()
@@ -541,6 +545,8 @@ cli.add_command(tune_host)
 from mrc_ebpf.cli.path_state_cmd import allow as path_allow, deny as path_deny  # noqa: E402
 path.add_command(path_deny)
 path.add_command(path_allow)
+from mrc_ebpf.cli.key_cmd import key  # noqa: E402
+cli.add_command(key)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ class MrcTlv(ctypes.BigEndianStructure):
                 ("path_id", u16), ("tclass", u8), ("fb_block", u8),
                 ("path_seq", u32), ("peer_seq", u32), ("tx_ns", u64),
                 ("fb_path_id", u16), ("fb_qdelay_us", u16), ("fb_lost", u32), ("fb_heard", u64),
-                ("fb_since_ns32", u32), ("fb_path_tx32", u32)]
+                ("fb_since_ns32", u32), ("fb_path_tx32", u32),
+                ("epoch", u32), ("key_id", u8), ("reserved", u8 * 3), ("mac", u8 * 8)]
 
 
 @mirror("struct mrc_sid")
@@ -110,7 +111,7 @@ Hist = u32 * C["MRC_HIST_BUCKETS"]
 class RxPath(ctypes.Structure):
     _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
                 ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
-                ("qdelay_hist", Hist)]
+                ("qdelay_hist", Hist), ("epoch", u32), ("pad2", u32), ("seen", u64)]
 
 
 @mirror("struct mrc_rx_peer")
@@ -118,7 +119,7 @@ class RxPeer(ctypes.Structure):
     _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("loss_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("latest_tx", u64 * C["MRC_MAX_PATHS"]), ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
-                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist)]
+                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32)]
 
 
 @mirror("struct mrc_path_live")
@@ -144,6 +145,19 @@ class PeerFloor(ctypes.Structure):
 class Event(ctypes.Structure):
     _fields_ = [("seq", u64), ("ns", u64), ("since_ns", u64), ("peer_id", u32),
                 ("path_id", u16), ("type", u16)]
+
+
+class AuthKey(ctypes.Structure):
+    _fields_ = [("k0", u64), ("k1", u64), ("id", u8), ("pad", u8 * 7)]
+
+
+class Auth(ctypes.Structure):
+    _fields_ = [("epoch", u32), ("tx_slot", u8), ("pad", u8 * 3),
+                ("keys", AuthKey * C["MRC_AUTH_KEYS"])]
+
+
+class TxScratch(ctypes.Structure):
+    _fields_ = [("bytes", u8 * 128)]
 
 
 Index = u32
@@ -172,6 +186,8 @@ MAPS = {
     "peer_acks": (Index, PeerAcks, False),
     "tx_flows": (Index, TxFlow, False),
     "peer_floor": (Index, PeerFloor, False),
+    "auth": (Index, Auth, False),
+    "tx_scratch": (Index, TxScratch, True),
 }
 
 

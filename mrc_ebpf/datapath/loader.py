@@ -309,9 +309,13 @@ def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granular
 
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
            granularity: str = "packet", retrans_steer: bool = True, min_active: int = 0,
-           **timers: int) -> dict:
-    """Attach one datapath to DEVICES (one, or a host's plane devices)."""
+           key_file: str | None = None, **timers: int) -> dict:
+    """Attach one datapath to DEVICES (one, or a host's plane devices).
+    With KEY_FILE, the TLVs it sends are signed and only authentic ones
+    from peers are filed (datapath/auth.py)."""
+    from mrc_ebpf.datapath import auth
     require_root()
+    key = auth.read_key(key_file) if key_file else None
     devices = [devices] if isinstance(devices, str) else list(devices)
     if not devices:
         raise MrcError("attach needs a device")
@@ -350,6 +354,10 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
                                                   granularity, undo)
                 modes.append(used_mode)
             cfg.mtu = min(cfg.devices[i].mtu for i in range(len(devices)))
+            auth_value = auth.initial(key)
+            auth_map = bpfsys.PinnedMap(str(directory / "auth"), *layout.MAPS["auth"])
+            auth_map.update(layout.Index(0), auth_value)
+            auth_map.close()
             config = bpfsys.PinnedMap(str(directory / "config"), *layout.MAPS["config"])
             config.update(layout.Index(0), cfg)
             config.close()
@@ -361,7 +369,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             raise MrcError(f"attach {' '.join(devices)} failed: {e}")
     return {"device": devices[0], "devices": devices, "ifindex": indexes[0], "sid": str(sid),
             "xdp_mode": modes[0], "granularity": offload.granularity(devices[0]),
-            "timers": timers, "pins": str(directory)}
+            "timers": timers, "pins": str(directory), "auth": auth.describe(auth_value)}
 
 
 def _unhook(ipr: IPRoute, member: layout.Device | None, device: str, ids: tuple[int, int, int],

@@ -12,7 +12,8 @@ mrc_tlv in bpf/mrc_common.h); it is registered as a mirror of it
 """
 from __future__ import annotations
 
-from scapy.fields import ByteField, IntField, LongField, ShortField, XByteField, XLongField
+from scapy.fields import (ByteField, IntField, LongField, ShortField, StrFixedLenField, XByteField,
+                          XLongField, XStrFixedLenField)
 from scapy.layers.inet6 import IPv6ExtHdrSegmentRoutingTLV
 
 from mrc_ebpf.datapath import layout, mirrors
@@ -36,7 +37,11 @@ class MrcTLV(IPv6ExtHdrSegmentRoutingTLV):
                    IntField("fb_lost", 0),
                    XLongField("fb_heard", 0),
                    IntField("fb_since_ns32", 0),
-                   IntField("fb_path_tx32", 0)]
+                   IntField("fb_path_tx32", 0),
+                   IntField("epoch", 0),
+                   ByteField("key_id", 0),
+                   StrFixedLenField("reserved", b"\0" * 3, 3),
+                   XStrFixedLenField("mac", b"\0" * 8, 8)]
 
 
 MrcTLV.register_variant()

@@ -1,0 +1,266 @@
+"""Authenticated feedback and sender epochs, by BPF_PROG_TEST_RUN on the
+real programs: what the receiver files, by packets signed in Python
+(an independent SipHash-2-4, checked against the paper's vector), and
+the MAC the sender writes, checked the same way.  The attacks from a
+third host on a live fabric are in test_auth_attacks.py."""
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+
+import pytest
+from scapy.layers.inet import UDP
+from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting
+from scapy.layers.l2 import Ether
+
+from mrc_ebpf.datapath import auth, bpfsys, layout, wire
+from mrc_ebpf.datapath.source import C, counter_names
+
+SID, PEER_SID = "fc00:a::1", "fc00:b::1"
+KEY1, KEY2, OTHER = bytes(range(16)), bytes(range(16, 32)), bytes(range(32, 48))
+XDP_PASS, XDP_DROP = 2, 1
+EPOCH = 1000
+
+
+def test_siphash_matches_the_reference_vectors():
+    """SipHash-2-4 paper, appendix A: key 00..0f, messages 00..(n-1)."""
+    assert auth.siphash24(bytes(range(16)), b"") == 0x726fdb47dd0e0e31
+    assert auth.siphash24(bytes(range(16)), bytes(range(15))) == 0xa129ca6149be45e5
+    assert auth.siphash24(bytes(range(16)), bytes(range(8))) == 0x93f5f5799a932462
+
+
+def test_key_files_bad_input_one_line(tmp_path):
+    from mrc_ebpf.errors import MrcError
+    cases = {"missing": None, "short": "abcd\n", "two": "00" * 16 + "\n" + "11" * 16 + "\n",
+             "zero": "00" * 16 + "\n", "nothex": "zz" * 16 + "\n"}
+    for name, text in cases.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(MrcError) as e:
+            auth.read_key(path)
+        assert "\n" not in str(e.value) and str(path) in str(e.value)
+    good = tmp_path / "good"
+    good.write_text("# the fabric's key\n" + KEY1.hex() + "\n")
+    assert auth.read_key(good) == KEY1
+
+
+@pytest.fixture(scope="module")
+def dp():
+    from mrc_ebpf.datapath.loader import compile_datapath
+    module, tx, rx, _ = compile_datapath()
+    cfg = layout.Config(mtu=1500)
+    ctypes.memmove(cfg.sid, ipaddress.IPv6Address(SID).packed, 16)
+    module["config"][ctypes.c_int(0)] = module["config"].Leaf.from_buffer_copy(bytes(cfg))
+    sid = layout.Sid()
+    ctypes.memmove(sid.addr, ipaddress.IPv6Address(PEER_SID).packed, 16)
+    module["peer_by_sid"][module["peer_by_sid"].Key.from_buffer_copy(bytes(sid))] = ctypes.c_uint32(0)
+    yield module, tx, rx
+    module.cleanup()
+
+
+def set_keys(module, keys, signing=1, epoch=77):
+    value = layout.Auth(epoch=epoch, tx_slot=signing if keys else 0)
+    for i, k in enumerate(keys):
+        value.keys[i] = auth.auth_key(k)
+    module["auth"][ctypes.c_int(0)] = module["auth"].Leaf.from_buffer_copy(bytes(value))
+
+
+def counters(module) -> dict[str, int]:
+    table = module["counters"]
+    return {name: table.sum(ctypes.c_int(i)).value for i, name in enumerate(counter_names())}
+
+
+def rx_path(module, path_id=0):
+    for k, v in module["rx_paths"].items():
+        if bytes(k.sid) == ipaddress.IPv6Address(PEER_SID).packed and k.path_id == path_id:
+            return layout.RxPath.from_buffer_copy(bytes(v))
+    return None
+
+
+def clear_rx(module):
+    module["rx_paths"].clear()
+    module["rx_peers"].clear()
+
+
+def feedback(seq, key=None, epoch=EPOCH, key_id=None, qdelay=123, mac=None, src=PEER_SID):
+    """A feedback-only packet from the peer, signed with KEY as the peer
+    would (or not), as it arrives at our SID."""
+    tlv = wire.MrcTLV(flags=C["MRC_F_FEEDBACK"] | C["MRC_F_CONTROL"], path_id=0, path_seq=seq,
+                      peer_seq=seq, epoch=epoch, fb_path_id=3, fb_qdelay_us=qdelay,
+                      key_id=key_id if key_id is not None else (auth.key_id(key) if key else 0))
+    if mac is not None:
+        tlv.mac = mac
+    elif key:
+        tlv.mac = auth.tlv_mac(key, src, SID, bytes(tlv))
+    return bytes(Ether() / IPv6(src=src, dst=SID) /
+                 IPv6ExtHdrSegmentRouting(addresses=[SID], segleft=0, lastentry=0, tlv_objects=[tlv]) /
+                 IPv6(src="fd00:b::b", dst="fd00:a::a", nh=59))
+
+
+def run_rx(module, rx, frame):
+    before = counters(module)
+    ret, _, _ = bpfsys.prog_test_run(rx.fd, frame, 1)
+    after = counters(module)
+    return ret, {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def health_qdelay(module, path_id=3):
+    return module["path_health"][ctypes.c_int(path_id)].qdelay_us
+
+
+@pytest.mark.root
+def test_receiver_files_only_authentic_fresh_feedback(dp):
+    module, _, rx = dp
+    set_keys(module, [KEY1, KEY2])
+    clear_rx(module)
+    ret, d = run_rx(module, rx, feedback(10, KEY1, qdelay=111))
+    assert ret == XDP_DROP and d.get("rx_feedback") == 1 and health_qdelay(module) == 111
+    # the same packet again: a replay
+    ret, d = run_rx(module, rx, feedback(10, KEY1, qdelay=111))
+    assert d.get("rx_auth_replay") == 1 and "rx_feedback" not in d
+    # the second key is accepted as well (a roll-over in progress)
+    ret, d = run_rx(module, rx, feedback(11, KEY2, qdelay=222))
+    assert d.get("rx_feedback") == 1 and health_qdelay(module) == 222
+    # late but new (within the window): filed; behind the window: not
+    for seq, filed in ((12, True), (9, True), (9, False), (100, True), (100 - 66, False)):
+        ret, d = run_rx(module, rx, feedback(seq, KEY1, qdelay=seq))
+        assert (d.get("rx_feedback") == 1) == filed, (seq, d)
+    # forgeries, each counted by its reason, none filed
+    signed = IPv6(feedback(204, KEY1, qdelay=9999)[14:])
+    moved = Ether() / IPv6(bytes(signed))
+    moved[IPv6].src = "fc00:c::1"           # a MAC made for the peer's source, from another
+    forged = [("rx_auth_no_mac", feedback(200, None, qdelay=9999)),
+              ("rx_auth_unknown_key", feedback(201, OTHER, qdelay=9999)),
+              ("rx_auth_bad_mac", feedback(202, KEY1, qdelay=9999, mac=bytes(8))),
+              ("rx_auth_old_epoch", feedback(203, KEY1, epoch=EPOCH - 1, qdelay=9999)),
+              ("rx_auth_bad_mac", bytes(moved))]
+    for reason, frame in forged:
+        ret, d = run_rx(module, rx, frame)
+        assert d.get(reason) == 1 and "rx_feedback" not in d, (reason, d)
+        assert health_qdelay(module) != 9999
+
+
+@pytest.mark.root
+def test_without_a_key_everything_is_filed_as_before(dp):
+    module, _, rx = dp
+    set_keys(module, [])
+    clear_rx(module)
+    for seq, frame in enumerate([feedback(1, None, qdelay=5), feedback(1, None, qdelay=6),
+                                 feedback(2, OTHER, qdelay=7), feedback(3, KEY1, mac=bytes(8), qdelay=8)]):
+        ret, d = run_rx(module, rx, frame)
+        assert d.get("rx_feedback") == 1 and not any(k.startswith("rx_auth") for k in d), d
+    assert health_qdelay(module) == 8
+
+
+@pytest.mark.root
+def test_a_new_epoch_restarts_the_senders_tracking(dp):
+    """A re-attached sender numbers from 0 again: with a new epoch the
+    receiver starts afresh (no late packets); the same numbers without a
+    new epoch are late, which shows the test can fail."""
+    module, _, rx = dp
+    for keys in ([], [KEY1]):
+        set_keys(module, keys)
+        key = keys[0] if keys else None
+        clear_rx(module)
+        for seq in range(1000, 1010):
+            run_rx(module, rx, feedback(seq, key, epoch=EPOCH))
+        ret, d = run_rx(module, rx, feedback(0, key, epoch=EPOCH + 5))
+        assert d.get("rx_epoch") == 1 and d.get("rx_feedback") == 1, d
+        for seq in range(1, 10):
+            run_rx(module, rx, feedback(seq, key, epoch=EPOCH + 5))
+        p = rx_path(module)
+        assert (p.late, p.lost, p.next_seq, p.epoch) == (0, 0, 10, EPOCH + 5)
+        # the control: an old number again within one epoch is late (with
+        # a key it is a replay, and not counted)
+        run_rx(module, rx, feedback(3, key, epoch=EPOCH + 5))
+        assert rx_path(module).late == (0 if key else 1)
+
+
+def tx_frame():
+    return bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") /
+                 IPv6(src="fd00:a::a", dst="fd00:b::b") / UDP(dport=9) / bytes(64))
+
+
+def configure_peer(module, usid=False):
+    from mrc_ebpf.control.paths import MAX_CLASSES, POLICIES, peer_key
+    path = layout.Path(n_segments=1 if usid else 2, state=layout.C["MRC_PATH_UP"], weight=1,
+                       flags=layout.C["MRC_PATH_F_USID"] if usid else 0)
+    segs = ("fc00:1:2:e00b::",) if usid else (PEER_SID, "fc00:1:1::")
+    for j, seg in enumerate(segs):
+        ctypes.memmove(path.segments[j].addr, ipaddress.IPv6Address(seg).packed, 16)
+    ctypes.memmove(path.peer_sid.addr, ipaddress.IPv6Address("fc00:1:e00b::" if usid else PEER_SID).packed, 16)
+    module["paths"][ctypes.c_int(0)] = module["paths"].Leaf.from_buffer_copy(bytes(path))
+    spray = layout.Spray(n=1)
+    for tclass in range(MAX_CLASSES):
+        module["spray"][ctypes.c_int(tclass)] = module["spray"].Leaf.from_buffer_copy(bytes(spray))
+    prefix = ipaddress.ip_network("fd00:b::/64")
+    key = module["peers"].Key.from_buffer_copy(bytes(peer_key(prefix)))
+    module["peers"][key] = module["peers"].Leaf.from_buffer_copy(
+        bytes(layout.Peer(peer_id=0, n_paths=1, policy=POLICIES["rr"])))
+    return "fc00:1:e00b::" if usid else PEER_SID
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("usid", [False, True], ids=["srh", "usid"])
+def test_sender_signs_what_it_sends(dp, usid):
+    """The MAC mrc_tx writes is SipHash-2-4 (Python's) of our SID, the
+    peer's SID and the TLV; with no key, no MAC and key id 0."""
+    from scapy.layers.inet6 import IPv6ExtHdrDestOpt
+    module, tx, _ = dp
+    final = configure_peer(module, usid)
+    for keys, signing in (([KEY1], 1), ([KEY1, KEY2], 2), ([], 0)):
+        set_keys(module, keys, signing, epoch=4242)
+        ret, _, out = bpfsys.prog_test_run(tx.fd, tx_frame(), 1)
+        assert ret == 0
+        pkt = Ether(out)
+        if usid:
+            assert pkt.haslayer(IPv6ExtHdrDestOpt)
+        tlv = wire.mrc_tlv(pkt)
+        assert tlv is not None and tlv.epoch == 4242
+        if not keys:
+            assert tlv.key_id == 0 and tlv.mac == bytes(8)
+            continue
+        key = keys[signing - 1]
+        assert tlv.key_id == auth.key_id(key)
+        assert tlv.mac == auth.tlv_mac(key, SID, final, bytes(tlv))
+        assert tlv.mac != auth.tlv_mac(OTHER, SID, final, bytes(tlv))
+
+
+@pytest.mark.root
+def test_key_cli_attach_and_roll_over(interop, tmp_path):
+    """--key-file errors are one line and attach nothing; a roll-over goes
+    add -> use -> retire, with two keys accepted in between."""
+    import json
+    from conftest import mrcctl
+    A = interop.A
+    bad = tmp_path / "bad.key"
+    bad.write_text("not a key\n")
+    for path in (bad, tmp_path / "missing.key"):
+        r = mrcctl("attach", "a0", "--sid", interop.A_SID, "--key-file", str(path), netns=A, check=False)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "key file" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    assert "nothing attached" in mrcctl("status", netns=A).stdout
+    old, new, third = (tmp_path / f"{n}.key" for n in ("old", "new", "third"))
+    old.write_text(KEY1.hex() + "\n")
+    new.write_text(KEY2.hex() + "\n")
+    third.write_text(OTHER.hex() + "\n")
+    out = json.loads(mrcctl("attach", "a0", "--sid", interop.A_SID, "--key-file", str(old), "-j", netns=A).stdout)
+    assert out["auth"]["keys"] == [{"slot": 0, "key_id": auth.key_id(KEY1), "signs": True}]
+
+    def show():
+        return json.loads(mrcctl("key", "show", "-j", netns=A).stdout)
+    epoch = show()["epoch"]
+    assert epoch > 0
+    mrcctl("key", "add", "--key-file", str(new), netns=A)
+    assert {(k["key_id"], k["signs"]) for k in show()["keys"]} == {(auth.key_id(KEY1), True),
+                                                                  (auth.key_id(KEY2), False)}
+    r = mrcctl("key", "add", "--key-file", str(third), netns=A, check=False)
+    assert r.returncode == 1 and "retire" in r.stderr and r.stderr.count("\n") == 1
+    mrcctl("key", "use", "--key-file", str(new), netns=A)
+    assert {(k["key_id"], k["signs"]) for k in show()["keys"]} == {(auth.key_id(KEY1), False),
+                                                                  (auth.key_id(KEY2), True)}
+    mrcctl("key", "retire", netns=A)
+    assert show()["keys"] == [{"slot": 1, "key_id": auth.key_id(KEY2), "signs": True}]
+    mrcctl("key", "clear", netns=A)
+    assert show() == {"epoch": epoch, "keys": [], "authenticated": False}
