@@ -147,15 +147,18 @@ class Event(ctypes.Structure):
                 ("path_id", u16), ("type", u16)]
 
 
+@mirror("struct mrc_auth_key")
 class AuthKey(ctypes.Structure):
     _fields_ = [("k0", u64), ("k1", u64), ("id", u8), ("pad", u8 * 7)]
 
 
+@mirror("struct mrc_auth")
 class Auth(ctypes.Structure):
     _fields_ = [("epoch", u32), ("tx_slot", u8), ("pad", u8 * 3),
                 ("keys", AuthKey * C["MRC_AUTH_KEYS"])]
 
 
+@mirror("struct mrc_tx_scratch")
 class TxScratch(ctypes.Structure):
     _fields_ = [("bytes", u8 * 128)]
 

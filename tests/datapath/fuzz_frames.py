@@ -21,6 +21,7 @@ from . import frames as F
 from .harness import PEER_SIDS, SID
 
 SID_BYTES = ipaddress.IPv6Address(SID).packed
+PADN = 56 + C["MRC_TLV_SIZE"]       # the PadN after the MRC option in a uSID path's Destination Options
 SOURCES = [F.PEER_SID, F.STRANGER_SID, *PEER_SIDS.values(), "fd00:b::9"]
 FLAGS = [0, C["MRC_F_FEEDBACK"], C["MRC_F_CONTROL"], C["MRC_F_FEEDBACK"] | C["MRC_F_CONTROL"],
          C["MRC_F_PROBE"]]
@@ -75,7 +76,7 @@ def make_base(rng: random.Random) -> Base:
     if enc == "usid":
         l3 = F.usid_packet(inner, mrc=F.mrc_tlv(type=C["MRC_OPT_TYPE"], **fields), src=src, tc=tc)
         data = F.frame(l3)
-        return Base(data, enc, C["MRC_DOH_LEN"], [(56, C["MRC_TLV_SIZE"]), (104, 6)], 0, fam)
+        return Base(data, enc, C["MRC_DOH_LEN"], [(56, C["MRC_TLV_SIZE"]), (PADN, 6)], 0, fam)
     nseg = rng.choice([1, 1, 2, 3, 4])
     segs = [SID] + [f"fc00:0:e{i}::" for i in range(1, nseg)]
     l3 = F.srh_packet(inner, segs=segs, tlvs=_tlvs(rng, F.mrc_tlv(**fields)), src=src, tc=tc)
@@ -208,7 +209,7 @@ def m_ext_field(rng, b, base):
     elif which == "opt_type":
         b[56] = rng.choice([0, 1, 0x1F, 0x5E, 0x9E, 0xDE, rng.randrange(256)])
     elif which == "padn_type":
-        b[104] = rng.choice([0, 1, 0x1E, 0x40, 0x80, rng.randrange(256)])
+        b[PADN] = rng.choice([0, 1, 0x1E, 0x40, 0x80, rng.randrange(256)])
     else:
         b[106 + rng.randrange(4)] = rng.randrange(256)
     return f"doh:{which}"

@@ -178,7 +178,7 @@ def rx_rows() -> list[Row]:
         F.srh_packet(tlvs=[F.mrc_tlv()] + [IPv6ExtHdrSegmentRoutingTLVPadN(padding=b"")] * 20),
         "XDP_DROP", None, drop("tlv"))
     row("mrc_tlv: version 9", F.patch(good, tlv_off + 2, b"\x09"), "XDP_DROP", None, drop("mrc_tlv"))
-    short = bytes(F.mrc_tlv())[:46]
+    short = bytes(F.mrc_tlv())[:C["MRC_TLV_SIZE"] - 2]
     row("mrc_tlv: length 44",
         F.srh_packet(tlvs=[wire.IPv6ExtHdrSegmentRoutingTLV(type=C["MRC_TLV_TYPE"], len=44, value=short[2:]),
                            IPv6ExtHdrSegmentRoutingTLVPadN(padding=b"")]),
@@ -188,12 +188,12 @@ def rx_rows() -> list[Row]:
     row("option: hdr_ext_len 5", F.patch(good_usid, 54 + 1, b"\x05"), "XDP_DROP", None, drop("option"))
     row("option: unknown option type in the MRC slot", F.patch(good_usid, 54 + 2, b"\x1f"), "XDP_DROP", None,
         drop("option"))
-    row("option: PadN replaced by an unknown option", F.patch(good_usid, 54 + 50, b"\x1f"), "XDP_DROP", None,
+    row("option: PadN replaced by an unknown option", F.patch(good_usid, 56 + C["MRC_TLV_SIZE"], b"\x1f"), "XDP_DROP", None,
         drop("option"))
     body = bytes(F.mrc_tlv(type=C["MRC_OPT_TYPE"]))
     row("option: PadN before the MRC option (RFC-valid, stricter rule)",
         F.usid_packet(options=[PadN(optdata=b"\0" * 4),
-                               HBHOptUnknown(otype=C["MRC_OPT_TYPE"], optlen=46, optdata=body[2:])]),
+                               HBHOptUnknown(otype=C["MRC_OPT_TYPE"], optlen=len(body) - 2, optdata=body[2:])]),
         "XDP_DROP", None, drop("option"))
     row("inner_proto: UDP right after the SRH", F.patch(good, 54, b"\x11"), "XDP_DROP", None,
         drop("inner_proto"))
