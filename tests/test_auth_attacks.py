@@ -4,7 +4,7 @@ re-attaches under traffic.
 
 C hangs off L1, A's router, and sends feedback-only packets that claim to
 come from B's SID (tests/tools/forge_feedback.py).  The witnesses are the
-fabric's own: the black hole's drop count (an XDP program on the router),
+fabric's own: the black hole's drop count (the lab's fault program on the router),
 A's path events and per-path packet counts, B's per-path late counts.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from conftest import DROP_PATH, ROOT, UDP_SEND, mrcctl
+from conftest import ROOT, UDP_SEND, mrcctl
+from mrc_ebpf.lab import faults
 from mrc_ebpf.datapath import auth
 
 pytestmark = pytest.mark.root
@@ -63,16 +64,18 @@ def counters(net, ns):
     return json.loads(mrcctl("stats", "-j", netns=ns).stdout)["counters"]
 
 
-def blackhole(net, router, path_id):
-    proc = net.t.popen(net.R[router], [*DROP_PATH, "rup", str(path_id), "1", "0"], stdin=subprocess.PIPE,
-                       stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+def blackhole(net, router, path_id) -> tuple[str, str]:
+    """net.R[k]'s link from L1 black-holed (the lab's fault program): it
+    carries exactly path k."""
+    assert path_id == router
+    hole = (net.R[router], "rup")
+    faults.inject(*hole, "blackhole")
+    return hole
 
 
-def heal(proc) -> int:
-    out, _ = proc.communicate("", timeout=60)
-    return int(out.split()[0])
+def heal(hole) -> int:
+    """Heal it: the packets it dropped."""
+    return faults.heal(*hole)["dropped"]
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["no-key", "key"])
