@@ -3,10 +3,10 @@
 cli/mrcctl.py; errors are MrcError (one line, exit 1)."""
 from __future__ import annotations
 
-import json
 
 import click
 
+from mrc_ebpf.cli.common import emit, json_option
 from mrc_ebpf.errors import MrcError
 
 
@@ -20,8 +20,9 @@ def describe(entry: dict) -> str:
 @click.command()
 @click.argument("cookies", metavar="[COOKIE...]", nargs=-1)
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
-@click.option("-j", "--json", "json_", is_flag=True, help="Print JSON.")
-def gc(cookies, dry_run, json_):
+@json_option
+@click.pass_context
+def gc(ctx, cookies, dry_run):
     """Remove pinned state whose network namespace is gone.
 
     `ip netns del` without `mrcctl detach` leaves the datapath's programs
@@ -36,11 +37,6 @@ def gc(cookies, dry_run, json_):
         raise MrcError(f"bad namespace cookie in {' '.join(cookies)}: a number, as in ns<COOKIE>")
     found = stale.find(wanted)
     removed = found if dry_run else stale.remove(found)
-    ctx = click.get_current_context()
-    if json_ or (ctx.obj or {}).get("json"):
-        click.echo(json.dumps({"dry_run": dry_run, "removed": removed}, indent=2, sort_keys=True))
-        return
-    if not removed:
-        click.echo("nothing stranded")
-    for entry in removed:
-        click.echo(f"{'would remove' if dry_run else 'removed'} {describe(entry)}")
+    emit(ctx, {"dry_run": dry_run, "removed": removed}, lambda r: click.echo("\n".join(
+        f"{'would remove' if dry_run else 'removed'} {describe(entry)}" for entry in removed)
+        or "nothing stranded"))

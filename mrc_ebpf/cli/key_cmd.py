@@ -8,28 +8,9 @@ A host accepts two keys at once, so feedback is filed throughout.
 """
 from __future__ import annotations
 
-import contextlib
-import json
-
 import click
 
-# Not imported from mrcctl (which imports this module at its end).
-dev_option = click.option("--dev", "device", help="Device (default: the only one attached).")
-json_option = click.option("-j", "--json", "json_", is_flag=True, help="Print JSON.")
-
-
-@contextlib.contextmanager
-def _attached(device):
-    from mrc_ebpf.datapath import loader
-    with loader.Attachment.open(loader.resolve_device(device)) as att:
-        yield att
-
-
-def _emit(ctx: click.Context, json_: bool, data, human) -> None:
-    if json_ or (ctx.obj or {}).get("json"):
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
-    else:
-        human(data)
+from mrc_ebpf.cli.common import attached, dev_option, emit, json_option
 
 
 def _show(value: dict) -> None:
@@ -42,8 +23,9 @@ def _show(value: dict) -> None:
 
 
 def _change(device, change):
+    """Under the writer lock, as every change to an attachment."""
     from mrc_ebpf.datapath import auth
-    with _attached(device) as att:
+    with attached(device, change=True) as att:
         new = change(auth.read(att))
         auth.write(att, new)
         return auth.describe(new)
@@ -58,12 +40,12 @@ def key():
 @dev_option
 @json_option
 @click.pass_context
-def key_show(ctx, json_, device):
+def key_show(ctx, device):
     """Installed key ids, the one that signs, and this attachment's epoch."""
     from mrc_ebpf.datapath import auth
-    with _attached(device) as att:
+    with attached(device) as att:
         value = auth.describe(auth.read(att))
-    _emit(ctx, json_, value, _show)
+    emit(ctx, value, _show)
 
 
 @key.command("add")
@@ -71,13 +53,13 @@ def key_show(ctx, json_, device):
 @dev_option
 @json_option
 @click.pass_context
-def key_add(ctx, json_, key_file, device):
+def key_add(ctx, key_file, device):
     """Accept the key in FILE besides the one in use (step 1 of a roll-over).
     On a host without a key it becomes the key, signing."""
     from mrc_ebpf.datapath import auth
     new_key = auth.read_key(key_file)
     value = _change(device, lambda v: auth.add(v, new_key, sign=not v.tx_slot))
-    _emit(ctx, json_, value, _show)
+    emit(ctx, value, _show)
 
 
 @key.command("use")
@@ -85,31 +67,31 @@ def key_add(ctx, json_, key_file, device):
 @dev_option
 @json_option
 @click.pass_context
-def key_use(ctx, json_, key_file, device):
+def key_use(ctx, key_file, device):
     """Sign with the key in FILE (installing it if needed; step 2)."""
     from mrc_ebpf.datapath import auth
     new_key = auth.read_key(key_file)
     value = _change(device, lambda v: auth.add(v, new_key, sign=True))
-    _emit(ctx, json_, value, _show)
+    emit(ctx, value, _show)
 
 
 @key.command("retire")
 @dev_option
 @json_option
 @click.pass_context
-def key_retire(ctx, json_, device):
+def key_retire(ctx, device):
     """Stop accepting the key that does not sign (step 3)."""
     from mrc_ebpf.datapath import auth
     value = _change(device, lambda v: auth.retire(v)[0])
-    _emit(ctx, json_, value, _show)
+    emit(ctx, value, _show)
 
 
 @key.command("clear")
 @dev_option
 @json_option
 @click.pass_context
-def key_clear(ctx, json_, device):
+def key_clear(ctx, device):
     """Remove every key: feedback unauthenticated again, as without --key-file."""
     from mrc_ebpf.datapath import auth
     value = _change(device, auth.clear)
-    _emit(ctx, json_, value, _show)
+    emit(ctx, value, _show)

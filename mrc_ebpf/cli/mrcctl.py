@@ -11,132 +11,21 @@ devices and peer prefixes.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
 import os
-import socket
 import sys
 
 import click
 from tabulate import tabulate
 
 from mrc_ebpf.errors import MrcError
+from mrc_ebpf.cli.common import (attached, complete_attached, complete_devices, complete_prefixes,  # noqa: F401
+                                  dev_option, dumps, emit, enter_netns, json_option, lock_timeout)
 from mrc_ebpf.datapath.layout import TIMER_DEFAULTS
 from mrc_ebpf.datapath.source import prefixed
 
 EXIT_ERROR = 1
 # rr, weighted, random, hash, adaptive, bytes: the MRC_POLICY_* of bpf/mrc_common.h
 POLICY_NAMES = prefixed("MRC_POLICY_")
-
-
-def _enter_netns(name: str) -> None:
-    """Enter an existing namespace; never create one (flags=0: pyroute2
-    creates a missing one by default)."""
-    from pyroute2 import netns
-    if not name or "/" in name or name in (".", ".."):
-        raise MrcError(f"bad network namespace name {name!r}")
-    try:
-        netns.setns(name, flags=0)
-    except FileNotFoundError:
-        raise MrcError(f"no network namespace {name!r} (see `ip netns list`)")
-    except (OSError, ValueError) as e:
-        raise MrcError(f"cannot enter network namespace {name!r}: {e}")
-
-
-@contextlib.contextmanager
-def _attached(device: str | None, change: bool = False):
-    """The pinned state of DEVICE (or of the only device attached here);
-    with change=True under the namespace's writer lock, all or nothing."""
-    from mrc_ebpf.datapath import loader
-    if change:
-        with loader.changing(device) as att:
-            yield att
-        return
-    with loader.Attachment.open(loader.resolve_device(device)) as att:
-        yield att
-
-
-def _complete_devices(ctx, param, incomplete):
-    """Network devices of the namespace the command will run in."""
-    return [name for _, name in _in_netns_of(ctx, socket.if_nameindex) or []
-            if name.startswith(incomplete)]
-
-
-def _complete_attached(ctx, param, incomplete):
-    """Devices with the datapath attached (their pins), else every device."""
-    from mrc_ebpf.datapath import pins
-    found = _in_netns_of(ctx, pins.attached_devices)
-    if not found:
-        return _complete_devices(ctx, param, incomplete)
-    return [d for d in found if d.startswith(incomplete)]
-
-
-def _complete_prefixes(ctx, param, incomplete):
-    """Peer prefixes that have paths (needs root to read the maps)."""
-    def read():
-        from mrc_ebpf.control import paths
-        from mrc_ebpf.datapath import loader
-        device = ctx.params.get("device")
-        with loader.Attachment.open(loader.resolve_device(device)) as att:
-            return [p["prefix"] for p in paths.peers(att)]
-    return [p for p in _in_netns_of(ctx, read) or [] if p.startswith(incomplete)]
-
-
-def _in_netns_of(ctx, fn):
-    """fn() inside the --netns given on the command line being completed;
-    None when that cannot be done (not root, no such namespace)."""
-    root = ctx.find_root()
-    try:
-        if root.params.get("netns_name"):
-            _enter_netns(root.params["netns_name"])
-        return fn()
-    except Exception:
-        return None
-
-
-def _lock_timeout(ctx, param, value):
-    if value is None:
-        return None
-    from mrc_ebpf.datapath import lock
-    try:
-        seconds = lock.parse_timeout(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e))
-    lock.set_timeout(seconds)
-    return seconds
-
-
-def dev_option(f):
-    return click.option("--dev", "device", help="Device (default: the only one attached).",
-                        shell_complete=_complete_attached)(f)
-
-
-def _dumps(data, pretty: bool = False) -> str:
-    """One document: one line, or indented with -p."""
-    if pretty:
-        return json.dumps(data, indent=2, sort_keys=True)
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
-
-
-def _emit(ctx: click.Context, data, human) -> None:
-    if ctx.obj["json"]:
-        click.echo(_dumps(data, ctx.obj.get("pretty", False)))
-    else:
-        human(data)
-
-
-def json_option(f):
-    """-j/--json and -p/--pretty on the verb itself, as well as on mrcctl."""
-    @click.option("-j", "--json", "json_", is_flag=True, help="Print JSON, one document per line.")
-    @click.option("-p", "--pretty", "pretty_", is_flag=True, help="Print JSON, indented.")
-    @functools.wraps(f)
-    def wrapper(*args, json_=False, pretty_=False, **kwargs):
-        ctx = click.get_current_context()
-        ctx.obj["pretty"] = ctx.obj.get("pretty", False) or pretty_
-        ctx.obj["json"] = ctx.obj["json"] or json_ or pretty_
-        return f(*args, **kwargs)
-    return wrapper
 
 
 class Group(click.Group):
@@ -146,7 +35,7 @@ class Group(click.Group):
     @staticmethod
     def _fail(ctx, message: str):
         if (ctx.obj or {}).get("json"):
-            click.echo(_dumps({"error": message}, ctx.obj.get("pretty", False)))
+            click.echo(dumps({"error": message}, ctx.obj.get("pretty", False)))
         click.echo(f"mrcctl: error: {message}", err=True)
         sys.exit(EXIT_ERROR)
 
@@ -172,7 +61,7 @@ class Group(click.Group):
               shell_complete=lambda ctx, param, incomplete: [
                   n for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else [])
                   if n.startswith(incomplete)])
-@click.option("--lock-timeout", metavar="SECONDS", callback=_lock_timeout, expose_value=False,
+@click.option("--lock-timeout", metavar="SECONDS", callback=lock_timeout, expose_value=False,
               help="How long a change waits for another mrcctl changing the same namespace's "
                    "attachments (default 10, or MRC_LOCK_TIMEOUT).")
 @click.version_option(package_name="mrc-ebpf")
@@ -183,12 +72,12 @@ def cli(ctx, json_, pretty, netns_name):
     ctx.obj["json"] = json_ or pretty
     ctx.obj["pretty"] = pretty
     if netns_name:
-        _enter_netns(netns_name)
+        enter_netns(netns_name)
 
 
 @cli.command()
 @click.argument("devices", metavar="DEVICE...", nargs=-1, required=True,
-                shell_complete=_complete_devices)
+                shell_complete=complete_devices)
 @click.option("--sid", required=True, help="This host's SRv6 SID (outer source; decapsulated here).")
 @click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
               show_default=True, help="XDP mode: native (driver) or skb (generic).")
@@ -228,14 +117,14 @@ def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, p
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us,
                              min_active=min_active)
-    _emit(ctx, result, lambda r: click.echo(
+    emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
         f"{r['granularity']}{'; feedback authenticated' if r['auth']['authenticated'] else ''}; "
         f"pinned at {r['pins']}"))
 
 
 @cli.command()
-@click.argument("device", required=False, shell_complete=_complete_attached)
+@click.argument("device", required=False, shell_complete=complete_attached)
 @click.option("--all", "all_", is_flag=True, help="Detach every device attached in this namespace.")
 @json_option
 @click.pass_context
@@ -251,7 +140,7 @@ def detach(ctx, device, all_):
     else:
         results = [loader.detach(device)]
     # a list, whether one device or --all was given
-    _emit(ctx, results, lambda r: click.echo(
+    emit(ctx, results, lambda r: click.echo(
         "\n".join(f"detached {x['device']}" for x in r) or "nothing attached"))
 
 
@@ -292,7 +181,7 @@ def status(ctx):
             for problem in r["problems"]:
                 items.append(("problem", problem))
             click.echo(tabulate(items, tablefmt="plain"))
-    _emit(ctx, rows, human)
+    emit(ctx, rows, human)
 
 
 @cli.command()
@@ -349,7 +238,7 @@ def stats(ctx, device, by_path, show_events, watch):
             click.echo(f"reordered from {r['from']}: {r['reordered']} of {r['packets']}")
 
     while True:
-        _emit(ctx, collect(), human)
+        emit(ctx, collect(), human)
         if not watch:
             return
         time.sleep(watch)
@@ -377,7 +266,7 @@ def probe(ctx, address, path_ids, count, interval, timeout, device):
     acknowledgement, so an answering path comes back up and a silent one is
     taken down as with any traffic."""
     from mrc_ebpf.control import probe as probe_mod
-    with _attached(device) as att:
+    with attached(device) as att:
         result = probe_mod.probe(att, address, list(path_ids), count, interval, timeout)
 
     def human(r):
@@ -387,7 +276,7 @@ def probe(ctx, address, path_ids, count, interval, timeout, device):
                                 if p["rtt_us"] else ("-", "-", "-")), p["state"])
                              for p in r["paths"]],
                             headers=["id", "path", "replies", "rtt min us", "median", "max", "state"]))
-    _emit(ctx, result, human)
+    emit(ctx, result, human)
 
 
 @cli.group()
@@ -422,7 +311,7 @@ def path_add(ctx, prefix, via, usid, entropy, peer_sid, weight, tclass, route_me
     if not via and not usid and not entropy and not peer_sid:
         raise click.UsageError("give --via SEG1,SEG2,..., --usid CONTAINER (repeatable) "
                                "or --entropy N --sid PEER_SID")
-    with _attached(device, change=True) as att:
+    with attached(device, change=True) as att:
         results = paths.add(att, prefix, list(via), weight, tclass, list(usid), entropy, peer_sid,
                             list(route_metrics))
 
@@ -430,7 +319,7 @@ def path_add(ctx, prefix, via, usid, entropy, peer_sid, weight, tclass, route_me
         if r["encoding"] == "entropy":
             return f"entropy {r['peer_sid']}" + (f" EV {r['flowlabel']:#07x}" if "flowlabel" in r else "")
         return "usid " + r["usid"] if r["encoding"] == "usid" else "via " + ",".join(r["segments"])
-    _emit(ctx, results, lambda _: click.echo("\n".join(
+    emit(ctx, results, lambda _: click.echo("\n".join(
         f"{r['prefix']} path {r['path_id']} {where(r)} "
         + ("exists already: unchanged" if r["existed"] else
            f"(+{r['overhead']} B, route MTU {r['route_mtu']}, {fmt_metrics(r['route_metrics'])})")
@@ -443,7 +332,7 @@ def fmt_metrics(metrics: dict) -> str:
 
 
 @path.command("del")
-@click.argument("prefix", shell_complete=_complete_prefixes)
+@click.argument("prefix", shell_complete=complete_prefixes)
 @click.option("--id", "path_id", type=int, help="Delete only this path (default: all paths of PREFIX).")
 @dev_option
 @json_option
@@ -451,13 +340,13 @@ def fmt_metrics(metrics: dict) -> str:
 def path_del(ctx, prefix, path_id, device):
     """Delete PREFIX's paths, or one of them."""
     from mrc_ebpf.control import paths
-    with _attached(device, change=True) as att:
+    with attached(device, change=True) as att:
         result = paths.delete(att, prefix, path_id)
-    _emit(ctx, result, lambda r: click.echo(f"deleted {r['removed']} {r['prefix']}"))
+    emit(ctx, result, lambda r: click.echo(f"deleted {r['removed']} {r['prefix']}"))
 
 
 @path.command("policy")
-@click.argument("prefix", shell_complete=_complete_prefixes)
+@click.argument("prefix", shell_complete=complete_prefixes)
 @click.argument("policy", type=click.Choice(POLICY_NAMES))
 @dev_option
 @json_option
@@ -465,9 +354,9 @@ def path_del(ctx, prefix, path_id, device):
 def path_policy(ctx, prefix, policy, device):
     """How PREFIX's packets are sprayed over its paths."""
     from mrc_ebpf.control import paths
-    with _attached(device, change=True) as att:
+    with attached(device, change=True) as att:
         result = paths.set_policy(att, prefix, policy)
-    _emit(ctx, result, lambda r: click.echo(f"{r['prefix']}: policy {r['policy']}"))
+    emit(ctx, result, lambda r: click.echo(f"{r['prefix']}: policy {r['policy']}"))
 
 
 @cli.group("class")
@@ -484,9 +373,9 @@ def class_():
 def class_set(ctx, name, dscp, device):
     """Define (or redefine) class NAME by its DSCP values."""
     from mrc_ebpf.control import classes
-    with _attached(device, change=True) as att:
+    with attached(device, change=True) as att:
         result = classes.set_class(att, name, dscp)
-    _emit(ctx, result, lambda r: click.echo(
+    emit(ctx, result, lambda r: click.echo(
         f"class {r['class']} (id {r['id']}): DSCP {','.join(map(str, r['dscp']))}"))
 
 
@@ -497,9 +386,9 @@ def class_set(ctx, name, dscp, device):
 def class_list(ctx, device):
     """Classes and their DSCP values."""
     from mrc_ebpf.control import classes
-    with _attached(device) as att:
+    with attached(device) as att:
         rows = classes.list_classes(att)
-    _emit(ctx, rows, lambda rows: click.echo(tabulate(
+    emit(ctx, rows, lambda rows: click.echo(tabulate(
         [(r["class"], r["id"], ",".join(map(str, r["dscp"]))) for r in rows],
         headers=["class", "id", "dscp"])))
 
@@ -511,7 +400,7 @@ def class_list(ctx, device):
 def path_list(ctx, device):
     """Configured paths with what each has sent."""
     from mrc_ebpf.control import paths
-    with _attached(device) as att:
+    with attached(device) as att:
         rows = paths.list_paths(att)
 
     def human(rows):
@@ -522,7 +411,7 @@ def path_list(ctx, device):
         routes = {r["prefix"]: r["route_metrics"] for r in rows}
         for prefix, metrics in routes.items():
             click.echo(f"route {prefix}: {fmt_metrics(metrics)}")
-    _emit(ctx, rows, human)
+    emit(ctx, rows, human)
 
 
 def main():

@@ -5,29 +5,19 @@ registered on mrcctl's `path` group at the end of cli/mrcctl.py.
 """
 from __future__ import annotations
 
-import json
-
 import click
 
+from mrc_ebpf.cli.common import attached, dev_option, emit, json_option
 from mrc_ebpf.errors import MrcError
-
-
-def _emit(json_: bool, data, human) -> None:
-    ctx = click.get_current_context()
-    if json_ or (ctx.find_root().obj or {}).get("json"):
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
-    else:
-        human(data)
 
 
 def _run(prefix, path_ids, hop, device, deny: bool):
     from mrc_ebpf.control import paths
-    from mrc_ebpf.datapath import loader
     if bool(path_ids) == bool(hop):
         raise MrcError("give PREFIX --path ID (repeatable), or --hop SID")
     if path_ids and not prefix:
         raise MrcError("--path needs the PREFIX whose paths they are")
-    with loader.Attachment.open(loader.resolve_device(device)) as att:
+    with attached(device, change=True) as att:
         if hop:
             return paths.set_denied_hop(att, hop, deny, prefix)
         return [paths.set_denied(att, prefix, list(path_ids), deny)]
@@ -49,10 +39,11 @@ def _command(deny: bool):
     @click.option("--hop", metavar="SID",
                   help=f"{verb.capitalize()} every path of every peer (of PREFIX, if given) whose "
                        "segment list or uSID container crosses SID.")
-    @click.option("--dev", "device", help="Device (default: the only one attached).")
-    @click.option("-j", "--json", "json_", is_flag=True, help="Print JSON.")
-    def cmd(prefix, path_ids, hop, device, json_):
-        _emit(json_, _run(prefix, path_ids, hop, device, deny), _human)
+    @dev_option
+    @json_option
+    @click.pass_context
+    def cmd(ctx, prefix, path_ids, hop, device):
+        emit(ctx, _run(prefix, path_ids, hop, device, deny), _human)
     cmd.help = ("Deny paths: never used nor probed until allowed (state denied)." if deny else
                 "Allow denied paths again; they start afresh (state unknown until acknowledged).")
     return cmd
