@@ -196,7 +196,7 @@ def test_adding_a_path_that_exists_changes_nothing(interop):
     again = mrcctl("path", "add", "fd00:2::/64", "--via", interop.B_DT6, netns=A)
     assert "exists already: unchanged" in again.stdout
     assert json.loads(mrcctl("path", "add", "fd00:2::/64", "--via", interop.B_DT6, "-j",
-                             netns=A).stdout)["existed"] is True
+                             netns=A).stdout)[0]["existed"] is True
     assert state(t, A) == before
     # the same segments with another weight: refused, not silently kept or doubled
     other = mrcctl("path", "add", "fd00:2::/64", "--via", interop.B_DT6, "--weight", "5", netns=A,

@@ -222,8 +222,8 @@ def remove_all(ipr: IPRoute, index: int) -> int:
     return removed
 
 
-def snapshot(ipr: IPRoute, prefix: ipaddress._BaseNetwork) -> list[tuple[int, str, int]]:
-    """(device index, gateway, MTU) of each route of ours to PREFIX."""
+def snapshot(ipr: IPRoute, prefix: ipaddress._BaseNetwork) -> list[tuple]:
+    """(device index, gateway, MTU, TCP metrics) of each route of ours to PREFIX."""
     family = socket.AF_INET6 if prefix.version == 6 else socket.AF_INET
     out = []
     for route in ipr.get_routes(family=family, proto=ROUTE_PROTO):
@@ -234,14 +234,15 @@ def snapshot(ipr: IPRoute, prefix: ipaddress._BaseNetwork) -> list[tuple[int, st
         gateway = route.get_attr("RTA_GATEWAY") or (via or {}).get("addr")
         metrics = route.get_attr("RTA_METRICS")
         mtu = metrics.get_attr("RTAX_MTU") if metrics else 0
-        out.append((route.get_attr("RTA_OIF"), gateway, mtu))
+        tcp = tuple(sorted(tcp_metrics_of(route).items()))
+        out.append((route.get_attr("RTA_OIF"), gateway, mtu, tcp))
     return sorted(out)
 
 
 def restore(prefix: ipaddress._BaseNetwork, saved: list[tuple[int, str, int]]) -> None:
     """Make PREFIX's routes of ours exactly SAVED (a snapshot) again."""
     with IPRoute() as ipr:
-        for index, _, _ in snapshot(ipr, prefix):
+        for index, *_ in snapshot(ipr, prefix):
             remove(ipr, prefix, index)
-        for index, gateway, mtu in saved:
-            install(ipr, prefix, gateway, index, mtu)
+        for index, gateway, mtu, tcp in saved:
+            install(ipr, prefix, gateway, index, mtu, dict(tcp))
