@@ -134,7 +134,15 @@ def test_256_paths(spray):
     wide = ("--ack-timeout-us", "5000000")
     mrcctl("attach", "a0", "--sid", spray.A_SID, *wide, netns=spray.A)
     mrcctl("attach", "b0", "--sid", spray.B_SID, *wide, netns=spray.B)
-    vias = [a for i in range(256) for a in ("--via", spray.path_via(i % 4 + 1, spray.B_SID))]
+    # 256 distinct paths (a path given twice is refused): each router
+    # answers 64 End SIDs, fc00:1:k:: and fc00:1:k::1 .. fc00:1:k::3f
+    for k, r in enumerate(spray.R, start=1):
+        for n in range(1, 64):
+            spray.t.exec(r, ["ip", "-6", "route", "add", f"fc00:1:{k:x}::{n:x}/128", "encap", "seg6local",
+                             "action", "End", "dev", "rup"])
+    vias = [a for i in range(256)
+            for a in ("--via", f"fc00:1:{i % 4 + 1:x}::{i // 4:x},{spray.B_SID}" if i >= 4 else
+                      spray.path_via(i % 4 + 1, spray.B_SID))]
     mrcctl("path", "add", "fd00:b::/64", *vias, netns=spray.A)
     back = [a for k in range(1, 5) for a in ("--via", spray.path_via(k, spray.A_SID))]
     mrcctl("path", "add", "fd00:a::/64", *back, netns=spray.B)     # B's feedback to A

@@ -37,7 +37,7 @@ def counters(net) -> dict[str, int]:
 def run_phase(net, nbytes, port) -> dict:
     c0 = counters(net)
     n0 = nstat(net)
-    hole = blackhole(net, BLACKHOLED, BLACKHOLED)
+    hole = blackhole(net, BLACKHOLED)
     try:
         server, client = start_transfer(net, nbytes, port=port)
         sent, received, code = finish_transfer(server, client, timeout=120)

@@ -74,7 +74,7 @@ def test_concurrent_path_adds_lose_nothing(interop):
     # the same path from 8 writers at once: added once, the others say it exists
     results = run_all([["path", "add", "fd00:2::/64", "--via", interop.B_DT6, "-j"]] * CONCURRENT, A)
     assert all(res.returncode == 0 for res in results), [res.stderr for res in results]
-    existed = sorted(json.loads(res.stdout)["existed"] for res in results)
+    existed = sorted(json.loads(res.stdout)[0]["existed"] for res in results)
     assert existed == [False] + [True] * (CONCURRENT - 1)
     assert len(json.loads(mrcctl("path", "list", "-j", netns=A).stdout)) == 20 * CONCURRENT + 1
 

@@ -14,7 +14,7 @@ so a scrape shows the same numbers `mrcctl stats -j` would at that moment.
   bounds are 2^i - 1 (us or packets); the maps keep no sum, so there is no
   `_sum` nor `_count` (histogram_quantile does not need them; the +Inf
   bucket is the count).
-* `mrc_path_up` (1 up, 0 down or unused) and `mrc_path_state{state}`.
+* `mrc_path_up` (1 up, else 0) and `mrc_path_state{state}` (up, assumed-bad, denied, unknown).
 * `mrc_events_total{dev,kind}`: path events (down, up, fail-open, late),
   counted by this process as it reads the datapath's event log; events
   that scrolled out of the log between two scrapes (more than MRC_EVENTS)
@@ -32,7 +32,7 @@ from mrc_ebpf.control import events, paths, stats
 from mrc_ebpf.datapath import loader, pins
 from mrc_ebpf.errors import MrcError
 
-STATES = ("up", "down", "unused")
+STATES = ("up", "assumed-bad", "denied", "unknown")     # MRC's path states (path list)
 
 
 def _buckets(hist: list[int], scale: float) -> list[tuple[str, float]]:
@@ -134,7 +134,7 @@ class MrcCollector:
                 .add_metric(labels, r["tx_bytes"])
             counter("mrc_path_downs", "Times the path was taken down", ["dev", "peer", "path"]) \
                 .add_metric(labels, r["downs"])
-            gauge("mrc_path_up", "1 when the path is up, 0 when down or unused",
+            gauge("mrc_path_up", "1 when the path is up, else 0",
                   ["dev", "peer", "path"]).add_metric(labels, 1 if r["state"] == "up" else 0)
             state = gauge("mrc_path_state", "The path's state (1 for the state it is in)",
                           ["dev", "peer", "path", "state"])
