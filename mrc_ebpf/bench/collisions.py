@@ -145,12 +145,7 @@ TCP_KEYS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPDeliveredCE", "TcpE
 
 
 def _tcp_counters(env, fab, hosts) -> dict:
-    totals = dict.fromkeys(TCP_KEYS, 0)
-    for h in hosts:
-        got = env.nstat(fab.ns(fab.host(h)))
-        for k in TCP_KEYS:
-            totals[k] += got.get(k, 0)
-    return totals
+    return contenders.counters(env, fab, hosts, TCP_KEYS)
 
 
 def _path_events(env, fab, hosts, t_from: int, t_to: int) -> dict | None:
