@@ -78,7 +78,7 @@ def cli(ctx, json_, pretty, netns_name):
 @cli.command()
 @click.argument("devices", metavar="DEVICE...", nargs=-1, required=True,
                 shell_complete=complete_devices)
-@click.option("--sid", required=True, help="This host's SRv6 SID (outer source; decapsulated here).")
+@click.option("--sid", help="This host's SRv6 SID (outer source; decapsulated here).")
 @click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
               show_default=True, help="XDP mode: native (driver) or skb (generic).")
 @click.option("--granularity", type=click.Choice(["packet", "burst"]), default="packet",
@@ -103,15 +103,36 @@ def cli(ctx, json_, pretty, netns_name):
 @click.option("--key-file", metavar="FILE",
               help="The fabric's shared key (32 hex digits): sign what we send, file only "
                    "authentic feedback (see `mrcctl key`).")
+@click.option("--replace", is_flag=True,
+              help="Upgrade the running datapath of DEVICE in place: build the installed "
+                   "sources, then swap the programs atomically, keeping every map and setting.")
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
-           fb_interval_us, reorder_max_us, retrans_steer, min_active, key_file):
+           fb_interval_us, reorder_max_us, retrans_steer, min_active, key_file, replace):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
-    by the device its first hop is on; the pins are named after the first."""
+    by the device its first hop is on; the pins are named after the first.
+    With --replace, DEVICE's running datapath gets the newly built programs
+    without a restart (docs/ops.md)."""
     from mrc_ebpf.datapath import loader
+    if replace:
+        given = [f"--{p.replace('_', '-')}" for p in ctx.params
+                 if p not in ("devices", "replace", "json_", "pretty_")
+                 and ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--replace keeps the running settings and takes no {given[0]} "
+                                   f"(detach and attach to change them)")
+        result = loader.attach(list(devices), None, replace=True)
+        emit(ctx, result, lambda r: click.echo(
+            f"replaced the programs of {' '.join(r['devices'])} ("
+            + ", ".join(f"{k} {v['old_id']} -> {v['new_id']}" for k, v in r["programs"].items())
+            + f"), keeping its {r['maps_kept']} maps: compiled in {r['compile_s']:.1f} s, loaded in "
+            f"{r['load_s']:.1f} s, swapped in {r['swap_ms']:.2f} ms"))
+        return
+    if not sid:
+        raise click.UsageError("Missing option '--sid'.")
     result = loader.attach(list(devices), sid, mode, granularity, retrans_steer=retrans_steer,
                              key_file=key_file, loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,

@@ -45,6 +45,19 @@ def parse_sid(text: str) -> ipaddress.IPv6Address:
 
 def compile_datapath():
     """Compile and load the programs; returns (bcc module, tx, rx, fb)."""
+    module = build_datapath()
+    from bcc import BPF
+    try:
+        tx = module.load_func("mrc_tx", BPF.SCHED_CLS)
+        rx = module.load_func("mrc_rx", BPF.XDP)
+        fb = module.load_func("mrc_fb", BPF.SCHED_CLS)
+    except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
+        raise MrcError(f"cannot load the datapath: {e}")
+    return module, tx, rx, fb
+
+
+def build_datapath():
+    """Compile bpf/mrc.c: a bcc module whose maps exist, nothing loaded yet."""
     try:
         from bcc import BPF
     except ImportError:
@@ -55,13 +68,9 @@ def compile_datapath():
         raise MrcError(f"kernel headers missing at {build}: apt-get install linux-headers-amd64 "
                        f"and link them there (`make setup` does this)")
     try:
-        module = BPF(text=source.expand().encode(), cflags=["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"])
-        tx = module.load_func("mrc_tx", BPF.SCHED_CLS)
-        rx = module.load_func("mrc_rx", BPF.XDP)
-        fb = module.load_func("mrc_fb", BPF.SCHED_CLS)
-    except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
+        return BPF(text=source.expand().encode(), cflags=["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"])
+    except Exception as e:  # bcc raises bare Exception; the compiler's messages went to stderr
         raise MrcError(f"cannot load the datapath: {e}")
-    return module, tx, rx, fb
 
 
 class Attachment:
@@ -309,12 +318,16 @@ def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granular
 
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
            granularity: str = "packet", retrans_steer: bool = True, min_active: int = 0,
-           key_file: str | None = None, **timers: int) -> dict:
+           key_file: str | None = None, replace: bool = False, **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices).
     With KEY_FILE, the TLVs it sends are signed and only authentic ones
-    from peers are filed (datapath/auth.py)."""
+    from peers are filed (datapath/auth.py).  With REPLACE, upgrade the
+    running one of DEVICES in place instead (replace.py)."""
     from mrc_ebpf.datapath import auth
     require_root()
+    if replace:
+        from mrc_ebpf.datapath import replace as upgrade
+        return upgrade.replace([devices] if isinstance(devices, str) else list(devices))
     key = auth.read_key(key_file) if key_file else None
     devices = [devices] if isinstance(devices, str) else list(devices)
     if not devices:
