@@ -193,6 +193,8 @@ def status(ctx):
                      ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
                      ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
                      ("min active", r["min_active"] or "no floor"),
+                     ("programs", ", ".join(f"{k} {v['id']}" for k, v in r["programs"].items())
+                      + f"; loaded {max((v['loaded'] or '') for v in r['programs'].values()) or '-'}"),
                      ("pins", r["pins"])]
             for route in r["routes"]:
                 items.append(("route", f"{route['prefix']}: {fmt_metrics(route['route_metrics'])}"))
