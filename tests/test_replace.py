@@ -15,9 +15,8 @@ import pytest
 
 from conftest import MRCCTL, ROOT, XFER, mrcctl
 from mrc_ebpf.bench.flowtool import read_log
-from mrc_ebpf.datapath import source
-
-pytestmark = pytest.mark.root
+from mrc_ebpf.datapath import replace, source
+from mrc_ebpf.errors import MrcError
 
 PY = sys.executable
 
@@ -53,6 +52,7 @@ def longest_gap_ms(times: list[int], lo: int, hi: int) -> float:
     return max(gaps, default=hi - lo) / 1e6
 
 
+@pytest.mark.root
 def test_replace_under_a_tcp_transfer_keeps_the_flow_and_the_maps(spray, tmp_path):
     """Both ends replaced in turn during a paced TCP transfer: no receive
     gap over 100 ms around either swap, no reset, no retransmission
@@ -125,6 +125,7 @@ def _mrcctl_with_sources(bpf_dir, *args):
                           env={**os.environ, "MRC_BPF_DIR": str(bpf_dir)})
 
 
+@pytest.mark.root
 def test_replace_refuses_a_changed_layout_and_changes_nothing(interop, tmp_path):
     t, A = interop.t, interop.A
     r = mrcctl("attach", "a0", "--replace", netns=A, check=False)
@@ -170,6 +171,7 @@ except Exception as e:
 """
 
 
+@pytest.mark.root
 def test_a_failure_mid_swap_puts_the_old_programs_back(interop):
     """The swap of the third hook fails (injected in our own swap step;
     the kernel is real): the two hooks already swapped get the old
@@ -183,3 +185,26 @@ def test_a_failure_mid_swap_puts_the_old_programs_back(interop):
     after = status(A)
     assert after["healthy"], after["problems"]
     assert (after["programs"], hooked_ids(t, A, "a0"), pin_names(A)) == before
+
+
+def _insn(code, src=0, imm=0, dst=1):
+    return bytes([code, (src << 4) | dst]) + (0).to_bytes(2, "little") + imm.to_bytes(4, "little", signed=True)
+
+
+def test_relocate_turns_map_references_only():
+    """Map fd and map value loads get the running map's fd; a plain 64-bit
+    constant equal to a map fd, the second slot of a 64-bit load and other
+    instructions are left alone; an unknown map refuses."""
+    mov = _insn(0xb7, imm=7)                            # r1 = 7
+    prog = b"".join([_insn(0x18, 1, 7), _insn(0, imm=0),   # r1 = map fd 7
+                     mov,
+                     _insn(0x18, 0, 7), _insn(0, imm=0x18),  # r1 = constant 7 (upper half 0x18)
+                     _insn(0x18, 2, 8), _insn(0, imm=16),    # r1 = &map 8's value + 16
+                     _insn(0x95)])                           # exit
+    out = replace.relocate(prog, {7: 40, 8: 41})
+    slots = [out[i:i + 8] for i in range(0, len(out), 8)]
+    assert slots[0] == _insn(0x18, 1, 40) and slots[5] == _insn(0x18, 2, 41)
+    assert slots[1:5] + slots[6:] == [_insn(0, imm=0), mov, _insn(0x18, 0, 7), _insn(0, imm=0x18),
+                                      _insn(0, imm=16), _insn(0x95)]
+    with pytest.raises(MrcError, match="layout changed: detach and attach"):
+        replace.relocate(prog, {7: 40})
