@@ -78,7 +78,7 @@ def cli(ctx, json_, pretty, netns_name):
 @cli.command()
 @click.argument("devices", metavar="DEVICE...", nargs=-1, required=True,
                 shell_complete=complete_devices)
-@click.option("--sid", help="This host's SRv6 SID (outer source; decapsulated here).")
+@click.option("--sid", help="This host's SRv6 SID (outer source; decapsulated here); required, except with --replace.")
 @click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
               show_default=True, help="XDP mode: native (driver) or skb (generic).")
 @click.option("--granularity", type=click.Choice(["packet", "burst"]), default="packet",

@@ -253,7 +253,7 @@ def _attachment(devices: list[str]) -> str:
 
 def _replace_locked(module, first: str) -> dict:
     directory = pins.device_dir(first)
-    verified = time.monotonic_ns()
+    load_start = time.monotonic_ns()
     old_maps = _open_pins(directory, map_names())
     try:
         relocation = check_layout(module, directory, old_maps)
@@ -278,7 +278,7 @@ def _replace_locked(module, first: str) -> dict:
     return {"device": first, "devices": [m[0] for m in members], "replaced": True,
             "programs": {p.removeprefix("prog_"): {"old_id": old_ids[p], "new_id": new_ids[p]}
                          for p in PROGRAMS},
-            "load_s": round((loaded - verified) / 1e9, 3),
+            "load_s": round((loaded - load_start) / 1e9, 3),
             "swap_ms": round((swap_end - swap_start) / 1e6, 3),
             "swap_start_ns": swap_start, "swap_end_ns": swap_end, "maps_kept": len(map_names())}
 
