@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -139,13 +140,16 @@ def test_replace_refuses_a_changed_layout_and_changes_nothing(interop, tmp_path)
     changed = tmp_path / "bpf"
     shutil.copytree(source.BPF_DIR, changed)
     maps_h = changed / "lib" / "maps.h"
-    text = maps_h.read_text()
-    assert "BPF_ARRAY(dscp_class, __u32, 64);" in text
-    maps_h.write_text(text.replace("BPF_ARRAY(dscp_class, __u32, 64);", "BPF_ARRAY(dscp_class, __u32, 65);"))
+    # the first array sized by a number: one entry more
+    found = re.search(r"BPF_ARRAY\((\w+), ([^,()]+), (\d+)\);", maps_h.read_text())
+    name, entries = found.group(1), int(found.group(3))
+    maps_h.write_text(maps_h.read_text().replace(found.group(0),
+                                                 f"BPF_ARRAY({name}, {found.group(2)}, {entries + 1});"))
     r = _mrcctl_with_sources(changed, "--netns", A, "attach", "a0", "--replace")
     assert r.returncode == 1, r
     assert r.stderr.strip().splitlines()[-1].startswith("mrcctl: error: layout changed: detach and attach"), r.stderr
-    assert "dscp_class" in r.stderr and "64 entries" in r.stderr and "65 entries" in r.stderr
+    assert f"map {name}: running" in r.stderr and f"{entries} entries" in r.stderr \
+        and f"{entries + 1} entries" in r.stderr, r.stderr
     assert (status(A)["programs"], hooked_ids(t, A, "a0"), pin_names(A)) == before
     # the same sources unchanged: replaced
     r = _mrcctl_with_sources(ROOT / "bpf", "--netns", A, "attach", "a0", "--replace", "-j")
