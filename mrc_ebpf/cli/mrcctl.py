@@ -194,7 +194,7 @@ def status(ctx):
                      ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
                      ("min active", r["min_active"] or "no floor"),
                      ("programs", ", ".join(f"{k} {v['id']}" for k, v in r["programs"].items())
-                      + f"; loaded {max((v['loaded'] or '') for v in r['programs'].values()) or '-'}"),
+                      + f"; loaded {max((v['loaded'] or '' for v in r['programs'].values()), default='') or '-'}"),
                      ("pins", r["pins"])]
             for route in r["routes"]:
                 items.append(("route", f"{route['prefix']}: {fmt_metrics(route['route_metrics'])}"))
