@@ -626,3 +626,33 @@ def list_paths(att: Attachment) -> list[dict]:
 def _monotonic_ns() -> int:
     import time
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def set_attrs(att: Attachment, prefix_text: str, path_id: int, weight: int, tclass: int) -> dict:
+    """Change a path's weight and class in place: it keeps its id,
+    sequence numbers and counters (`mrcctl apply` of a changed file)."""
+    if not 1 <= weight <= MAX_WEIGHT:
+        raise MrcError(f"bad weight {weight}: 1..{MAX_WEIGHT}")
+    prefix = parse_prefix(prefix_text)
+    key, peer = _lookup_peer(att, prefix)
+    used = dict(_used(att, peer))
+    if path_id not in used:
+        raise MrcError(f"{prefix} has no path {path_id}")
+    path = used[path_id]
+    if (path.weight, path.tclass) != (weight, tclass):
+        path.weight, path.tclass = weight, tclass
+        att.maps["paths"].update(path_index(peer.peer_id, path_id), path)
+        _rebuild(att, peer)
+    return {"prefix": str(prefix), "path_id": path_id, "weight": weight, "tclass": tclass}
+
+
+def set_route_metrics(att: Attachment, prefix_text: str, metrics: dict[str, str | None]) -> dict:
+    """Make the peer route's TCP metrics exactly METRICS (parse_metric's
+    values; a key absent or None is removed)."""
+    prefix = parse_prefix(prefix_text)
+    _, peer = _lookup_peer(att, prefix)
+    overrides = {k: None for k in routes.DEFAULT_TCP_METRICS}
+    overrides.update({k: None for k in route_metrics(att, prefix)})
+    overrides.update(metrics)
+    _sync_route(att, prefix, peer, overrides)
+    return {"prefix": str(prefix), "route_metrics": route_metrics(att, prefix)}
