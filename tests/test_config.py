@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import time
 
@@ -204,14 +206,16 @@ def test_a_changed_path_leaves_the_others_counting(interop, tmp_path):
     ping is lost."""
     A = interop.A
     apply(interop, tmp_path, host_config(interop, extra_peer=False))
-    ping = interop.t.popen(A, ["ping", "-c", "400", "-i", "0.005", "-W", "2", interop.B6],
+    ping = interop.t.popen(A, ["ping", "-c", "20000", "-i", "0.005", "-W", "2", interop.B6],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.8)
+        time.sleep(1)
         before = counters(interop)
         changed = host_config(interop, third=("fc00:1::",) * 3, extra_peer=False)
         result = json.loads(apply(interop, tmp_path, changed, name="changed.yaml").stdout)
         after_apply = counters(interop)
+        time.sleep(1)
+        ping.send_signal(signal.SIGINT)     # ping prints its statistics
         out, err = ping.communicate(timeout=60)
     finally:
         if ping.poll() is None:
@@ -230,7 +234,8 @@ def test_a_changed_path_leaves_the_others_counting(interop, tmp_path):
     old = (prefix, ("fc00:1::",) * 2 + (interop.B_DT6,))
     assert old not in after and after[new][1] > 0
     assert after[new][0] == before[old][0]      # the freed id is taken again
-    assert " 0% packet loss" in out, out
+    sent, received = map(int, re.search(r"(\d+) packets transmitted, (\d+) received", out).groups())
+    assert sent > 200 and sent - received <= 1, out     # one may be in flight at the SIGINT
     assert shown(interop) == config.dump(config.load(changed).data)
 
 
@@ -260,16 +265,16 @@ def test_invalid_files_change_nothing(interop, tmp_path):
     apply(interop, tmp_path, text)
     before = state(t, A)
     bad = {
-        "bad address": (text.replace(f'"{interop.R_SID}", ', '"fc00:1::zz", '), 17, "bad segment"),
+        "bad address": (text.replace(f'"{interop.R_SID}", ', '"fc00:1::zz", '), 14, "bad segment"),
         "unknown key": (text.replace("    policy: rr\n", "    policy: rr\n    speed: 9\n"), 12,
                         "unknown key 'speed'"),
-        "bad type": (text.replace("weight: 2", "weight: two"), 16, "weight must be an integer"),
+        "bad type": (text.replace("weight: 2", "weight: two"), 15, "weight must be an integer"),
         "wrong version": (text.replace("version: 1", "version: 7"), 1, "unsupported version 7"),
-        "duplicate path": (text.replace('via: ["fc00:1::", "fc00:1::", ', 'via: ['), 17,
-                           "duplicate path via fc00:b::6"),
-        # valid YAML, refused by the kernel side midway: the class is named in the path's line
-        "unroutable first hop": (text.replace(f'["{interop.B_DX4}"]', '["fd00:ffff::1"]'), 23,
-                                 "first hop fd00:ffff::1"),
+        "duplicate path": (text.replace('via: ["fc00:1::", "fc00:1::", ', 'via: ['), 16,
+                           "duplicate path via fc00:b::6 to fd00:2::/64 (first at line 13)"),
+        # valid, but refused by the kernel side midway: named by the path's line
+        "unroutable first hop": (text.replace(f'["{interop.B_DX4}"]', '["fd00:ffff::1"]'), 21,
+                                 "no route to first segment fd00:ffff::1"),
     }
     for name, (bad_text, line, reason) in bad.items():
         result = apply(interop, tmp_path, bad_text, check=False, name="bad.yaml")

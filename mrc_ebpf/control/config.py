@@ -638,15 +638,16 @@ def _plan_peer(want: dict, have: dict, ids: list[int]) -> list[dict]:
                                  "from": old["entry"], "index": item["index"]})
         else:
             adds.append(item)
-    changes = []
-    if adds:
-        changes.append({"what": "path", "action": "add", "prefix": prefix,
-                        "entries": [a["entry"] for a in adds], "indexes": [a["index"] for a in adds]})
+    deletes = [{"what": "path", "action": "delete", "prefix": prefix, "path_id": item["id"],
+                "entry": item["entry"]} for item in running_items if item["id"] not in matched]
+    add = [{"what": "path", "action": "add", "prefix": prefix, "entries": [a["entry"] for a in adds],
+            "indexes": [a["index"] for a in adds]}] if adds else []
+    # Deleting first lets the new paths take the freed ids (the file's
+    # order stays the ids' order); while the peer keeps a path, its
+    # packets go on the others meanwhile.  A peer that keeps none gets its
+    # new paths first, so it is never without one (nor its route removed).
+    changes = deletes + add if matched else add + deletes
     changes += modifies
-    for item in running_items:
-        if item["id"] not in matched:
-            changes.append({"what": "path", "action": "delete", "prefix": prefix,
-                            "path_id": item["id"], "entry": item["entry"]})
     if want["policy"] != have["policy"]:
         changes.append({"what": "policy", "prefix": prefix, "from": have["policy"], "to": want["policy"]})
     if want.get("route_metrics", {}) != have.get("route_metrics", {}):
