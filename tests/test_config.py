@@ -323,3 +323,71 @@ def test_failed_first_apply_leaves_nothing_attached(interop, tmp_path):
         assert json.loads(mrcctl("status", "-j", netns=A).stdout) == []
         routes = interop.t.exec(A, ["ip", "-6", "route", "show", "proto", "77"]).stdout
         assert routes.strip() == ""
+
+
+@pytestmark_root
+def test_attach_options_in_place_and_reattach(interop, tmp_path):
+    """Timers, granularity and the key change in place (the paths keep
+    their counters); the SID needs a re-attach, done with --reattach."""
+    from mrc_ebpf.datapath import auth
+    A = interop.A
+    k1, k2 = tmp_path / "k1.key", tmp_path / "k2.key"
+    k1.write_text("00112233445566778899aabbccddeeff\n")
+    k2.write_text("ffeeddccbbaa99887766554433221100\n")
+    base = host_config(interop, extra_peer=False)
+    keyed = base.replace("  probe_us: 4000\n", "  probe_us: 4000\n  key_file: k1.key\n")
+    apply(interop, tmp_path, keyed)
+    shown_text = shown(interop)
+    assert f"key_file: {k1}" in shown_text and "mode: auto" in shown_text
+    assert shown_text == config.dump(config.load(keyed, base=tmp_path).data)
+
+    def key_ids():
+        return [k["key_id"] for k in json.loads(mrcctl("key", "show", "-j", netns=A).stdout)["keys"]]
+    assert key_ids() == [auth.key_id(bytes.fromhex(k1.read_text().strip()))]
+    assert interop.ping(A, interop.B6, count=3).returncode == 0
+    before = counters(interop)
+    changed = keyed.replace("k1.key", "k2.key").replace("  probe_us: 4000\n",
+                                                        "  probe_us: 4000\n  granularity: burst\n"
+                                                        "  mode: native\n  min_active: 2\n")
+    result = json.loads(apply(interop, tmp_path, changed, name="h2.yaml").stdout)
+    assert sorted(c["key"] for c in result["changes"]) == ["granularity", "key_file", "min_active", "mode"]
+    assert key_ids() == [auth.key_id(bytes.fromhex(k2.read_text().strip()))]
+    link = json.loads(interop.t.exec(A, ["ip", "-d", "-j", "link", "show", "a0"]).stdout)[0]
+    assert link["gso_max_segs"] > 1
+    assert counters(interop) == before
+    assert shown(interop) == config.dump(config.load(changed, base=tmp_path).data)
+    # dry run: says, changes nothing
+    dry = json.loads(apply(interop, tmp_path, keyed, "--dry-run", name="h3.yaml").stdout)
+    assert dry["changed"] and dry["dry_run"]
+    assert shown(interop) == config.dump(config.load(changed, base=tmp_path).data)
+    # a new SID: refused without --reattach, done with it
+    moved = changed.replace(interop.A_SID, "fc00:a::7")
+    from test_all_or_nothing import one_line_error
+    one_line_error(apply(interop, tmp_path, moved, check=False, name="h4.yaml"), "sid fc00:a::6 -> fc00:a::7")
+    result = json.loads(apply(interop, tmp_path, moved, "--reattach", name="h4.yaml").stdout)
+    assert result["reattached"]
+    assert shown(interop) == config.dump(config.load(moved, base=tmp_path).data)
+
+
+@pytestmark_root
+def test_entropy_paths_match_by_their_place_among_a_sids(interop, tmp_path):
+    """EVs to one SID are told apart by their order: adding a 4th keeps
+    the others' ids and labels; denying the 2nd splits the entry."""
+    A, sid = interop.A, interop.B_DT6
+    head = host_config(interop, extra_peer=False).split("    paths:\n")[0] + "    paths:\n"
+    three = head + f'      - via: ["{sid}"]\n      - entropy: 3\n        sid: "{sid}"\n'
+    apply(interop, tmp_path, three)
+    assert shown(interop) == config.dump(config.load(three).data)
+    rows = json.loads(mrcctl("path", "list", "-j", netns=A).stdout)
+    evs = {r["path_id"]: r["flowlabel"] for r in rows if r["encoding"] == "entropy"}
+    assert sorted(evs) == [1, 2, 3]
+    denied = head + (f'      - via: ["{sid}"]\n      - entropy: 1\n        sid: "{sid}"\n'
+                     f'      - entropy: 1\n        sid: "{sid}"\n        denied: true\n'
+                     f'      - entropy: 2\n        sid: "{sid}"\n')
+    result = json.loads(apply(interop, tmp_path, denied, name="d.yaml").stdout)
+    assert [(c["action"], c.get("path_id")) for c in result["changes"]] == [("add", None), ("change", 2)]
+    rows = json.loads(mrcctl("path", "list", "-j", netns=A).stdout)
+    assert {r["path_id"]: r["flowlabel"] for r in rows if r["encoding"] == "entropy"} == {**evs, 4: rows[-1]["flowlabel"]}
+    assert [r["state"] == "denied" for r in rows] == [False, False, True, False, False]
+    assert shown(interop) == config.dump(config.load(denied).data)
+    assert json.loads(apply(interop, tmp_path, denied, name="d.yaml").stdout)["changed"] is False
