@@ -138,7 +138,7 @@ def load(text: str, source: str = "<stdin>", base: Path | None = None) -> Config
     """Parse and validate a config; ConfigError names the line of the first problem."""
     r = _Reader(source, base or Path.cwd())
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
@@ -470,6 +470,12 @@ def running(att: Attachment, key_file: str | None = None, key_hint: bool = False
     prints).  KEY_FILE names the key file where none was recorded (an
     attachment made by `mrcctl attach`); with KEY_HINT an unrecorded one
     shows as UNRECORDED_KEY instead of failing (apply then records it)."""
+    return running_with_ids(att, key_file, key_hint)[0]
+
+
+def running_with_ids(att: Attachment, key_file: str | None = None,
+                     key_hint: bool = False) -> tuple[dict, dict[str, list[int]]]:
+    """running(), and each peer's path ids in path order (for `plan`)."""
     cfg = att.config
     applied = read_applied(att)
     devices = att.device_names()
@@ -493,19 +499,18 @@ def running(att: Attachment, key_file: str | None = None, key_hint: bool = False
     listed = [c for c in classes.list_classes(att) if c["id"] != 0]
     if listed:
         data["classes"] = [{"name": c["class"], "dscp": sorted(c["dscp"])} for c in listed]
-    rows = paths.list_paths(att)
-    peers = []
-    for p in paths.peers(att):
+    peers, ids = [], {}
+    for p in paths.configured(att):
         peer = {"prefix": p["prefix"], "policy": p["policy"]}
         metrics = canonical_metrics(p["route_metrics"])
         if metrics:
             peer["route_metrics"] = metrics
-        entries = [_entry(row) for row in rows if row["prefix"] == p["prefix"]]
-        peer["paths"] = merge_entropy(entries)
+        peer["paths"] = merge_entropy([_entry(row) for row in p["paths"]])
         peers.append(peer)
+        ids[p["prefix"]] = [row["path_id"] for row in p["paths"]]
     if peers:
         data["peers"] = peers
-    return data
+    return data, ids
 
 
 def _entry(row: dict) -> dict:
@@ -519,7 +524,7 @@ def _entry(row: dict) -> dict:
         entry["weight"] = row["weight"]
     if row["class"] != classes.DEFAULT:
         entry["class"] = row["class"]
-    if row["state"] == paths.STATE_DENIED:
+    if row["denied"]:
         entry["denied"] = True
     return entry
 
@@ -567,7 +572,8 @@ def reattach_reasons(desired: dict, current: dict, mode_used: str) -> list[str]:
     return reasons
 
 
-def plan(desired: dict, current: dict, att: Attachment | None) -> list[dict]:
+def plan(desired: dict, current: dict, att: Attachment | None,
+         ids: dict[str, list[int]] | None = None) -> list[dict]:
     """The changes, in the order they are to be made, that turn CURRENT
     (running) into DESIRED; [] when they are the same.  ATT None: nothing
     is attached yet (CURRENT is DESIRED's attach section alone)."""
@@ -595,13 +601,13 @@ def plan(desired: dict, current: dict, att: Attachment | None) -> list[dict]:
     for prefix in have_peers:
         if prefix not in want_peers:
             changes.append({"what": "peer", "action": "delete", "prefix": prefix})
-    rows = paths.list_paths(att) if att is not None else []
+    if ids is None and att is not None:
+        ids = {p["prefix"]: [r["path_id"] for r in p["paths"]] for p in paths.configured(att)}
     for prefix, peer in want_peers.items():
         if prefix not in have_peers:
             changes.append({"what": "peer", "action": "add", "prefix": prefix, "peer": peer})
             continue
-        ids = [r["path_id"] for r in rows if r["prefix"] == prefix]
-        changes += _plan_peer(peer, have_peers[prefix], ids)
+        changes += _plan_peer(peer, have_peers[prefix], ids[prefix])
 
     for name in have_classes:
         if name not in want_classes:
@@ -767,7 +773,7 @@ def _add_entropy(att, prefix, sid, count, weight, tclass_name, extra) -> list[di
 
 
 def _rows(att: Attachment, prefix: str) -> list[dict]:
-    return [r for r in paths.list_paths(att) if r["prefix"] == prefix]
+    return next((p["paths"] for p in paths.configured(att) if p["prefix"] == prefix), [])
 
 
 def _set_attach(att: Attachment, want: dict, key: str) -> None:
@@ -802,9 +808,10 @@ def delete_class(att: Attachment, name: str) -> None:
     """Remove class NAME: its DSCP values go back to the default class;
     refused while a path is reserved for it."""
     tclass = classes.class_id(att, name)
-    users = [r for r in paths.list_paths(att) if r["class"] == name]
+    users = [(p["prefix"], r["path_id"]) for p in paths.configured(att) for r in p["paths"]
+             if r["class"] == name]
     if users:
-        raise MrcError(f"class {name} is used by {users[0]['prefix']} path {users[0]['path_id']}")
+        raise MrcError(f"class {name} is used by {users[0][0]} path {users[0][1]}")
     table = att.maps["dscp_class"]
     for d in range(64):
         if table.lookup(layout.Index(d)).value == tclass:
@@ -866,10 +873,10 @@ def apply(cfg: Config, reattach: bool = False, dry_run: bool = False) -> dict:
             _fresh(cfg)
         return {**result, "attached": True, "changed": True, "changes": [public(c) for c in changes]}
     with loader.changing(owner) as att:
-        current = running(att, key_hint=True)
+        current, ids = running_with_ids(att, key_hint=True)
         reasons = reattach_reasons(cfg.data, current, used_mode(att))
         if not reasons:
-            changes = plan(cfg.data, current, att)
+            changes = plan(cfg.data, current, att, ids)
             if not dry_run:
                 execute(att, cfg, changes)
             return {**result, "device": owner, "changed": bool(changes),
@@ -909,7 +916,8 @@ def _fresh(cfg: Config) -> None:
     try:
         with loader.changing(first) as att:
             write_applied(att, {"mode": want["mode"], "key_file": want.get("key_file")})
-            execute(att, cfg, plan(cfg.data, running(att), att))
+            current, ids = running_with_ids(att)
+            execute(att, cfg, plan(cfg.data, current, att, ids))
     except BaseException:
         loader.detach(first)
         raise
