@@ -171,10 +171,9 @@ def counters(interop) -> dict[int, int]:
     return {(r["prefix"], tuple(r["segments"])): (r["path_id"], r["tx_packets"]) for r in rows}
 
 
-pytestmark_root = pytest.mark.root
 
 
-@pytestmark_root
+@pytest.mark.root
 def test_apply_round_trip_and_idempotence(interop, tmp_path):
     from test_all_or_nothing import state
     t, A = interop.t, interop.A
@@ -199,7 +198,7 @@ def test_apply_round_trip_and_idempotence(interop, tmp_path):
     assert state(t, A) == before
 
 
-@pytestmark_root
+@pytest.mark.root
 def test_a_changed_path_leaves_the_others_counting(interop, tmp_path):
     """Under a ping flood, a file whose third path differs is applied:
     the other two keep their ids and counters and keep counting, and no
@@ -239,7 +238,7 @@ def test_a_changed_path_leaves_the_others_counting(interop, tmp_path):
     assert shown(interop) == config.dump(config.load(changed).data)
 
 
-@pytestmark_root
+@pytest.mark.root
 def test_policy_weight_class_and_metrics_change_in_place(interop, tmp_path):
     A = interop.A
     apply(interop, tmp_path, host_config(interop))
@@ -257,7 +256,7 @@ def test_policy_weight_class_and_metrics_change_in_place(interop, tmp_path):
     assert {r["prefix"]: r["route_metrics"]["rto_min"] for r in status["routes"]}["198.18.2.0/24"] == "20ms"
 
 
-@pytestmark_root
+@pytest.mark.root
 def test_invalid_files_change_nothing(interop, tmp_path):
     from test_all_or_nothing import one_line_error, state
     t, A = interop.t, interop.A
@@ -288,7 +287,7 @@ def test_invalid_files_change_nothing(interop, tmp_path):
     assert state(t, A) == before
 
 
-@pytestmark_root
+@pytest.mark.root
 def test_failure_midway_rolls_back(interop, tmp_path):
     """Each write of an apply that changes a path, a class, a policy,
     metrics and a timer fails in turn; after each, everything is as before."""
@@ -313,7 +312,7 @@ def test_failure_midway_rolls_back(interop, tmp_path):
     assert shown(interop) == config.dump(config.load(changed).data)
 
 
-@pytestmark_root
+@pytest.mark.root
 def test_failed_first_apply_leaves_nothing_attached(interop, tmp_path):
     A = interop.A
     for n in (1, 5, 17):
@@ -325,7 +324,7 @@ def test_failed_first_apply_leaves_nothing_attached(interop, tmp_path):
         assert routes.strip() == ""
 
 
-@pytestmark_root
+@pytest.mark.root
 def test_attach_options_in_place_and_reattach(interop, tmp_path):
     """Timers, granularity and the key change in place (the paths keep
     their counters); the SID needs a re-attach, done with --reattach."""
@@ -369,7 +368,7 @@ def test_attach_options_in_place_and_reattach(interop, tmp_path):
     assert shown(interop) == config.dump(config.load(moved, base=tmp_path).data)
 
 
-@pytestmark_root
+@pytest.mark.root
 def test_entropy_paths_match_by_their_place_among_a_sids(interop, tmp_path):
     """EVs to one SID are told apart by their order: adding a 4th keeps
     the others' ids and labels; denying the 2nd splits the entry."""

@@ -5,7 +5,6 @@ would run them, bring the datapath up from the config `mrcctl save`
 wrote and take it down."""
 from __future__ import annotations
 
-import configparser
 import json
 import os
 import re
