@@ -459,6 +459,10 @@ path.add_command(path_deny)
 path.add_command(path_allow)
 from mrc_ebpf.cli.key_cmd import key  # noqa: E402
 cli.add_command(key)
+from mrc_ebpf.cli import config_cmd  # noqa: E402
+cli.add_command(config_cmd.apply)
+cli.add_command(config_cmd.show_config)
+cli.add_command(config_cmd.save)
 
 
 if __name__ == "__main__":
