@@ -10,6 +10,7 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -192,3 +193,39 @@ def test_frags_program_cannot_be_chained_one_line_error(interop):
         assert json.loads(mrcctl("status", "-j", netns=A).stdout) == []
     finally:
         os.close(fd)
+
+
+XDP_FILTER_OBJ = "/usr/lib/x86_64-linux-gnu/bpf/xdpfilt_alw_all.o"
+
+
+@pytest.mark.skipif(not (shutil.which("xdp-loader") and os.path.exists(XDP_FILTER_OBJ)),
+                    reason="needs xdp-tools (apt-get install xdp-tools)")
+def test_next_to_a_program_xdp_loader_loaded(interop):
+    """xdp-loader (libxdp) as a user runs it.  Where libxdp's dispatcher
+    works, the device's program is the dispatcher, which mrc_rx cannot
+    join: one clear line.  Where it does not (this host's 6.18 kernel:
+    libxdp 1.3.1's compatibility check fails), libxdp attaches the
+    program alone, and mrc_rx chains to it."""
+    t, A = interop.t, interop.A
+    loader = ["sh", "-c", "mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf; "
+                          f"exec xdp-loader load -m native a0 {XDP_FILTER_OBJ}"]
+    t.exec(A, loader)
+    theirs = xdp_on(t, A, "a0")["prog"]
+    r = mrcctl("attach", "a0", "--sid", interop.A_SID, netns=A, check=False)
+    if theirs["name"] == "xdp_dispatcher":
+        assert r.returncode == 1 and "libxdp's dispatcher" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+        return
+    assert r.returncode == 0, r.stderr
+    assert theirs["name"] == "xdpfilt_alw_all"
+    status = json.loads(mrcctl("status", "-j", netns=A).stdout)[0]
+    assert status["xdp_chained"] == {"id": theirs["id"], "name": theirs["name"]}
+    assert ping_received(interop.ping(A, "fd00:1::1", count=3).stdout) == 3
+    mrcctl("path", "add", "fd00:2::/64", "--via", interop.B_DT6, netns=A)
+    assert ping_received(interop.ping(A, interop.B6, count=3).stdout) == 3
+    mrcctl("detach", "a0", netns=A)
+    assert xdp_on(t, A, "a0")["prog"]["id"] == theirs["id"]
+    shown = t.exec(A, ["xdp-loader", "status", "a0"]).stdout
+    assert "xdpfilt_alw_all" in shown and "mrc_rx" not in shown
+    t.exec(A, ["xdp-loader", "unload", "a0", "--all"])
+    assert not xdp_on(t, A, "a0")

@@ -43,8 +43,10 @@ def parse_sid(text: str) -> ipaddress.IPv6Address:
     return sid
 
 
-def compile_datapath():
-    """Compile and load the programs; returns (bcc module, tx, rx, fb)."""
+def compile_datapath(rx_attach_type: int = 0):
+    """Compile and load the programs; returns (bcc module, tx, rx, fb).
+    RX_ATTACH_TYPE: mrc_rx's expected_attach_type, which must be that of
+    the XDP program it tail-calls (xdp_chain.tail_call_profile)."""
     try:
         from bcc import BPF
     except ImportError:
@@ -57,7 +59,7 @@ def compile_datapath():
     try:
         module = BPF(text=source.expand().encode(), cflags=["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"])
         tx = module.load_func("mrc_tx", BPF.SCHED_CLS)
-        rx = module.load_func("mrc_rx", BPF.XDP)
+        rx = module.load_func("mrc_rx", BPF.XDP, None, rx_attach_type or -1)
         fb = module.load_func("mrc_fb", BPF.SCHED_CLS)
     except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
         raise MrcError(f"cannot load the datapath: {e}")
@@ -345,8 +347,12 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
         raise MrcError(f"unknown timer(s): {', '.join(sorted(unknown))}")
     timers = {**TIMERS, **{k: v for k, v in timers.items() if v is not None}}
     with IPRoute() as ipr:
-        _check_free(ipr, devices, mode)     # fail fast, before compiling
-    module, tx, rx, fb = compile_datapath()
+        found = _check_free(ipr, devices, mode)     # fail fast, before compiling
+    attach_types = {other["attach_type"] for _, other in found if other}
+    if len(attach_types) > 1:
+        raise MrcError("the devices' XDP programs were loaded with different attach types "
+                       "(bcc's and libbpf's): mrc_rx can chain to one kind only; attach them apart")
+    module, tx, rx, fb = compile_datapath(attach_types.pop() if attach_types else 0)
     undo: list = []
     with lock.writer(), IPRoute() as ipr:
         found = _check_free(ipr, devices, mode)     # again: another writer may have been first

@@ -25,6 +25,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from mrc_ebpf.datapath import bpfsys, hooks, source
 from mrc_ebpf.datapath.bpfsys import BpfError
+from mrc_ebpf.datapath.mirrors import KERNEL_BPF_H, mirror
 from mrc_ebpf.errors import MrcError
 
 CHAIN_MAP = "mrc_xdp_chain"     # the pin of the prog array (bpf/lib/maps.h)
@@ -38,13 +39,77 @@ DISPATCHER_NAME = "xdp_dispatcher"   # libxdp's dispatcher program
 MRC_RX_NAME = "mrc_rx"
 
 
+@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
 class _GetFdAttr(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_uint32), ("next_id", ctypes.c_uint32),
+    _fields_ = [("prog_id", ctypes.c_uint32), ("next_id", ctypes.c_uint32),
                 ("open_flags", ctypes.c_uint32)]
 
 
 def prog_fd_by_id(prog_id: int) -> int:
-    return bpfsys._bpf(BPF_PROG_GET_FD_BY_ID, _GetFdAttr(id=prog_id))
+    return bpfsys._bpf(BPF_PROG_GET_FD_BY_ID, _GetFdAttr(prog_id=prog_id))
+
+
+@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
+class _MapCreateAttr(ctypes.Structure):
+    _fields_ = [("map_type", ctypes.c_uint32), ("key_size", ctypes.c_uint32),
+                ("value_size", ctypes.c_uint32), ("max_entries", ctypes.c_uint32)]
+
+
+@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
+class _ProgLoadAttr(ctypes.Structure):
+    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
+                ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
+                ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
+                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
+                ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16),
+                ("prog_ifindex", ctypes.c_uint32), ("expected_attach_type", ctypes.c_uint32)]
+
+
+BPF_MAP_CREATE, BPF_PROG_LOAD = 0, 5
+BPF_MAP_TYPE_PROG_ARRAY = 3
+BPF_XDP = 37                        # enum bpf_attach_type: what libbpf loads SEC("xdp") with
+BPF_F_XDP_HAS_FRAGS = 1 << 5
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, imm: int = 0) -> int:
+    return code | (dst << 8) | (src << 12) | ((imm & 0xFFFFFFFF) << 32)
+
+
+def tail_call_profile(prog_id: int) -> tuple[int, bool]:
+    """What a caller must be loaded with to tail-call program PROG_ID:
+    (expected_attach_type, xdp.frags).  The kernel lets a program tail-call
+    only programs alike in both (6.18 checks the attach type: libbpf loads
+    SEC("xdp") with BPF_XDP, bcc with none), and prog_info tells neither;
+    so a scratch prog array takes PROG_ID first (making it the array's
+    model) and a two-instruction caller is loaded each way until one fits."""
+    fd = prog_fd_by_id(prog_id)
+    array = bpfsys._bpf(BPF_MAP_CREATE, _MapCreateAttr(map_type=BPF_MAP_TYPE_PROG_ARRAY,
+                                                        key_size=4, value_size=4, max_entries=1))
+    try:
+        _slot_update(array, 0, fd)
+        insns = (ctypes.c_uint64 * 6)(
+            _insn(0x18, dst=2, src=1, imm=array), 0,     # r2 = the prog array
+            _insn(0xb7, dst=3, imm=0),                   # r3 = 0
+            _insn(0x85, imm=12),                         # bpf_tail_call(ctx, r2, r3)
+            _insn(0xb7, dst=0, imm=2),                   # return XDP_PASS
+            _insn(0x95))
+        license = ctypes.create_string_buffer(b"GPL")
+        for frags in (False, True):
+            for attach_type in (0, BPF_XDP):
+                attr = _ProgLoadAttr(prog_type=BPF_PROG_TYPE_XDP, insn_cnt=6,
+                                     insns=ctypes.addressof(insns),
+                                     license=ctypes.addressof(license),
+                                     prog_flags=BPF_F_XDP_HAS_FRAGS if frags else 0,
+                                     expected_attach_type=attach_type, prog_name=b"mrc_chain_probe")
+                try:
+                    os.close(bpfsys._bpf(BPF_PROG_LOAD, attr))
+                    return attach_type, frags
+                except BpfError:
+                    continue
+        raise BpfError(errno.EINVAL, "no tail call to it loads")
+    finally:
+        os.close(array)
+        os.close(fd)
 
 
 def prog_name(prog_id: int) -> str:
@@ -87,7 +152,18 @@ def other_program(ipr: IPRoute, device: str, index: int, mode: str) -> dict | No
         raise MrcError(f"{device}'s XDP program (id {prog_id}) is libxdp's dispatcher "
                        f"(xdp-loader): the kernel refuses a tail call into a program extended "
                        f"by freplace; unload it (xdp-loader unload {device} --all) first")
-    return {"id": prog_id, "name": name, "mode": on}
+    try:
+        attach_type, frags = tail_call_profile(prog_id)
+    except BpfError as e:
+        why = {errno.EBUSY: "it is extended by freplace programs (a dispatcher)"}
+        raise MrcError(f"cannot chain to {device}'s XDP program {name or '?'} (id {prog_id}): "
+                       f"the kernel refuses a tail call to it "
+                       f"({why.get(e.errno, 'device-bound, or not JIT-compiled like mrc_rx')})")
+    if frags:
+        raise MrcError(f"cannot chain to {device}'s XDP program {name or '?'} (id {prog_id}): it "
+                       f"is an xdp.frags (multi-buffer) program and mrc_rx is not one (bcc cannot "
+                       f"load it as one); load that program without xdp.frags")
+    return {"id": prog_id, "name": name, "mode": on, "attach_type": attach_type}
 
 
 def xdp_set(index: int, prog_fd: int, mode: str, expected_fd: int | None = None) -> None:
@@ -113,8 +189,8 @@ def chain_and_replace(device: str, index: int, chain_fd: int, slot: int, other: 
         try:
             _slot_update(chain_fd, slot, other_fd)
         except BpfError as e:
-            why = {errno.EINVAL: "the kernel refuses a tail call to it from mrc_rx: it differs "
-                                 "in xdp.frags (a multi-buffer program), device binding or JIT",
+            why = {errno.EINVAL: "the kernel refuses a tail call to it from mrc_rx (it differs "
+                                 "in attach type, xdp.frags or JIT)",
                    errno.EBUSY: "it is extended by freplace programs (a dispatcher)"}
             raise MrcError(f"cannot chain to {device}'s XDP program {other['name'] or '?'} "
                            f"(id {other['id']}): "
