@@ -292,3 +292,28 @@ def _slot_clear(chain_fd: int, slot: int) -> None:
         bpfsys._bpf(bpfsys.BPF_MAP_DELETE_ELEM, attr)
     except BpfError:
         pass
+
+
+def rx_attach_type(directory, n_devices: int) -> int:
+    """The expected_attach_type a new mrc_rx for the attachment at
+    DIRECTORY must be loaded with to keep tail-calling what it chains to
+    (for a program swap: compile_datapath(rx_attach_type=...))."""
+    for slot in range(n_devices):
+        other = chained(directory, slot)
+        if other:
+            return tail_call_profile(other["id"])[0]
+    return 0
+
+
+def copy_chain(directory, new_chain_fd: int, n_devices: int) -> None:
+    """Put the programs chained to in the pinned chain map at DIRECTORY
+    into a new program's chain map (NEW_CHAIN_FD), slot for slot, before
+    that program is swapped in."""
+    for slot in range(n_devices):
+        other = chained(directory, slot)
+        if other:
+            fd = prog_fd_by_id(other["id"])
+            try:
+                _slot_update(new_chain_fd, slot, fd)
+            finally:
+                os.close(fd)
