@@ -14,11 +14,13 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from pyroute2 import IPRoute
 
 from conftest import mrcctl
+from mrc_ebpf.datapath import bpfsys, xdp_chain
 from mrc_ebpf.lab import netns, procs
 
 pytestmark = pytest.mark.root
@@ -120,6 +122,17 @@ def test_attach_chains_to_the_device_program_and_detach_puts_it_back(interop, co
         assert status["xdp_chained"] == {"id": counter.id, "name": "count_xdp"}
         human = mrcctl("status", netns=A).stdout
         assert re.search(rf"a0 XDP chained\s+prog {counter.id} count_xdp", human)
+        # what a program swap (attach --replace) needs: the attach type
+        # (bcc loads with none) and the chain carried into a new map
+        pinned = Path(status["pins"])
+        assert xdp_chain.rx_attach_type(pinned, 1) == 0
+        fresh = bpfsys._bpf(xdp_chain.BPF_MAP_CREATE, xdp_chain._MapCreateAttr(
+            map_type=xdp_chain.BPF_MAP_TYPE_PROG_ARRAY, key_size=4, value_size=4, max_entries=8))
+        try:
+            xdp_chain.copy_chain(pinned, fresh, 1)
+            assert xdp_chain.chained_id(fresh, 0) == counter.id
+        finally:
+            os.close(fresh)
 
         # MRC traffic: B answers encapsulated to A's SID; MRC decapsulates
         # it, and the counter gets the decapsulated replies, never the
@@ -220,6 +233,8 @@ def test_next_to_a_program_xdp_loader_loaded(interop):
     assert theirs["name"] == "xdpfilt_alw_all"
     status = json.loads(mrcctl("status", "-j", netns=A).stdout)[0]
     assert status["xdp_chained"] == {"id": theirs["id"], "name": theirs["name"]}
+    # libbpf loads SEC("xdp") with BPF_XDP: mrc_rx was loaded alike
+    assert xdp_chain.rx_attach_type(Path(status["pins"]), 1) == xdp_chain.BPF_XDP
     assert ping_received(interop.ping(A, "fd00:1::1", count=3).stdout) == 3
     mrcctl("path", "add", "fd00:2::/64", "--via", interop.B_DT6, netns=A)
     assert ping_received(interop.ping(A, interop.B6, count=3).stdout) == 3
