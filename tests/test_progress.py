@@ -57,6 +57,10 @@ def test_progress_off_a_terminal_is_silent_unless_asked():
         clock.now += 20
         p(1, 4, "cost: flood none")
     assert asked.getvalue() == "bench: cost: flood none, ~60 s left\n"
+    p.restart()                     # the next scenario: its own pace
+    clock.now += 2
+    p(1, 3, "reorder: rr")
+    assert asked.getvalue().endswith("bench: reorder: rr, ~4 s left\n")
 
 
 def test_left_text_units():

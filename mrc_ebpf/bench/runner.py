@@ -348,6 +348,8 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
     HASHED.clear()
     started, t0 = time.time(), time.monotonic()
     STEPS.update(done=0, total=mod.steps(p) if hasattr(mod, "steps") else 0)
+    if PROGRESS is not None:
+        PROGRESS.restart()
     log(f"{scenario}: {mod.TITLE} ({'short' if short else 'full'}, repeat {p.get('repeat')})")
     try:
         results = mod.run(p, env)

@@ -62,6 +62,10 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
+    def restart(self) -> None:
+        """A new stretch of work (bench all: the next scenario): the pace starts again."""
+        self.started = self.clock()
+
     def log(self, msg: str) -> None:
         """A line of its own, above the progress line."""
         if self.tty and self.line:
