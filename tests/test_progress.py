@@ -103,6 +103,13 @@ def test_fabric_up_progress_and_node_completion():
         assert sorted(complete("fabric", "exec", "-n", name, "p1")) == \
             sorted(n for n in nodes if n.startswith("p1"))
         assert set(complete("fabric", "fail", "-n", name, "s1")) == {"s1", "s1-l1", "s1-l2"}
+        attached = mrcctl("fabric", "attach", name, "--progress")
+        lines = attached.stderr.splitlines()
+        assert lines[0] == "fabric attach: 0/2 hosts attached", lines
+        assert "fabric attach: 2/2 hosts attached" in lines[2]      # 2 attaches, weighted 20 each
+        assert lines[-1] == "fabric attach: 2/2 hosts attached, paths 2/2 commands"
+        assert all("left" in line for line in lines[1:-1])
+
         mrcctl("fabric", "fail", "-n", name, "s2-l1", "--mode", "blackhole")
         assert complete("fabric", "heal", "-n", name, "") == ["s2-l1"]
         assert complete("fabric", "exec", "-n", "nosuchfabric", "") == []
