@@ -397,6 +397,7 @@ struct mrc_device {
 /* mrc_device.flags; bit 0 means the same in bpf/lab/fault.c's fault_config.flags */
 #define MRC_DEV_F_CLSACT_OURS	0x01	/* attach added the clsact qdisc: detach removes it */
 #define MRC_DEV_F_XDP_SKB	0x02	/* XDP attached in skb (generic) mode */
+#define MRC_DEV_F_XDP_CHAINED	0x04	/* mrc_rx hands on to the device's earlier XDP program (lib/xdp_chain.h) */
 
 /* The timers of mrc_config when `mrcctl attach` is not told otherwise:
  * for a datacenter, round trips of tens of microseconds */

@@ -93,6 +93,11 @@ def _ceilings(env, fab, modes) -> dict:
     return {m: round(payload["ecmp" if m in plain else "mrc"] / (link_mtu + 14), 4) for m in modes}
 
 
+def steps(p: dict) -> int:
+    """Measurements run(p) makes (the progress line's total)."""
+    return sum(len(p["modes"]) * p["repeat"] * len(p["flows"][str(mtu)]) for mtu in p["mtus"])
+
+
 def run(p: dict, env) -> dict:
     from mrc_ebpf.lab.fabric import parse_rate
     capacity = p["spines"] * parse_rate(p["rate"])
@@ -132,7 +137,8 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
                 for rep in range(p["repeat"]):
                     for n in flows:
                         port += 1
-                        log(f"spray-vs-ecmp: MTU {mtu}, {mode}, {n} flow(s), run {rep + 1}/{p['repeat']}")
+                        log(f"spray-vs-ecmp: MTU {mtu}, {mode}, {n} flow(s), run {rep + 1}/{p['repeat']}",
+                            step=True)
                         u0 = contenders.uplinks(env, fab)
                         doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
                                        ["-t", str(p["seconds"]), "-P", str(n)], p["seconds"])

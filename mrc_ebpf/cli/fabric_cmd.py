@@ -12,6 +12,7 @@ import os
 import click
 from tabulate import tabulate
 
+from mrc_ebpf.cli.progress import Progress, progress_option
 from mrc_ebpf.lab import fabric as fab_mod
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.datapath.source import prefixed
@@ -57,6 +58,42 @@ def _name_arg(f):
     return click.argument("name", required=False)(with_name)
 
 
+def _fabric_of(ctx):
+    """The fabric a command line being completed is about (its state, read
+    without the lock: completion must not wait), or None."""
+    from mrc_ebpf.lab.fabric.state import state_path
+    name = ctx.params.get("name") or ctx.params.get("name_opt") or fab_mod.DEFAULT_NAME
+    try:
+        state = json.loads(state_path(name).read_text())
+        return state, fab_mod.Fabric(state["spec"])
+    except (OSError, ValueError, KeyError, MrcError):
+        return None
+
+
+def complete_nodes(ctx, param, incomplete):
+    """Node names of the fabric (h1, s1, l2, p1s1 ...)."""
+    found = _fabric_of(ctx)
+    return [n for n in (found[1].nodes() if found else []) if n.startswith(incomplete)]
+
+
+def complete_targets(ctx, param, incomplete):
+    """What fail takes: nodes and links (s1-l2, h1-l1)."""
+    found = _fabric_of(ctx)
+    if not found:
+        return []
+    names = [*found[1].nodes(), *(lk["name"] for lk in found[1].links())]
+    return [n for n in names if n.startswith(incomplete)]
+
+
+def complete_faults(ctx, param, incomplete):
+    """What heal takes: the targets that have faults, else every node and link."""
+    found = _fabric_of(ctx)
+    if not found:
+        return []
+    faulted = sorted({f["target"] for f in found[0].get("faults", []) if f.get("target")})
+    return [n for n in faulted if n.startswith(incomplete)] or complete_targets(ctx, param, incomplete)
+
+
 def _name_opt(f):
     return click.option("-n", "--name", default=fab_mod.DEFAULT_NAME, show_default=True,
                         help="Fabric name.")(f)
@@ -96,12 +133,14 @@ def fabric():
               help="How the leaves hash flows onto spines: l4, the 5-tuple (a flow stays on its "
                    "spine); flowlabel, the kernel's IPv6 default (addresses + flow label: Linux TCP "
                    "moves a connection by drawing a new label on an RTO).")
+@progress_option
 @_json_opt
 def up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
-       ecn_threshold, ecmp_hash, json_):
+       ecn_threshold, ecmp_hash, progress, json_):
     """Build fabric NAME (default mrc)."""
-    r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
-                   list(host_sysctls), ecn_threshold, ecmp_hash)
+    with Progress("fabric up", progress) as shown:
+        r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
+                       list(host_sysctls), ecn_threshold, ecmp_hash, progress=shown)
     _emit(json_, r, lambda r: click.echo(
         f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
         f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
@@ -198,7 +237,7 @@ def down(name, all_, json_):
 @fabric.command("exec", cls=_DashDash,
                 context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @_name_opt
-@click.argument("node")
+@click.argument("node", shell_complete=complete_nodes)
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def exec_(ctx, name, node, cmd):
@@ -219,15 +258,17 @@ def exec_(ctx, name, node, cmd):
                    "peer's feedback then names one of the two prefixes).")
 @click.option("--entropy", type=int, metavar="N",
               help=f"--encoding ev: entropy paths per peer (default {fab_mod.DEFAULT_ENTROPY}).")
+@progress_option
 @_json_opt
 @click.pass_context
-def attach(ctx, name, hosts, policy, ipv4, entropy, json_):
+def attach(ctx, name, hosts, policy, ipv4, entropy, progress, json_):
     """Attach mrc-ebpf on the hosts' NICs (eth0.. one per plane, one datapath)
     and add every other chosen host's IPv6 prefix with all its paths.
 
     Options after `--` go to `mrcctl attach` (e.g. -- --granularity burst)."""
-    r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4,
-                       entropy=entropy)
+    with Progress("fabric attach", progress) as shown:
+        r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4,
+                           entropy=entropy, progress=shown)
     _emit(json_, r, lambda r: click.echo(
         f"attached {', '.join(r['hosts'])} on {' '.join(r['devices'])}: {r['paths_per_peer']} paths "
         f"per peer, policy {r['policy']}"))
@@ -244,7 +285,7 @@ def detach(name, hosts, json_):
 
 
 @fabric.command()
-@click.argument("targets", nargs=-1, required=True)
+@click.argument("targets", nargs=-1, required=True, shell_complete=complete_targets)
 @click.option("--mode", default="down", show_default=True,
               help="down (link down: the sender sees it), blackhole, or loss=P (gray: it does not).")
 @_name_opt
@@ -257,7 +298,7 @@ def fail(targets, mode, name, json_):
 
 
 @fabric.command()
-@click.argument("targets", nargs=-1)
+@click.argument("targets", nargs=-1, shell_complete=complete_faults)
 @click.option("--all", "all_", is_flag=True, help="Heal every fault.")
 @_name_opt
 @_json_opt

@@ -141,7 +141,9 @@ def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, p
     emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
         f"{r['granularity']}{'; feedback authenticated' if r['auth']['authenticated'] else ''}; "
-        f"pinned at {r['pins']}"))
+        f"pinned at {r['pins']}"
+        + "".join(f"; chained to {c['device']}'s XDP program {c['id']} {c['name']}"
+                  for c in r["xdp_chained"])))
 
 
 @cli.command()
@@ -162,7 +164,9 @@ def detach(ctx, device, all_):
         results = [loader.detach(device)]
     # a list, whether one device or --all was given
     emit(ctx, results, lambda r: click.echo(
-        "\n".join(f"detached {x['device']}" for x in r) or "nothing attached"))
+        "\n".join(f"detached {x['device']}" + "".join(
+            f"; XDP program {b['id']} is back on {b['device']}" for b in x["xdp_restored"])
+            for x in r) or "nothing attached"))
 
 
 @cli.command()
@@ -187,6 +191,9 @@ def status(ctx):
             for h in r["hooks"]:
                 items += [(f"{h['device']} XDP", f"{h['xdp_mode'] or 'none'} (prog {h['xdp_prog_id'] or '-'}"
                                                  f"{'' if h['xdp_ours'] else ', not ours'})"),
+                          *([(f"{h['device']} XDP chained",
+                               f"prog {h['xdp_chained']['id']} {h['xdp_chained']['name']} "
+                               f"(gets what MRC passes)")] if h.get("xdp_chained") else []),
                           (f"{h['device']} TC egress",
                            f"prog {h['tc_prog_id'] or '-'}{'' if h['tc_ours'] else ' (missing)'}")]
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),

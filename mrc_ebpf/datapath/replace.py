@@ -31,7 +31,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, loader, pins
+from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, loader, pins, xdp_chain
 from mrc_ebpf.errors import MrcError
 
 XDP_FLAGS_REPLACE = 1 << 4
@@ -48,8 +48,10 @@ _PSEUDO_MAP_FD, _PSEUDO_MAP_VALUE = 1, 2
 
 
 def map_names() -> list[str]:
-    """Every map the datapath has, all of them pinned by attach."""
-    return [*layout.MAPS, loader.EVENT_RING]
+    """Every map the datapath has, all of them pinned by attach.  The
+    chain map is one of them: the new mrc_rx tail-calls through the
+    running one, so a chained XDP program stays chained."""
+    return [*layout.MAPS, loader.EVENT_RING, xdp_chain.CHAIN_MAP]
 
 
 def _shape(info: bpfsys.MapInfo) -> tuple:
@@ -112,8 +114,9 @@ def _map_name(fd: int) -> str:
         return ""
 
 
-def load_programs(module, relocation: dict[int, int]) -> dict[str, int]:
-    """Load the new build's programs on the running maps: pin name -> fd."""
+def load_programs(module, relocation: dict[int, int], rx_attach_type: int = 0) -> dict[str, int]:
+    """Load the new build's programs on the running maps: pin name -> fd.
+    RX_ATTACH_TYPE: as compile_datapath's (a chained program's)."""
     from bcc import BPF, libbcc
     lib = libbcc.lib
     fds: dict[str, int] = {}
@@ -128,7 +131,8 @@ def load_programs(module, relocation: dict[int, int]) -> dict[str, int]:
             buf = ctypes.create_string_buffer(insns, len(insns))
             fd = lib.bcc_func_load(module.module, getattr(BPF, kind), name, buf, size,
                                    lib.bpf_module_license(module.module),
-                                   lib.bpf_module_kern_version(module.module), 0, None, 0, None, -1)
+                                   lib.bpf_module_kern_version(module.module), 0, None, 0, None,
+                                   (rx_attach_type or -1) if pin == loader.PROG_RX else -1)
             if fd < 0:   # the verifier's log went to stderr
                 raise MrcError(f"cannot load the new {function}: {os.strerror(ctypes.get_errno())}; "
                                f"nothing was changed")
@@ -257,7 +261,8 @@ def _replace_locked(module, first: str) -> dict:
     old_maps = _open_pins(directory, map_names())
     try:
         relocation = check_layout(module, directory, old_maps)
-        new_progs = load_programs(module, relocation)
+        n_devices = len(loader._members(directory))
+        new_progs = load_programs(module, relocation, xdp_chain.rx_attach_type(directory, n_devices))
     finally:
         for fd in old_maps.values():
             os.close(fd)
