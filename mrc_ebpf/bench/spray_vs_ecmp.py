@@ -154,6 +154,10 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
             _configure(env, fab, mode, p["entropy"] if ev else p["spines"])
             events0 = _path_events(env, fab) if ev else None
             with contenders.mode(env, fab, mode, [1, 2]) as rec:
+                if ev:
+                    # EVs are flow labels: the leaves hash them (mode() set the 5-tuple)
+                    rec["hash_read_back"] = fab_mod.set_hash(fab.name, "flowlabel")
+                    rec["hash_asked"] = "flowlabel"
                 records[mode] = rec
                 keys = contenders.MPTCP_KEYS + contenders.PLB_KEYS
                 c0 = contenders.counters(env, fab, [1, 2], keys)
