@@ -365,13 +365,6 @@ struct mrc_rx_peer {
 	/* paths heard whose send would drag the bound below heard_need:
 	 * reported exactly, one per report */
 	__u64	heard_slow[MRC_MAX_PATHS / 64];
-	/* the path with the deepest queue heard since the last report (its
-	 * queueing delay, path id + 1; 0: none): every other report names it
-	 * exactly, so that adaptive hears of a congested path among many */
-	__u32	queue_news_us;
-	__u16	queue_news_path;
-	__u8	queue_news_turn;	/* this report may name it (alternates) */
-	__u8	pad2;
 };
 
 /* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */

@@ -75,19 +75,13 @@ static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer)
 	return -1;
 }
 
-/* A queue this deep (the adaptive policy's margin) is worth an exact report */
-#define FB_QUEUE_NEWS_US	1000
-
 /*
  * TX: acknowledge every path heard in the next block with news (rotating
  * over the blocks), with the block's one lower bound (lib/rx_track.h,
  * rx_track_heard): a path's acknowledgement is then about one report
  * interval old, however many paths the peer sprays over.  The path to
  * report exactly: one with a loss not yet told (`lossy`), else one whose
- * send would have dragged the bound (a slow path), else, every other
- * report, the path with the deepest queue heard if it is deep (with many
- * paths the path heard last rarely is a congested one, and adaptive
- * steers by these reports), else -1 (the caller
+ * send would have dragged the bound (a slow path), else -1 (the caller
  * reports the path heard last: how far we have heard the peer, the
  * sooner a black hole elsewhere is seen).
  */
@@ -124,13 +118,6 @@ static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_r
 			peer->heard_slow[i] &= ~slow;
 			return i * 64 + feedback_lowest_bit(slow);
 		}
-	}
-	/* every other report: the deepest queue heard, when it is deep */
-	peer->queue_news_turn ^= 1;
-	if (peer->queue_news_turn && peer->queue_news_path && peer->queue_news_us >= FB_QUEUE_NEWS_US) {
-		i = peer->queue_news_path - 1;
-		peer->queue_news_path = 0;
-		return i & (MRC_MAX_PATHS - 1);
 	}
 	return -1;
 }

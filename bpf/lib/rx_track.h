@@ -60,7 +60,7 @@ static __always_inline int rx_track_window(struct mrc_rx_path *p, __u32 seq)
  * *stale is set.
  */
 static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_tlv *tlv,
-					 __u32 bytes, __u64 now, int keyed, int *stale, __u32 *queue_us)
+					 __u32 bytes, __u64 now, int keyed, int *stale)
 {
 	struct mrc_rx_key key = {};
 	struct mrc_rx_path *p;
@@ -108,7 +108,6 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 		p->min_owd_ns = owd;
 	qdelay_us = (__u64)(owd - (__s64)p->min_owd_ns) / 1000;	/* >= 0 */
 	p->qdelay_us = (p->qdelay_us * 7 + qdelay_us) / 8;
-	*queue_us = p->qdelay_us;
 	p->qdelay_hist[rx_track_log2_bucket(qdelay_us) & (MRC_HIST_BUCKETS - 1)]++;
 	return gap;
 }
@@ -198,8 +197,7 @@ static __always_inline void rx_track_heard(struct mrc_rx_peer *peer, __u16 path_
 	__sync_fetch_and_or(&peer->heard[block], bit);
 }
 
-static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct mrc_tlv *tlv, int gap,
-					  __u32 queue_us)
+static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct mrc_tlv *tlv, int gap)
 {
 	__u32 peer_seq = bpf_ntohl(tlv->peer_seq);
 	__u64 *tx, sent, before;
@@ -217,10 +215,6 @@ static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct
 	if (before < sent)
 		*tx = sent;
 	rx_track_heard(peer, peer->last_path_id, sent, before);
-	if (!peer->queue_news_path || queue_us > peer->queue_news_us) {
-		peer->queue_news_us = queue_us;
-		peer->queue_news_path = peer->last_path_id + 1;
-	}
 	if ((__s32)(peer_seq - peer->max_peer_seq) > 0) {
 		peer->max_peer_seq = peer_seq;
 	} else if (peer_seq != peer->max_peer_seq) {
@@ -239,17 +233,16 @@ static __always_inline __u32 rx_track(const __u8 *src_sid, const struct mrc_tlv 
 {
 	struct mrc_rx_peer *peer;
 	__u32 why = 0;
-	__u32 queue_us = 0;
 	int gap, stale = 0;
 
 	peer = rx_track_sender(src_sid, tlv, keyed, &why);
 	if (why)
 		return why;
-	gap = rx_track_path(src_sid, tlv, bytes, now, keyed, &stale, &queue_us);
+	gap = rx_track_path(src_sid, tlv, bytes, now, keyed, &stale);
 	if (stale)
 		return MRC_RX_AUTH_REPLAY;
 	if (peer)
-		rx_track_peer(peer, tlv, gap, queue_us);
+		rx_track_peer(peer, tlv, gap);
 	return 0;
 }
 

@@ -122,8 +122,7 @@ class RxPeer(ctypes.Structure):
                 ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32),
                 ("heard_since", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("heard_need", u64 * (C["MRC_MAX_PATHS"] // 64)),
-                ("heard_slow", u64 * (C["MRC_MAX_PATHS"] // 64)),
-                ("queue_news_us", u32), ("queue_news_path", u16), ("queue_news_turn", u8), ("pad2", u8)]
+                ("heard_slow", u64 * (C["MRC_MAX_PATHS"] // 64))]
 
 
 @mirror("struct mrc_path_live")
