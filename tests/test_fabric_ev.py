@@ -75,8 +75,7 @@ def test_ev_failover_a_blackholed_spine(make_fabric):
     """s1>l2 black-holed under one-way UDP over 16 EVs: EVs that hash onto
     s1 go out (the fault's first drop against the datapath's event
     times), the stream keeps arriving; after the heal they come back.
-    Default timers: with 16 paths and one-way traffic a tighter window
-    takes live paths out too (docs/design/entropy.md)."""
+    Default timers (64 EVs with a 500 us window: the test below)."""
     net = make_fabric("--spines", "4", "--leaves", "2", "--encoding", "ev")
     fabric("attach", net.name, "--entropy", "16", "--policy", "rr")
     sink = net.popen("h2", SINK, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
