@@ -325,6 +325,8 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
         p["tcp_congestion"] = congestion
         p["host_sysctls"] = [] if hosts_default else check_sysctls(
             DEFAULT_HOST_SYSCTLS if host_sysctls is None else host_sysctls)
+    if hasattr(mod, "check"):
+        mod.check(p)        # parameters that depend on each other, before anything runs
     old = signal.signal(signal.SIGTERM, _sigterm)
     env = Env(p.get("repeat"), p.get("tcp_congestion"))
     del MADE[:]

@@ -116,8 +116,16 @@ def _ceilings(env, fab, modes) -> dict:
     return {m: round(payload["ecmp" if m in plain else "mrc"] / (link_mtu + 14), 4) for m in modes}
 
 
+def check(p: dict) -> None:
+    if p["encoding"] not in ("srh", "ev"):
+        raise MrcError(f"spray-vs-ecmp: bad encoding {p['encoding']!r}: srh or ev")
+    if p["encoding"] == "ev" and set(p["modes"]) - {"rr", "bytes", "adaptive", "single"}:
+        raise MrcError("spray-vs-ecmp with encoding ev runs only the MRC modes: rr, bytes, adaptive, single")
+
+
 def run(p: dict, env) -> dict:
     from mrc_ebpf.lab.fabric import parse_rate
+    check(p)
     capacity = p["spines"] * parse_rate(p["rate"])
     by_mtu = {str(mtu): _run_mtu(p, env, mtu, capacity) for mtu in p["mtus"]}
     notes = []
@@ -138,9 +146,7 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
     port = 5400 + mtu % 1000
     records, proofs = {}, {}
     plb = "plb" in p["modes"]
-    ev = p.get("encoding", "srh") == "ev"
-    if ev and set(p["modes"]) - {"rr", "bytes", "adaptive", "single"}:
-        raise MrcError("spray-vs-ecmp with encoding ev runs only the MRC modes: rr, bytes, adaptive, single")
+    ev = p["encoding"] == "ev"
     with fabric("sve", spines=p["spines"], leaves=2, hosts_per_leaf=1, rate=p["rate"],
                 host_rate=p["host_rate"], mtu=mtu, host_sysctls=p["host_sysctls"],
                 ecn_threshold=contenders.PLB_ECN_THRESHOLD if plb else None, ask_ecn=False,
