@@ -359,7 +359,8 @@ struct mrc_rx_peer {
 	/* Per block of `heard`: every path in it has sent a packet at or
 	 * after heard_since that arrived (the report's lower bound), and the
 	 * newest send before that on any of them is heard_need, which the
-	 * bound must stay above to acknowledge it (lib/feedback.h). */
+	 * bound must stay above to acknowledge it (lib/rx_track.h,
+	 * rx_track_heard; reported by lib/feedback.h). */
 	__u64	heard_since[MRC_MAX_PATHS / 64];
 	__u64	heard_need[MRC_MAX_PATHS / 64];
 	/* paths heard whose send would drag the bound below heard_need:
