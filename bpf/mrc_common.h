@@ -356,6 +356,16 @@ struct mrc_rx_peer {
 	__u32	reorder_hist[MRC_HIST_BUCKETS];	/* log2 of (highest - peer_seq) */
 	__u32	epoch;		/* the sender's latest epoch (lib/auth.h) */
 	__u32	restarts;	/* times its epoch changed: it re-attached */
+	/* Per block of `heard`: every path in it has sent a packet at or
+	 * after heard_since that arrived (the report's lower bound), and the
+	 * newest send before that on any of them is heard_need, which the
+	 * bound must stay above to acknowledge it (lib/rx_track.h,
+	 * rx_track_heard; reported by lib/feedback.h). */
+	__u64	heard_since[MRC_MAX_PATHS / 64];
+	__u64	heard_need[MRC_MAX_PATHS / 64];
+	/* paths heard whose send would drag the bound below heard_need:
+	 * reported exactly, one per report */
+	__u64	heard_slow[MRC_MAX_PATHS / 64];
 };
 
 /* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */

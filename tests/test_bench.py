@@ -344,6 +344,9 @@ def test_fabric_hash_up_show_and_switch():
     (["bench", "spray-vs-ecmp", "--hosts-default", "-C", "cubic"],
      "--hosts-default leaves the hosts alone: not with --host-sysctl or -C"),
     (["bench", "cost", "--modes", "ecmp"], "cost has no modes to choose"),
+    (["bench", "spray-vs-ecmp", "--param", 'encoding="usid"'], "spray-vs-ecmp: bad encoding 'usid': srh or ev"),
+    (["bench", "spray-vs-ecmp", "--param", 'encoding="ev"', "--modes", "ecmp,bytes"],
+     "spray-vs-ecmp with encoding ev runs only the MRC modes: rr, bytes, adaptive, single"),
 ])
 def test_bad_contender_options_one_line(args, err):
     r, left = _run_one(args)

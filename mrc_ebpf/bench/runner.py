@@ -191,7 +191,7 @@ def no_interrupt():
 @contextlib.contextmanager
 def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, rate: str | None = "100mbit",
            host_rate: str | None = None, mtu: int = 1500, host_sysctls=(), ecn_threshold: str | None = None,
-           ask_ecn: bool = True):
+           ask_ecn: bool = True, encoding: str = "srh"):
     """A fabric of its own (unique name), always removed on the way out.
     With ECN marking the hosts ask for ECN (net.ipv4.tcp_ecn=1) too, unless
     ask_ecn is False (marking only for a mode that asks by itself)."""
@@ -203,7 +203,7 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
     log(f"fabric {name}: {spines} spines x {leaves} leaves x {hosts_per_leaf} hosts, rate {rate}, "
         f"MTU {mtu}{f', ECN marking above {ecn_threshold}' if ecn_threshold else ''}"
         f"{''.join(', ' + kv for kv in host_sysctls)}")
-    fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, "srh", mtu, list(host_sysctls),
+    fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, encoding, mtu, list(host_sysctls),
                ecn_threshold)
     try:
         fab = fab_mod.Fabric(fab_mod.load(name)["spec"])
@@ -342,6 +342,8 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
         p["tcp_congestion"] = congestion
         p["host_sysctls"] = [] if hosts_default else check_sysctls(
             DEFAULT_HOST_SYSCTLS if host_sysctls is None else host_sysctls)
+    if hasattr(mod, "check"):
+        mod.check(p)        # parameters that depend on each other, before anything runs
     old = signal.signal(signal.SIGTERM, _sigterm)
     env = Env(p.get("repeat"), p.get("tcp_congestion"))
     del MADE[:]

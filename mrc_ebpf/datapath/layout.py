@@ -119,7 +119,10 @@ class RxPeer(ctypes.Structure):
     _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("loss_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("latest_tx", u64 * C["MRC_MAX_PATHS"]), ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
-                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32)]
+                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32),
+                ("heard_since", u64 * (C["MRC_MAX_PATHS"] // 64)),
+                ("heard_need", u64 * (C["MRC_MAX_PATHS"] // 64)),
+                ("heard_slow", u64 * (C["MRC_MAX_PATHS"] // 64))]
 
 
 @mirror("struct mrc_path_live")
