@@ -55,7 +55,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
         row.update(healthy=False, problems=[str(e)], sid=None, xdp_mode=None, xdp_prog_id=0,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
-                   routes=[], path_states={}, min_active=None)
+                   routes=[], path_states={}, min_active=None, shared_fate=None)
         return row
     with att:
         cfg = att.config
@@ -67,7 +67,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    peers=len(peers), paths=sum(len(paths._used(att, p)) for p in peers), overhead=overhead,
                    devices=att.device_names(), fail_open=_fail_open(att),
                    ack_windows=_ack_windows(att), path_states=_path_states(att),
-                   min_active=cfg.min_active,
+                   min_active=cfg.min_active, shared_fate=bool(cfg.shared_fate),
                    routes=[{"prefix": p["prefix"], "route_metrics": p["route_metrics"]}
                            for p in paths.peers(att)])
     for f in row["fail_open"]:

@@ -309,7 +309,7 @@ def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granular
 
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
            granularity: str = "packet", retrans_steer: bool = True, min_active: int = 0,
-           key_file: str | None = None, **timers: int) -> dict:
+           key_file: str | None = None, shared_fate: bool = True, **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices).
     With KEY_FILE, the TLVs it sends are signed and only authentic ones
     from peers are filed (datapath/auth.py)."""
@@ -346,7 +346,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
 
             # min_active is MRC's ev_min_active: the floor of usable paths per peer
             cfg = layout.Config(n_devices=len(devices), retrans_steer=int(retrans_steer),
-                                min_active=min_active, **timers)
+                                min_active=min_active, shared_fate=int(shared_fate), **timers)
             ctypes.memmove(cfg.sid, sid.packed, 16)
             modes = []
             for i, (device, index) in enumerate(zip(devices, indexes)):
@@ -369,7 +369,8 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             raise MrcError(f"attach {' '.join(devices)} failed: {e}")
     return {"device": devices[0], "devices": devices, "ifindex": indexes[0], "sid": str(sid),
             "xdp_mode": modes[0], "granularity": offload.granularity(devices[0]),
-            "timers": timers, "pins": str(directory), "auth": auth.describe(auth_value)}
+            "timers": timers, "pins": str(directory), "auth": auth.describe(auth_value),
+            "shared_fate": bool(shared_fate)}
 
 
 def _unhook(ipr: IPRoute, member: layout.Device | None, device: str, ids: tuple[int, int, int],
