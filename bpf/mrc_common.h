@@ -532,19 +532,21 @@ struct mrc_tx_scratch {
  * first ID) gets a small id from the loader when the path is added, the
  * same for every path of every peer through that hop; 0 is no hop
  * (entropy paths: the fabric's hash picks their hops).  When a path is
- * taken out, its hop is suspect for MRC_FATE_HOLD_FACTOR x ack_timeout:
- * every other path through it that the peer has not acknowledged since
- * is skipped and tested at once by a header-only probe copy, and taken
- * out if the peer acknowledges later sends on other paths but not that
- * probe.
+ * taken out, its hop becomes suspect: every other path through it that
+ * the peer has not acknowledged since is skipped and tested at once by a
+ * header-only probe copy, and taken out if the peer acknowledges later
+ * sends on other paths but not that probe.  The suspicion holds while a
+ * path through the hop is out and its probes go unanswered, each due
+ * probe extending it by MRC_FATE_HOLD_FACTOR x probe_us.
  */
 #define MRC_MAX_HOPS		256	/* hop ids 1..255 per attachment */
-#define MRC_FATE_HOLD_FACTOR	16	/* a hop stays suspect this x ack_timeout */
+#define MRC_FATE_HOLD_FACTOR	4
 
 /* hops: array by hop id */
 struct mrc_hop {
 	struct mrc_sid	sid;	/* loader: the first-hop SID (all zero: slot free) */
-	__u64	suspect_ns;	/* datapath: when a path through it last went down; 0: never */
+	__u64	suspect_ns;	/* datapath: when its suspicion began; 0: never */
+	__u64	until_ns;	/* datapath: suspect until then */
 	__u64	suspects;	/* times it became suspect */
 	__u64	shared_downs;	/* paths taken out because their probe went unanswered */
 };

@@ -156,6 +156,8 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 
 		if (now < due || !__sync_bool_compare_and_swap(&live->next_probe_ns, due, now + probe_ns))
 			return PATH_SKIP;
+		if (fate)	/* shared fate: its hop is still suspect */
+			shared_fate_path_down(cfg, peer_id * MRC_MAX_PATHS + path_id, 0, now);
 		return PATH_PROBE;
 	}
 	/* shared fate (lib/shared_fate.h): while its hop is suspect the path

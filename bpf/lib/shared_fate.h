@@ -33,16 +33,18 @@ static __always_inline struct mrc_hop *shared_fate_hop(struct mrc_path_fate *pf)
 }
 
 /* The path at `index` was just taken out (`shared`: by its probe, as
- * counted on the hop): its hop becomes suspect, unless it already is (a
- * black hole takes many paths out in a row; the first suspicion already
- * covers every send after it). */
+ * counted on the hop), or is out and due another probe (its last one went
+ * unanswered): its hop is suspect for a hold from now.  A suspicion
+ * already running keeps its start: a path heard since is clear, and a
+ * hop that fails only in part does not have its live paths probed again
+ * at every probe of its dead ones. */
 static __always_inline void shared_fate_path_down(const struct mrc_config *cfg, __u32 index, int shared,
 						  __u64 now)
 {
-	__u64 hold = (__u64)cfg->ack_timeout_us * 1000 * MRC_FATE_HOLD_FACTOR;
+	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
 	struct mrc_path_fate *pf;
 	struct mrc_hop *h;
-	__u64 since;
+	__u64 until;
 
 	if (!cfg->shared_fate)
 		return;
@@ -52,11 +54,13 @@ static __always_inline void shared_fate_path_down(const struct mrc_config *cfg, 
 		return;
 	if (shared)
 		__sync_fetch_and_add(&h->shared_downs, 1);
-	since = h->suspect_ns;
-	if (since && now < since + hold)
-		return;
-	if (__sync_bool_compare_and_swap(&h->suspect_ns, since, now))
+	until = h->until_ns;
+	if (now >= until && __sync_bool_compare_and_swap(&h->until_ns, until, now + hold)) {
+		h->suspect_ns = now;
 		__sync_fetch_and_add(&h->suspects, 1);
+	} else if (now + hold > until) {
+		h->until_ns = now + hold;
+	}
 }
 
 /*
@@ -70,7 +74,6 @@ static __always_inline void shared_fate_path_down(const struct mrc_config *cfg, 
 static __always_inline __u64 shared_fate_check(const struct mrc_config *cfg, __u32 index,
 					       __u64 acked, __u64 now)
 {
-	__u64 hold = (__u64)cfg->ack_timeout_us * 1000 * MRC_FATE_HOLD_FACTOR;
 	struct mrc_path_fate *pf;
 	struct mrc_hop *h;
 	__u64 since, sent;
@@ -82,7 +85,7 @@ static __always_inline __u64 shared_fate_check(const struct mrc_config *cfg, __u
 	if (!h || !pf)
 		return 0;
 	since = h->suspect_ns;
-	if (!since || now > since + hold || acked >= since)
+	if (!since || now >= h->until_ns || acked >= since)
 		return 0;
 	sent = pf->probe_ns;
 	if (sent >= since)

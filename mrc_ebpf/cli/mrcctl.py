@@ -440,6 +440,8 @@ path.add_command(path_deny)
 path.add_command(path_allow)
 from mrc_ebpf.cli.key_cmd import key  # noqa: E402
 cli.add_command(key)
+from mrc_ebpf.cli.fate_cmd import shared_fate  # noqa: E402
+cli.add_command(shared_fate)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,6 @@ def hops(att) -> list[dict]:
         h = att.maps["hops"].lookup(layout.Index(i))
         if any(bytes(h.sid.addr)):
             out.append({"hop": i, "sid": str(ipaddress.IPv6Address(bytes(h.sid.addr))),
-                        "suspect_ns": h.suspect_ns, "suspects": h.suspects,
+                        "suspect_ns": h.suspect_ns, "until_ns": h.until_ns, "suspects": h.suspects,
                         "shared_downs": h.shared_downs})
     return out
