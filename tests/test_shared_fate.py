@@ -1,0 +1,144 @@
+"""Draining a spine on a fabric (issue 18's `deny --hop` target), and
+shared fate's switch on an attachment.
+
+The drain: 4 hosts (4 spines x 2 leaves x 2 hosts, SRH paths, rr), a
+paced TCP transfer from each host to the host on the other leaf.  After
+a window without the drain, `mrcctl path deny --hop` spine s1's SID on
+every host, a same-length window with it, then `path allow --hop`.
+Witnesses: s1's own interface counters (fall to ~0 while drained, come
+back after the allow), the receivers' per-path sequence numbers (nothing
+lost on any path), every transfer's length and sha256 at both ends, and
+the senders' TCP counters (no timeout; retransmissions in the drain
+window no more than in the window without it, give or take the noise of
+reordering across sprayed paths).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from conftest import XFER, mrcctl
+
+pytestmark = pytest.mark.root
+
+_counter = itertools.count()
+S1_SID = "fc00:0:101::"             # spine s1 of plane 0 (lab/fabric: ID 0x100 * (p + 1) + s)
+PAIRS = (("h1", "h3"), ("h2", "h4"), ("h3", "h1"), ("h4", "h2"))
+ADDR = {f"h{h}": f"fd00:0:{h:x}::1" for h in range(1, 5)}
+NSTAT = ["nstat", "-azs", "-j", "TcpRetransSegs", "TcpExtTCPTimeouts"]
+
+
+class Fabric:
+    def __init__(self, name):
+        self.name = name
+
+    def ns(self, node):
+        return f"{self.name}-{node}"
+
+    def run(self, node, cmd):
+        return subprocess.run(["ip", "netns", "exec", self.ns(node), *cmd], capture_output=True,
+                              text=True, check=True)
+
+    def tx(self, node, dev) -> int:
+        link = json.loads(subprocess.run(["ip", "-n", self.ns(node), "-j", "-s", "link", "show", dev],
+                                         capture_output=True, text=True, check=True).stdout)
+        return link[0]["stats64"]["tx"]["packets"]
+
+    def s1_tx(self) -> int:
+        return self.tx("s1", "l1") + self.tx("s1", "l2")
+
+    def tcp(self) -> dict[str, int]:
+        out = {"TcpRetransSegs": 0, "TcpExtTCPTimeouts": 0}
+        for h in ADDR:
+            kernel = json.loads(self.run(h, NSTAT).stdout)["kernel"]
+            for k in out:
+                out[k] += int(kernel.get(k, 0))
+        return out
+
+
+@pytest.fixture
+def fabric4():
+    name = f"sf{os.getpid() % 1000}{next(_counter)}{int(time.time() * 1000) % 100}"
+    mrcctl("fabric", "up", name, "--spines", "4", "--leaves", "2", "--hosts-per-leaf", "2")
+    try:
+        mrcctl("fabric", "attach", name, "--policy", "rr")
+        yield Fabric(name)
+    finally:
+        mrcctl("fabric", "down", name, check=False)
+
+
+def _deny_all(fab, verb):
+    for h in ADDR:
+        r = json.loads(mrcctl("path", verb, "--hop", S1_SID, "-j", netns=fab.ns(h)).stdout)
+        # one path (the one through s1) of each of the host's 3 peers
+        assert sorted(len(x["changed"]) for x in r) == [1, 1, 1], r
+
+
+def test_draining_a_spine_on_every_host_under_tcp_loses_nothing(fabric4):
+    fab = fabric4
+    servers, clients = [], []
+    mbit, seconds = 30, 4.5
+    nbytes = int(mbit * 1e6 / 8 * seconds)
+    try:
+        for i, (src, dst) in enumerate(PAIRS):
+            port = str(5300 + i)
+            srv = subprocess.Popen(["ip", "netns", "exec", fab.ns(dst), *XFER, "serve", ADDR[dst], port],
+                                   stdout=subprocess.PIPE, text=True, start_new_session=True)
+            servers.append(srv)
+            assert srv.stdout.readline().strip() == "ready"
+        for i, (src, dst) in enumerate(PAIRS):
+            clients.append(subprocess.Popen(["ip", "netns", "exec", fab.ns(src), *XFER, "send", ADDR[dst],
+                                             str(5300 + i), str(nbytes), str(mbit)],
+                                            stdout=subprocess.PIPE, text=True, start_new_session=True))
+        time.sleep(0.8)
+        window = 1.2
+        tcp0, s1_0 = fab.tcp(), fab.s1_tx()
+        time.sleep(window)
+        tcp1, s1_1 = fab.tcp(), fab.s1_tx()
+        _deny_all(fab, "deny")
+        time.sleep(0.2)
+        s1_drained = fab.s1_tx()
+        time.sleep(window - 0.2)
+        tcp2, s1_2 = fab.tcp(), fab.s1_tx()
+        _deny_all(fab, "allow")
+        time.sleep(0.5)
+        s1_3 = fab.s1_tx()
+        assert all(c.poll() is None for c in clients), "a transfer ended before the windows did"
+        sent = [c.communicate(timeout=120)[0].strip() for c in clients]
+        received = [s.communicate(timeout=60)[0].strip() for s in servers]
+    finally:
+        for p in servers + clients:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert sent == received and all(r.startswith(str(nbytes)) for r in received), (sent, received)
+    base = {k: tcp1[k] - tcp0[k] for k in tcp0}
+    drain = {k: tcp2[k] - tcp1[k] for k in tcp0}
+    print(f"s1 packets: window without drain {s1_1 - s1_0}, drained {s1_2 - s1_drained}, "
+          f"after allow {s1_3 - s1_2}; TCP without drain {base}, with drain {drain}")
+    assert s1_1 - s1_0 > 1000                  # s1 carried its share before
+    assert s1_2 - s1_drained <= 4              # nothing once drained (give or take ND)
+    assert s1_3 - s1_2 > 100                   # and again after allow
+    assert drain["TcpExtTCPTimeouts"] == 0, drain
+    assert drain["TcpRetransSegs"] <= 2 * base["TcpRetransSegs"] + 10, (base, drain)
+    # the receivers' per-path sequence numbers: no packet lost on any path
+    for h in ADDR:
+        rows = json.loads(mrcctl("stats", "-j", netns=fab.ns(h)).stdout)["received"]
+        assert sum(r["lost"] for r in rows) == 0, (h, rows)
+
+
+def test_shared_fate_switch_and_hops(fabric4):
+    """Every path's first hop has an id (4 spines: 4 hops); the switch
+    is on by default and `mrcctl shared-fate off|on` flips it."""
+    ns = fabric4.ns("h1")
+    r = json.loads(mrcctl("shared-fate", "-j", netns=ns).stdout)
+    assert r["shared_fate"] is True
+    assert sorted(h["sid"] for h in r["hops"]) == [f"fc00:0:10{s}::" for s in range(1, 5)]
+    assert json.loads(mrcctl("shared-fate", "off", "-j", netns=ns).stdout)["shared_fate"] is False
+    assert json.loads(mrcctl("status", "-j", netns=ns).stdout)[0]["shared_fate"] is False
+    assert json.loads(mrcctl("shared-fate", "on", "-j", netns=ns).stdout)["shared_fate"] is True
