@@ -119,15 +119,20 @@ def _one(env, fab, p, hosts, pattern: str, sf: str, port: int) -> dict:
         except (ValueError, IndexError):
             raise MrcError(f"all-to-all generator failed: {err.strip()[-300:]}")
     sent = received = 0
+    pairs = {}          # "h1>h2": packets lost
     for i, d in enumerate(docs):
         sent += sum(d["sent"].values())
         for j, dj in enumerate(docs):
             if i != j:
-                received += dj["received"].get(str(i), 0)
+                got = dj["received"].get(str(i), 0)
+                received += got
+                pairs[f"{hosts[i]}>{hosts[j]}"] = d["sent"].get(addrs[j], 0) - got
     hops1 = _hops(env, fab, hosts)
     return {"pattern": pattern, "shared_fate": sf, "sent": sent, "received": received,
             "lost": sent - received, "fault_drops": _fault_drops(fab) - drops0,
             "send_errors": sum(d["send_errors"] for d in docs),
+            "pairs_with_loss": sum(1 for v in pairs.values() if v), "lost_by_pair": pairs,
+            "t_fail": t_fail,
             **{k: hops1[k] - hops0[k] for k in hops0}}
 
 
