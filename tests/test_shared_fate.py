@@ -140,7 +140,7 @@ def test_draining_a_spine_on_every_host_under_tcp_loses_nothing(fabric4):
     assert drain["TcpRetransSegs"] <= 2 * base["TcpRetransSegs"] + 10, (base, drain)
     # the receivers' per-path sequence numbers: no packet lost on any path
     for h in ADDR:
-        rows = json.loads(mrcctl("stats", "-j", netns=fab.ns(h)).stdout)["received"]
+        rows = json.loads(mrcctl("stats", "--paths", "-j", netns=fab.ns(h)).stdout)["received"]
         assert sum(r["lost"] for r in rows) == 0, (h, rows)
 
 
