@@ -8,9 +8,9 @@ every host, a same-length window with it, then `path allow --hop`.
 Witnesses: s1's own interface counters (fall to ~0 while drained, come
 back after the allow), the receivers' per-path sequence numbers (nothing
 lost on any path), every transfer's length and sha256 at both ends, and
-the senders' TCP counters (no timeout; retransmissions in the drain
-window no more than in the window without it, give or take the noise of
-reordering across sprayed paths).
+the senders' TCP counters (no timeout; retransmissions the receivers did
+not report as spurious (DSACK) in the drain window no more than in the
+window without it, give or take a few).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ _counter = itertools.count()
 S1_SID = "fc00:0:101::"             # spine s1 of plane 0 (lab/fabric: ID 0x100 * (p + 1) + s)
 PAIRS = (("h1", "h3"), ("h2", "h4"), ("h3", "h1"), ("h4", "h2"))
 ADDR = {f"h{h}": f"fd00:0:{h:x}::1" for h in range(1, 5)}
-NSTAT = ["nstat", "-azs", "-j", "TcpRetransSegs", "TcpExtTCPTimeouts"]
+NSTAT = ["nstat", "-azs", "-j", "TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPDSACKRecv"]
 
 
 class Fabric:
@@ -54,7 +54,7 @@ class Fabric:
         return self.tx("s1", "l1") + self.tx("s1", "l2")
 
     def tcp(self) -> dict[str, int]:
-        out = {"TcpRetransSegs": 0, "TcpExtTCPTimeouts": 0}
+        out = {"TcpRetransSegs": 0, "TcpExtTCPTimeouts": 0, "TcpExtTCPDSACKRecv": 0}
         for h in ADDR:
             kernel = json.loads(self.run(h, NSTAT).stdout)["kernel"]
             for k in out:
@@ -137,7 +137,12 @@ def test_draining_a_spine_on_every_host_under_tcp_loses_nothing(fabric4):
     assert s1_2 - s1_drained <= 4              # nothing once drained (give or take ND)
     assert s1_3 - s1_2 > 100                   # and again after allow
     assert drain["TcpExtTCPTimeouts"] == 0, drain
-    assert drain["TcpRetransSegs"] <= 2 * base["TcpRetransSegs"] + 10, (base, drain)
+    # retransmissions the receiver did not report as duplicates (DSACK):
+    # spurious ones come from reordering across the sprayed paths, which
+    # the machine's load varies from window to window, drain or not
+    needed = {w: max(0, x["TcpRetransSegs"] - x["TcpExtTCPDSACKRecv"]) for w, x in
+              (("base", base), ("drain", drain))}
+    assert needed["drain"] <= needed["base"] + 10, (base, drain)
     # the receivers' per-path sequence numbers: no packet lost on any path
     for h in ADDR:
         rows = json.loads(mrcctl("stats", "--paths", "-j", netns=fab.ns(h)).stdout)["received"]
