@@ -295,6 +295,8 @@ struct mrc_peer_acks {
 #define MRC_EV_LATE		4	/* up: its packets from before the down arrived late */
 #define MRC_EV_KEPT		5	/* overdue, but kept: taking it out would leave the
 					 * peer fewer than min_active usable paths */
+#define MRC_EV_SHARED_DOWN	6	/* its first hop is suspect (another path through it
+					 * went down) and its probe went unanswered */
 
 struct mrc_event {
 	__u64	seq;		/* 1, 2, ...: position in the log (0: empty slot) */
@@ -430,6 +432,7 @@ struct mrc_config {
 	__u32	n_devices;
 	struct mrc_device devices[MRC_MAX_DEVICES];
 	__u32	min_active;	/* a peer keeps at least this many paths in use (0: no floor) */
+	__u32	shared_fate;	/* 1: a path down makes its first hop suspect (lib/shared_fate.h) */
 };
 
 /* tx_flows: array by a TCP flow's hash (direct-mapped): how far each flow
@@ -532,6 +535,38 @@ struct mrc_auth {
  * beside everything else */
 struct mrc_tx_scratch {
 	__u8	bytes[128];
+};
+
+/* ---- shared fate (lib/shared_fate.h) -------------------------------- */
+/*
+ * A path's first hop (SRH: its first segment; uSID: the block and its
+ * first ID) gets a small id from the loader when the path is added, the
+ * same for every path of every peer through that hop; 0 is no hop
+ * (entropy paths: the fabric's hash picks their hops).  When a path is
+ * taken out, its hop becomes suspect: every other path through it that
+ * the peer has not acknowledged since is skipped and tested at once by a
+ * header-only probe copy, and taken out if the peer acknowledges later
+ * sends on other paths but not that probe.  The suspicion holds while a
+ * path through the hop is out and its probes go unanswered, each due
+ * probe extending it by MRC_FATE_HOLD_FACTOR x probe_us.
+ */
+#define MRC_MAX_HOPS		256	/* hop ids 1..255 per attachment */
+#define MRC_FATE_HOLD_FACTOR	4
+
+/* hops: array by hop id */
+struct mrc_hop {
+	struct mrc_sid	sid;	/* loader: the first-hop SID (all zero: slot free) */
+	__u64	suspect_ns;	/* datapath: when its suspicion began; 0: never */
+	__u64	until_ns;	/* datapath: suspect until then */
+	__u64	suspects;	/* times it became suspect */
+	__u64	shared_downs;	/* paths taken out because their probe went unanswered */
+};
+
+/* path_fate: array by path index */
+struct mrc_path_fate {
+	__u64	probe_ns;	/* datapath: the probe copy sent for the hop's suspicion; 0: none */
+	__u32	hop;		/* loader: hop id (0: none) */
+	__u32	pad;
 };
 
 #endif /* MRC_COMMON_H */

@@ -154,7 +154,8 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		live = path_select_live_at(list, pos, peer_id, &id, &index);
 		if (!live)
 			return -1;
-		use = failover_path_check(live, cfg, peer_id, id, now);
+		/* shared fate's hook: the policy's pick only (verifier budget) */
+		use = failover_path_check(live, cfg, peer_id, id, now, t == 0);
 		if (use == PATH_PROBE && may_copy && !copy) {
 			count(MRC_TX_PROBE);
 			live->probes++;
@@ -307,7 +308,7 @@ static __always_inline int path_select_pinned(const struct mrc_peer *peer, __u32
 	/* sent whatever the verdict, but the check applies what feedback
 	 * said: an acknowledged probe brings the path up, an overdue one
 	 * takes it down */
-	failover_path_check(choice->live, cfg, peer_id, id, bpf_ktime_get_ns());
+	failover_path_check(choice->live, cfg, peer_id, id, bpf_ktime_get_ns(), 0);
 	/* It takes no turn: it shares the number the next packet gets.
 	 * Taking one moved rr's turns on by one at each probe, and the path
 	 * after the probed one lost a turn per probe interval (3%). */

@@ -100,6 +100,9 @@ def cli(ctx, json_, pretty, netns_name):
 @click.option("--min-active", type=click.IntRange(0, 256), default=0, show_default=True,
               help="The datapath takes no path out that would leave a peer fewer than this many "
                    "usable ones (MRC's ev_min_active); each refusal is an event (kept).")
+@click.option("--shared-fate/--no-shared-fate", default=True, show_default=True,
+              help="A path taken out makes its first hop suspect: the other peers' paths through "
+                   "it are tested at once by probe copies and taken out if they go unanswered.")
 @click.option("--key-file", metavar="FILE",
               help="The fabric's shared key (32 hex digits): sign what we send, file only "
                    "authentic feedback (see `mrcctl key`).")
@@ -109,7 +112,7 @@ def cli(ctx, json_, pretty, netns_name):
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
-           fb_interval_us, reorder_max_us, retrans_steer, min_active, key_file, replace):
+           fb_interval_us, reorder_max_us, retrans_steer, min_active, shared_fate, key_file, replace):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
@@ -137,7 +140,7 @@ def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, p
                              key_file=key_file, loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us,
-                             min_active=min_active)
+                             min_active=min_active, shared_fate=shared_fate)
     emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
         f"{r['granularity']}{'; feedback authenticated' if r['auth']['authenticated'] else ''}; "
@@ -202,6 +205,7 @@ def status(ctx):
                      ("min active", r["min_active"] or "no floor"),
                      ("programs", ", ".join(f"{k} {v['id']}" for k, v in r["programs"].items())
                       + f"; loaded {max((v['loaded'] or '' for v in r['programs'].values()), default='') or '-'}"),
+                     ("shared fate", {True: "on", False: "off"}.get(r.get("shared_fate"), "-")),
                      ("pins", r["pins"])]
             for route in r["routes"]:
                 items.append(("route", f"{route['prefix']}: {fmt_metrics(route['route_metrics'])}"))
@@ -470,6 +474,8 @@ from mrc_ebpf.cli import config_cmd  # noqa: E402
 cli.add_command(config_cmd.apply)
 cli.add_command(config_cmd.show_config)
 cli.add_command(config_cmd.save)
+from mrc_ebpf.cli.fate_cmd import shared_fate  # noqa: E402
+cli.add_command(shared_fate)
 
 
 if __name__ == "__main__":

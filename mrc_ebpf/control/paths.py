@@ -13,6 +13,7 @@ import zlib
 from pyroute2 import IPRoute
 
 from mrc_ebpf.control import classes
+from mrc_ebpf.control import shared_fate
 from mrc_ebpf.datapath import routes
 from mrc_ebpf.datapath import layout
 from mrc_ebpf.datapath.loader import Attachment
@@ -430,6 +431,7 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
         index = path_index(peer.peer_id, path_id)
         att.maps["paths"].update(index, path)
         _reset_path_state(att, index)
+        shared_fate.assign(att, index, path)
         peer.n_paths = max(peer.n_paths, path_id + 1)
         results.append({"prefix": str(prefix), "path_id": path_id, **spec.describe(), "flowlabel": label,
                         "weight": weight, "class": class_label,

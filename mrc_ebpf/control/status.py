@@ -56,7 +56,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    xdp_chained=None,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
-                   routes=[], path_states={}, min_active=None, programs={})
+                   routes=[], path_states={}, min_active=None, programs={}, shared_fate=None)
         return row
     with att:
         cfg = att.config
@@ -69,6 +69,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    devices=att.device_names(), fail_open=_fail_open(att),
                    ack_windows=_ack_windows(att), path_states=_path_states(att),
                    min_active=cfg.min_active, programs=replace.programs(att.dir),
+                   shared_fate=bool(cfg.shared_fate),
                    routes=[{"prefix": p["prefix"], "route_metrics": p["route_metrics"]}
                            for p in paths.peers(att)])
         chained = [_chained(att, cfg, i, row["problems"]) for i in range(len(row["devices"]))]

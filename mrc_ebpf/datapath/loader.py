@@ -337,7 +337,8 @@ def _xdp_hook(device: str, index: int, rx_fd: int, mode: str, undo: list,
 
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
            granularity: str = "packet", retrans_steer: bool = True, min_active: int = 0,
-           key_file: str | None = None, replace: bool = False, **timers: int) -> dict:
+           key_file: str | None = None, shared_fate: bool = True, replace: bool = False,
+           **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices).
     With KEY_FILE, the TLVs it sends are signed and only authentic ones
     from peers are filed (datapath/auth.py).  With REPLACE, upgrade the
@@ -385,7 +386,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
 
             # min_active is MRC's ev_min_active: the floor of usable paths per peer
             cfg = layout.Config(n_devices=len(devices), retrans_steer=int(retrans_steer),
-                                min_active=min_active, **timers)
+                                min_active=min_active, shared_fate=int(shared_fate), **timers)
             ctypes.memmove(cfg.sid, sid.packed, 16)
             modes = []
             for i, (device, (index, other)) in enumerate(zip(devices, found)):
@@ -410,7 +411,8 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             "xdp_mode": modes[0], "granularity": offload.granularity(devices[0]),
             "timers": timers, "pins": str(directory), "auth": auth.describe(auth_value),
             "xdp_chained": [{"device": d, "id": o["id"], "name": o["name"]}
-                            for d, (_, o) in zip(devices, found) if o]}
+                            for d, (_, o) in zip(devices, found) if o],
+            "shared_fate": bool(shared_fate)}
 
 
 def _unhook(ipr: IPRoute, member: layout.Device | None, device: str, ids: tuple[int, int, int],
