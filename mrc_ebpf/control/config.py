@@ -38,7 +38,7 @@ TIMER_RANGES = {"loss_hold_us": (0, 10_000_000), "ack_timeout_us": (50, 10_000_0
                 "reorder_max_us": (0, 10_000_000)}
 MIN_ACTIVE_RANGE = (0, 256)
 ATTACH_KEYS = ("devices", "sid", "mode", "granularity", *TIMER_RANGES, "retrans_steer",
-               "min_active", "key_file")
+               "shared_fate", "min_active", "key_file")
 DEFAULT_POLICY = "rr"           # what `path add` gives a new peer
 MAX_CLASS_NAME = 15
 # What the maps cannot tell (the mode asked for, the key file's name):
@@ -204,6 +204,8 @@ def _attach(r: _Reader, node) -> dict:
         out[name] = r.integer(m[name][1], name, lo, hi) if name in m else layout.TIMER_DEFAULTS[name]
     out["retrans_steer"] = r.scalar(m["retrans_steer"][1], bool, "retrans_steer") \
         if "retrans_steer" in m else True
+    out["shared_fate"] = r.scalar(m["shared_fate"][1], bool, "shared_fate") \
+        if "shared_fate" in m else True
     out["min_active"] = r.integer(m["min_active"][1], "min_active", *MIN_ACTIVE_RANGE) \
         if "min_active" in m else 0
     if "key_file" in m:
@@ -484,6 +486,7 @@ def running_with_ids(att: Attachment, key_file: str | None = None,
     for name in TIMER_RANGES:
         attach[name] = getattr(cfg, name)
     attach["retrans_steer"] = bool(cfg.retrans_steer)
+    attach["shared_fate"] = bool(cfg.shared_fate)
     attach["min_active"] = cfg.min_active
     key = signing_key(att)
     if key is not None:
@@ -579,7 +582,7 @@ def plan(desired: dict, current: dict, att: Attachment | None,
     is attached yet (CURRENT is DESIRED's attach section alone)."""
     changes: list[dict] = []
     want, have = desired["attach"], current["attach"]
-    for key in (*TIMER_RANGES, "retrans_steer", "min_active", "granularity"):
+    for key in (*TIMER_RANGES, "retrans_steer", "shared_fate", "min_active", "granularity"):
         if want[key] != have[key]:
             changes.append({"what": "attach", "key": key, "from": have[key], "to": want[key]})
     if want.get("key_file") != have.get("key_file") or \
@@ -777,7 +780,7 @@ def _rows(att: Attachment, prefix: str) -> list[dict]:
 
 
 def _set_attach(att: Attachment, want: dict, key: str) -> None:
-    if key in TIMER_RANGES or key in ("retrans_steer", "min_active"):
+    if key in TIMER_RANGES or key in ("retrans_steer", "shared_fate", "min_active"):
         cfg = att.config
         setattr(cfg, key, int(want[key]))
         att.maps["config"].update(layout.Index(0), cfg)
@@ -911,7 +914,7 @@ def _fresh(cfg: Config) -> None:
     want = cfg.data["attach"]
     loader.attach(want["devices"], want["sid"], want["mode"], want["granularity"],
                   retrans_steer=want["retrans_steer"], min_active=want["min_active"],
-                  key_file=want.get("key_file"), **{k: want[k] for k in TIMER_RANGES})
+                  shared_fate=want["shared_fate"], key_file=want.get("key_file"), **{k: want[k] for k in TIMER_RANGES})
     first = want["devices"][0]
     try:
         with loader.changing(first) as att:
