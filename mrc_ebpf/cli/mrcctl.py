@@ -144,6 +144,17 @@ def detach(ctx, device, all_):
         "\n".join(f"detached {x['device']}" for x in r) or "nothing attached"))
 
 
+def fmt_memory(mem: dict | None) -> str:
+    """`status`'s kernel memory line: the maps' memlock, and the largest."""
+    if not mem:
+        return "-"
+    mib = lambda n: f"{n / (1 << 20):.1f} MiB"  # noqa: E731
+    largest = sorted(mem["maps"].items(), key=lambda kv: -kv[1])[:3]
+    return (f"{mib(mem['bytes'])} in {len(mem['maps'])} maps on {mem['cpus']} CPUs "
+            f"({mib(mem['scaled_bytes'])} on {mem['scaled_cpus']}); largest: "
+            + ", ".join(f"{n} {mib(b)}" for n, b in largest))
+
+
 @cli.command()
 @json_option
 @click.pass_context
@@ -172,6 +183,7 @@ def status(ctx):
                      ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
                      ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
                      ("min active", r["min_active"] or "no floor"),
+                     ("kernel memory", fmt_memory(r["memory"])),
                      ("pins", r["pins"])]
             for route in r["routes"]:
                 items.append(("route", f"{route['prefix']}: {fmt_metrics(route['route_metrics'])}"))

@@ -7,7 +7,7 @@ import time
 
 from pyroute2 import IPRoute
 
-from mrc_ebpf.datapath import hooks, layout, pins, stale
+from mrc_ebpf.datapath import bpfsys, hooks, layout, memory, pins, stale
 from mrc_ebpf.control import paths
 from mrc_ebpf.datapath.loader import PROG_RX, PROG_TX, Attachment
 from mrc_ebpf.errors import MrcError
@@ -55,7 +55,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
         row.update(healthy=False, problems=[str(e)], sid=None, xdp_mode=None, xdp_prog_id=0,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
-                   routes=[], path_states={}, min_active=None)
+                   routes=[], path_states={}, min_active=None, memory=None)
         return row
     with att:
         cfg = att.config
@@ -67,7 +67,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    peers=len(peers), paths=sum(len(paths._used(att, p)) for p in peers), overhead=overhead,
                    devices=att.device_names(), fail_open=_fail_open(att),
                    ack_windows=_ack_windows(att), path_states=_path_states(att),
-                   min_active=cfg.min_active,
+                   min_active=cfg.min_active, memory=maps_memory(att.dir),
                    routes=[{"prefix": p["prefix"], "route_metrics": p["route_metrics"]}
                            for p in paths.peers(att)])
     for f in row["fail_open"]:
@@ -80,6 +80,22 @@ def _one(ipr: IPRoute, device: str) -> dict:
                                       "tc_ours", "granularity")})
     row["healthy"] = not row["problems"]
     return row
+
+
+SCALE_CPUS = 128     # status also says what the maps would take on a machine this big
+
+
+def maps_memory(directory) -> dict:
+    """The kernel memory (memlock) of the attachment's maps as the kernel
+    reports it, and what the same maps would take with SCALE_CPUS CPUs
+    (the per-CPU maps grow; datapath/memory.py's model says by how much)."""
+    maps = memory.measured(directory)
+    cpus = bpfsys.possible_cpus()
+    in_use = memory.entries_in_use(directory)
+    grow = sum(memory.model(SCALE_CPUS, in_use).values()) - sum(memory.model(cpus, in_use).values())
+    total = sum(maps.values())
+    return {"bytes": total, "cpus": cpus, "maps": maps, "scaled_cpus": SCALE_CPUS,
+            "scaled_bytes": total + grow}
 
 
 def _fail_open(att: Attachment) -> list[dict]:
