@@ -132,7 +132,7 @@ struct mrc_peer_key {
 #define MRC_POLICY_BYTES	5	/* round robin by bytes: each turn carries a quantum */
 
 struct mrc_peer {
-	__u32	peer_id;	/* row in the paths/peer_tx/spray maps */
+	__u32	peer_id;	/* row in the paths/spray maps; key of peer_state */
 	__u16	n_paths;	/* paths 0..n_paths-1 are configured */
 	__u8	policy;		/* MRC_POLICY_* */
 	__u8	flags;
@@ -211,7 +211,7 @@ struct mrc_path {
 };
 
 /*
- * path_health: array by path index, the sender's view of its paths as the
+ * path_health: per path in peer_state, the sender's view of its paths as the
  * peer reported them in feedback.  Read by the adaptive policy.
  */
 struct mrc_path_health {
@@ -228,7 +228,7 @@ struct mrc_path_health {
 #define MRC_MAX_PEER_SIDS	(MRC_MAX_PEERS * MRC_MAX_PATHS)
 
 /*
- * path_live: array by path index, the datapath's own state of each path,
+ * path_live: per path in peer_state, the datapath's own state of each path,
  * apart from the loader's `paths` so neither overwrites the other.
  * A path goes down when packets sent on it go unacknowledged (fb_heard)
  * while later ones on other paths are acknowledged (lib/failover.h): a
@@ -257,15 +257,15 @@ struct mrc_path_live {
 /*
  * peer_floor: array by peer_id, MRC's ev_min_active: the datapath takes
  * no path out that would leave the peer fewer than config.min_active
- * usable ones (lib/floor.h).
+ * usable ones (lib/floor.h).  How many it has taken out is learnt state:
+ * mrc_peer_state.floor_out.
  */
 struct mrc_peer_floor {
 	__u64	usable;		/* loader: the peer's paths in state UP (not denied) */
-	__u64	out;		/* datapath: how many of them are taken out (down_ns) */
 };
 
 /*
- * peer_acks: array by peer_id: for each of our paths, the send time (our
+ * peer_acks: in peer_state: for each of our paths, the send time (our
  * clock) from which on the peer has heard a packet of it.  Each feedback
  * acknowledges a few paths of one block of 64 path ids (the receiver
  * rotates over the blocks with news, lib/feedback.h); filing is one store
@@ -305,7 +305,7 @@ struct mrc_event {
 	__u16	type;		/* MRC_EV_* */
 };
 
-/* fb_due: array by peer_id, set by RX when the peer is owed feedback and
+/* fb_due: in peer_state, set by RX when the peer is owed feedback and
  * no packet of ours has carried it lately (one-way traffic). */
 
 /*
@@ -358,7 +358,7 @@ struct mrc_rx_peer {
 	__u32	restarts;	/* times its epoch changed: it re-attached */
 };
 
-/* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */
+/* peer_tx: in peer_state; updated with atomic adds, shared by CPUs */
 struct mrc_peer_tx {
 	__u64	seq;		/* next per-peer sequence number */
 	__u64	bytes;		/* bytes policy: bytes sprayed so far (all classes) */
@@ -371,15 +371,31 @@ struct mrc_peer_tx {
 	__u32	pad;
 };
 
-/* path_tx: array by path index; atomic, so the sequence has no gaps */
-struct mrc_path_tx {
-	__u64	seq;		/* next per-path sequence number */
-};
+/*
+ * peer_state: LRU hash, peer_id -> everything the datapath learns about a
+ * peer and its paths, created (zeroed) by the peer's first packet either
+ * way and evicted when idle, so memory follows the peers in use, not the
+ * peers configured.  One lookup per packet; a path's part is reached by a
+ * masked index inside the value (lib/peer_state.h).  The counters in it
+ * are atomic adds shared by CPUs (next to the sequence number the packet
+ * takes anyway), not per-CPU copies of every path.
+ */
+#define MRC_MAX_ACTIVE_PEERS	256	/* peers with learnt state at once */
 
-/* path_stats: per-CPU array by path index (hot counters, no atomics) */
-struct mrc_path_stats {
+struct mrc_path_state {
+	struct mrc_path_live	live;
+	struct mrc_path_health	health;
+	__u64	seq;		/* next per-path sequence number (atomic: no gaps) */
 	__u64	tx_packets;
 	__u64	tx_bytes;
+};
+
+struct mrc_peer_state {
+	struct mrc_peer_tx	tx;
+	struct mrc_peer_acks	acks;
+	__u64	fb_due;		/* RX: the peer is owed feedback (see fb_due below) */
+	__u64	floor_out;	/* paths taken out by the datapath (lib/floor.h) */
+	struct mrc_path_state	paths[MRC_MAX_PATHS];
 };
 
 /*

@@ -11,6 +11,7 @@
 #include "lib/maps.h"
 #include "lib/compiler.h"
 #include "lib/floor.h"
+#include "lib/peer_state.h"
 
 static __always_inline void failover_event_log(__u32 peer_id, __u16 path_id, __u16 type, __u64 now,
 				      __u64 since)
@@ -73,16 +74,13 @@ static __always_inline __u64 failover_ack_window(struct mrc_peer_acks *acks, con
  * alike.  Measurements, and the variants tried and taken out:
  * docs/design/failover.md.
  */
-static __always_inline __u64 failover_queue_allowance(const struct mrc_config *cfg, __u32 peer_id,
-					     __u16 path_id)
+static __always_inline __u64 failover_queue_allowance(const struct mrc_config *cfg,
+					     struct mrc_peer_state *st, __u16 path_id)
 {
-	__u32 index = peer_id * MRC_MAX_PATHS + path_id;
-	struct mrc_path_health *h = path_health.lookup(&index);
+	struct mrc_path_health *h = peer_path_health(st, path_id);
 	__u64 max = (__u64)cfg->reorder_max_us * 1000;
 	__u64 queue;
 
-	if (!h)
-		return 0;
 	queue = (__u64)h->qdelay_us * 1000;
 	return queue < max ? queue : max;
 }
@@ -120,18 +118,18 @@ static __always_inline void failover_ack_window_widen(struct mrc_peer_acks *acks
  * there) has no clock at all.
  */
 static __always_inline enum path_use failover_path_check(struct mrc_path_live *live,
-						const struct mrc_config *cfg,
+						const struct mrc_config *cfg, struct mrc_peer_state *st,
 						__u32 peer_id, __u16 path_id, __u64 now)
 {
-	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
+	struct mrc_peer_acks *acks = &st->acks;
 	__u64 probe_ns = (__u64)cfg->probe_us * 1000;
 	__u64 since = live->unacked_since_ns;
 	__u64 down = live->down_ns;
 	__u64 acked, window;
 
-	if (!acks || !acks->last_ns)
+	if (!acks->last_ns)
 		return PATH_USE;
-	acked = acks->ns[path_id & (MRC_MAX_PATHS - 1)];
+	acked = *peer_path_acked(st, path_id);
 	if (since && acked > live->clock_after_ns) {
 		live->unacked_since_ns = 0;
 		since = 0;
@@ -140,7 +138,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 	 * late if that came first (feedback_late) */
 	if (down && acked >= live->down_after_ns &&
 	    __sync_bool_compare_and_swap(&live->down_ns, down, 0)) {
-		floor_release(peer_id);
+		floor_release(st);
 		if (live->late_ns > down) {
 			/* sent before the down: the path was late, not dead */
 			failover_ack_window_widen(acks, cfg, now);
@@ -159,11 +157,11 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 	}
 	if (!since)
 		return PATH_USE;
-	window = failover_ack_window(acks, cfg, now) + failover_queue_allowance(cfg, peer_id, path_id);
+	window = failover_ack_window(acks, cfg, now) + failover_queue_allowance(cfg, st, path_id);
 	if (acks->max_ns > since + window || acks->last_ns > since + window * MRC_SILENCE_FACTOR) {
 		/* the floor (min_active) may keep it in use: logged once per
 		 * overdue send */
-		if (!floor_take_out(cfg, peer_id)) {
+		if (!floor_take_out(cfg, peer_id, st)) {
 			if (live->kept_since_ns != since) {
 				live->kept_since_ns = since;
 				failover_event_log(peer_id, path_id, MRC_EV_KEPT, now, since);
@@ -177,7 +175,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 			live->downs++;
 			failover_event_log(peer_id, path_id, MRC_EV_DOWN, now, since);
 		} else {
-			floor_release(peer_id);
+			floor_release(st);
 		}
 		return PATH_SKIP;
 	}
@@ -187,16 +185,15 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 /* After a packet left on the path: start its acknowledgement clock, if
  * the peer has ever acknowledged anything (else there is no clock: a
  * clock started before the peer's first feedback would run out on it). */
-static __always_inline void failover_path_sent(struct mrc_path_live *live, __u32 peer_id, __u64 now)
+static __always_inline void failover_path_sent(struct mrc_path_live *live, struct mrc_peer_state *st,
+					      __u64 now)
 {
-	struct mrc_peer_acks *acks;
 	__u64 before = live->last_sent_ns;
 
 	live->last_sent_ns = now;
 	if (live->unacked_since_ns)
 		return;
-	acks = peer_acks.lookup(&peer_id);
-	if (acks && acks->last_ns) {
+	if (st->acks.last_ns) {
 		live->clock_after_ns = before;
 		live->unacked_since_ns = now;
 	}

@@ -3,6 +3,9 @@
 A peer prefix owns a row (peer_id) of MRC_MAX_PATHS path slots; paths
 0..n_paths-1 are in use.  Writes go path first, peer last, so the
 datapath never sees a path count that covers a half-written path.
+What the datapath learns about a peer (sequence numbers, acknowledgements,
+health, counters) is in the peer_state LRU, created by the peer's first
+packet: `learnt` reads it (zero when there is none yet, or it was evicted).
 """
 from __future__ import annotations
 
@@ -203,11 +206,31 @@ def _free_peer_id(att: Attachment) -> int:
     raise MrcError(f"all {MAX_PEERS} peer slots are in use")
 
 
-def _reset_path_state(att: Attachment, index: layout.Index) -> None:
-    att.maps["path_tx"].update(index, layout.PathTx())
-    att.maps["path_stats"].update(index, att.maps["path_stats"].value_type())
-    att.maps["path_live"].update(index, layout.PathLive())
-    att.maps["path_health"].update(index, layout.PathHealth())
+def learnt(att: Attachment, peer_id: int) -> layout.PeerState:
+    """The peer's learnt state (peer_state), or the zeroed state a first
+    packet would create."""
+    state = att.maps["peer_state"].lookup(layout.Index(peer_id))
+    return state if state is not None else layout.PeerState()
+
+
+def _change_learnt(att: Attachment, peer_id: int, change) -> None:
+    """Apply `change(state)` to the peer's learnt state if it has any (none:
+    its first packet starts it zeroed anyway)."""
+    state = att.maps["peer_state"].lookup(layout.Index(peer_id))
+    if state is not None and change(state) is not False:
+        att.maps["peer_state"].update(layout.Index(peer_id), state)
+
+
+def _forget_peer(att: Attachment, peer_id: int) -> None:
+    """A new peer in a reused row starts with no learnt state."""
+    att.maps["peer_state"].delete(layout.Index(peer_id))
+
+
+def _reset_path_state(att: Attachment, peer_id: int, path_ids: list[int]) -> None:
+    def reset(state):
+        for i in path_ids:
+            state.paths[i] = layout.PathState()
+    _change_learnt(att, peer_id, reset)
 
 
 def _used(att: Attachment, peer: layout.Peer) -> list[tuple[int, layout.Path]]:
@@ -265,8 +288,11 @@ def _rebuild(att: Attachment, peer: layout.Peer) -> None:
         spray.ids[:len(ids)] = ids
         att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
     # the floor (min_active): how many may be used, how many the datapath took out
-    out = sum(1 for i, _ in used if att.maps["path_live"].lookup(path_index(peer.peer_id, i)).down_ns)
-    att.maps["peer_floor"].update(layout.Index(peer.peer_id), layout.PeerFloor(usable=len(used), out=out))
+    att.maps["peer_floor"].update(layout.Index(peer.peer_id), layout.PeerFloor(usable=len(used)))
+
+    def recount(state):
+        state.floor_out = sum(1 for i, _ in used if state.paths[i].live.down_ns)
+    _change_learnt(att, peer.peer_id, recount)
     by_sid = att.maps["peer_by_sid"]
     for key, value in list(by_sid.items()):
         if value.value == peer.peer_id:
@@ -424,13 +450,13 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
             ctypes.memmove(path.segments[i].addr, seg.packed, 16)
         index = path_index(peer.peer_id, path_id)
         att.maps["paths"].update(index, path)
-        _reset_path_state(att, index)
         peer.n_paths = max(peer.n_paths, path_id + 1)
         results.append({"prefix": str(prefix), "path_id": path_id, **spec.describe(), "flowlabel": label,
                         "weight": weight, "class": class_label,
                         "overhead": spec.overhead, "existed": False})
     if new_peer:
-        att.maps["peer_tx"].update(layout.Index(peer.peer_id), layout.PeerTx())
+        _forget_peer(att, peer.peer_id)
+    _reset_path_state(att, peer.peer_id, [r["path_id"] for r in results])
     _forget_acks(att, peer.peer_id, [r["path_id"] for r in results])
     _rebuild(att, peer)       # spray lists first: the peer entry makes them live
     peers.update(key, peer)
@@ -447,21 +473,24 @@ def _describe_spec(spec: PathSpec) -> str:
 def _forget_acks(att: Attachment, peer_id: int, ids: list[int]) -> None:
     """A path id used before keeps the peer's acknowledgement of it: a new
     path there starts unknown, never yet acknowledged."""
-    acks = att.maps["peer_acks"].lookup(layout.Index(peer_id))
-    if any(acks.ns[i] for i in ids):
+    def forget(state):
+        if not any(state.acks.ns[i] for i in ids):
+            return False
         for i in ids:
-            acks.ns[i] = 0
-        att.maps["peer_acks"].update(layout.Index(peer_id), acks)
+            state.acks.ns[i] = 0
+    _change_learnt(att, peer_id, forget)
 
 
-def path_state(att: Attachment, peer: layout.Peer, path_id: int, path: layout.Path) -> str:
+def path_state(att: Attachment, peer: layout.Peer, path_id: int, path: layout.Path,
+               state: layout.PeerState | None = None) -> str:
     """up, assumed-bad (taken out by the datapath, probed), denied (by the
     operator) or unknown (never yet acknowledged by the peer)."""
     if path.state == DENIED:
         return STATE_DENIED
-    if att.maps["path_live"].lookup(path_index(peer.peer_id, path_id)).down_ns:
+    state = learnt(att, peer.peer_id) if state is None else state
+    if state.paths[path_id].live.down_ns:
         return STATE_BAD
-    if not att.maps["peer_acks"].lookup(layout.Index(peer.peer_id)).ns[path_id]:
+    if not state.acks.ns[path_id]:
         return STATE_UNKNOWN
     return STATE_UP
 
@@ -484,7 +513,9 @@ def set_denied(att: Attachment, prefix_text: str, path_ids: list[int], deny: boo
             continue
         index = path_index(peer.peer_id, path_id)
         if not deny:
-            att.maps["path_live"].update(index, layout.PathLive())
+            def fresh(state, i=path_id):
+                state.paths[i].live = layout.PathLive()
+            _change_learnt(att, peer.peer_id, fresh)
         path.state = want
         att.maps["paths"].update(index, path)
         changed.append(path_id)
@@ -557,6 +588,7 @@ def delete(att: Attachment, prefix_text: str, path_id: int | None = None) -> dic
         raise MrcError(f"{prefix} has no path {path_id} (it has {', '.join(map(str, sorted(used)))})")
     if path_id is None or len(used) == 1:
         att.maps["peers"].delete(key)
+        _forget_peer(att, peer.peer_id)
         with IPRoute() as ipr:
             att.route_change(ipr, prefix)
             for index in att.ifindexes:
@@ -596,12 +628,11 @@ def list_paths(att: Attachment) -> list[dict]:
     for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
         prefix = key_prefix(key)
         metrics = route_metrics(att, prefix)
+        peer_state = learnt(att, peer.peer_id)
         for path_id, path in _used(att, peer):
-            index = path_index(peer.peer_id, path_id)
-            stats = att.maps["path_stats"].lookup(index)
-            health = att.maps["path_health"].lookup(index)
-            live = att.maps["path_live"].lookup(index)
-            state = path_state(att, peer, path_id, path)
+            mine = peer_state.paths[path_id]
+            health, live = mine.health, mine.live
+            state = path_state(att, peer, path_id, path, peer_state)
             rows.append({
                 "prefix": str(prefix), "path_id": path_id, "segments": _segments_of(path),
                 "encoding": encoding_of(path),
@@ -611,9 +642,9 @@ def list_paths(att: Attachment) -> list[dict]:
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                 "flowlabel": path.flowlabel, "ev": path.flowlabel if path.flags & ENTROPY else None,
                 "overhead": _overhead(path),
-                "tx_packets": sum(s.tx_packets for s in stats),
-                "tx_bytes": sum(s.tx_bytes for s in stats),
-                "next_seq": att.maps["path_tx"].lookup(index).seq,
+                "tx_packets": mine.tx_packets,
+                "tx_bytes": mine.tx_bytes,
+                "next_seq": mine.seq,
                 "nexthop": _addr(path.nexthop), "redirect": bool(path.flags & REDIRECT),
                 "route_metrics": metrics,
                 "feedback": None if not health.updated_ns else {

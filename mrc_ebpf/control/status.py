@@ -103,7 +103,7 @@ def _fail_open(att: Attachment) -> list[dict]:
     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     out = []
     for key, peer in att.maps["peers"].items():
-        since = att.maps["peer_tx"].lookup(layout.Index(peer.peer_id)).fail_open_ns
+        since = paths.learnt(att, peer.peer_id).tx.fail_open_ns
         if since:
             out.append({"prefix": str(paths.key_prefix(key)), "for_ms": round((now - since) / 1e6, 1)})
     return out
@@ -125,7 +125,7 @@ def _ack_windows(att: Attachment) -> list[dict]:
     base_us = att.config.ack_timeout_us
     out = []
     for key, peer in att.maps["peers"].items():
-        acks = att.maps["peer_acks"].lookup(layout.Index(peer.peer_id))
+        acks = paths.learnt(att, peer.peer_id).acks
         if acks.window_ns > base_us * 1000:
             out.append({"prefix": str(paths.key_prefix(key)), "window_us": acks.window_ns // 1000,
                         "ack_timeout_us": base_us})

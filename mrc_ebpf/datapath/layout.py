@@ -56,16 +56,6 @@ class PeerTx(ctypes.Structure):
                 ("heard_path", u32), ("pad", u32)]
 
 
-@mirror("struct mrc_path_tx")
-class PathTx(ctypes.Structure):
-    _fields_ = [("seq", u64)]
-
-
-@mirror("struct mrc_path_stats")
-class PathStats(ctypes.Structure):
-    _fields_ = [("tx_packets", u64), ("tx_bytes", u64)]
-
-
 @mirror("struct mrc_device")
 class Device(ctypes.Structure):
     _fields_ = [("ifindex", u32), ("flags", u32), ("saved_gso_max_segs", u32), ("mtu", u32)]
@@ -138,7 +128,19 @@ class PeerAcks(ctypes.Structure):
 
 @mirror("struct mrc_peer_floor")
 class PeerFloor(ctypes.Structure):
-    _fields_ = [("usable", u64), ("out", u64)]
+    _fields_ = [("usable", u64)]
+
+
+@mirror("struct mrc_path_state")
+class PathState(ctypes.Structure):
+    _fields_ = [("live", PathLive), ("health", PathHealth), ("seq", u64),
+                ("tx_packets", u64), ("tx_bytes", u64)]
+
+
+@mirror("struct mrc_peer_state")
+class PeerState(ctypes.Structure):
+    _fields_ = [("tx", PeerTx), ("acks", PeerAcks), ("fb_due", u64), ("floor_out", u64),
+                ("paths", PathState * C["MRC_MAX_PATHS"])]
 
 
 @mirror("struct mrc_event")
@@ -170,23 +172,18 @@ MAPS = {
     "config": (Index, Config, False),
     "peers": (PeerKey, Peer, False),
     "paths": (Index, Path, False),
-    "peer_tx": (Index, PeerTx, False),
-    "path_tx": (Index, PathTx, False),
-    "path_stats": (Index, PathStats, True),
+    "peer_state": (Index, PeerState, False),
+    "peer_state_zero": (Index, PeerState, False),
     "counters": (Index, u64, True),
     "spray": (Index, Spray, False),
     "dscp_class": (Index, u32, False),
     "class_names": (Index, ClassName, False),
-    "path_health": (Index, PathHealth, False),
     "peer_by_sid": (Sid, u32, False),
     "rx_paths": (RxKey, RxPath, False),
     "rx_peers": (Sid, RxPeer, False),
     "rx_peer_zero": (Index, RxPeer, False),
-    "path_live": (Index, PathLive, False),
     "events": (Index, Event, False),
     "event_seq": (Index, u64, False),
-    "fb_due": (Index, u64, False),
-    "peer_acks": (Index, PeerAcks, False),
     "tx_flows": (Index, TxFlow, False),
     "peer_floor": (Index, PeerFloor, False),
     "auth": (Index, Auth, False),

@@ -281,11 +281,11 @@ def test_feedback_is_filed_in_the_senders_state(fresh):
     assert result.verdict == "XDP_PASS"
     assert result.delta == {**decap(inner), "rx_feedback": 1}
     from mrc_ebpf.control import paths as cp
-    from mrc_ebpf.datapath import layout
-    health = dp.att.maps["path_health"].lookup(cp.path_index(0, 0))
+    state = cp.learnt(dp.att, 0)
+    health = state.paths[0].health
     assert (health.qdelay_us, health.lost) == (123, 7)
     assert before <= health.updated_ns <= time.monotonic_ns()
-    acks = dp.att.maps["peer_acks"].lookup(layout.Index(0))
+    acks = state.acks
     assert acks.ns[0] & 0xFFFFFFFF == (now32 - 1000) & 0xFFFFFFFF   # exact: fb_path_tx32
     assert acks.ns[0] <= time.monotonic_ns() and acks.last_ns >= before
     assert acks.max_ns == acks.ns[0]
@@ -298,7 +298,7 @@ def test_feedback_from_an_unknown_sid_is_not_filed(fresh):
     result = fresh.run_rx(F.frame(F.srh_packet(inner, tlvs=[tlv], src=F.STRANGER_SID)))
     assert result.delta == decap(inner)
     from mrc_ebpf.control import paths as cp
-    health = fresh.att.maps["path_health"].lookup(cp.path_index(0, 0))
+    health = cp.learnt(fresh.att, 0).paths[0].health
     assert (health.qdelay_us, health.lost, health.updated_ns) == (0, 0, 0)
 
 
