@@ -11,7 +11,7 @@
 #define MRC_COMMON_H
 
 /* ---- sizes ------------------------------------------------------------ */
-#define MRC_MAX_PEERS		256	/* peer prefixes per attached device */
+#define MRC_MAX_PEERS		256	/* rows of paths: own-path peers plus path templates */
 #define MRC_MAX_PATHS		256	/* paths per peer (path ids 0..255) */
 #define MRC_MAX_SEGMENTS	6	/* SIDs in one path's segment list */
 #define MRC_MAX_TLVS		16	/* TLVs the receiver walks per SRH */
@@ -117,7 +117,15 @@ struct mrc_tlv {
 /*
  * peers: LPM trie, destination prefix -> peer.  IPv4 destinations are
  * looked up as IPv4-mapped IPv6 (::ffff:a.b.c.d), so one trie serves both.
+ * Allocated as used (BPF_F_NO_PREALLOC): the size costs nothing until
+ * peers fill it.
  */
+#define MRC_MAX_PEER_PREFIXES	262144
+/* A SID; a struct, not __u8[N][16], so bcc's ctypes for maps get it right. */
+struct mrc_sid {
+	__u8	addr[16];
+};
+
 struct mrc_peer_key {
 	__u32	prefixlen;
 	__u8	addr[16];
@@ -131,12 +139,24 @@ struct mrc_peer_key {
 #define MRC_POLICY_ADAPTIVE	4	/* best of two random paths by measured health */
 #define MRC_POLICY_BYTES	5	/* round robin by bytes: each turn carries a quantum */
 
+/*
+ * A peer's paths are a row of the paths and spray maps (template_id): its
+ * own (a peer added with its paths: template_id == peer_id), or a path
+ * template shared by every peer behind one destination leaf, whose last
+ * hop is then the peer's own SID (MRC_PEER_F_LAST_HOP): segments[0] and
+ * peer_sid of each path are replaced by `sid` as the packet is built.
+ * peer_id keys what the datapath learns about the peer (peer_state).
+ */
 struct mrc_peer {
-	__u32	peer_id;	/* row in the paths/spray maps; key of peer_state */
+	__u32	peer_id;	/* key of peer_state, named in events */
 	__u16	n_paths;	/* paths 0..n_paths-1 are configured */
 	__u8	policy;		/* MRC_POLICY_* */
-	__u8	flags;
+	__u8	flags;		/* MRC_PEER_F_* */
+	__u32	template_id;	/* row in the paths/spray/peer_floor maps */
+	struct mrc_sid	sid;	/* MRC_PEER_F_LAST_HOP: the peer's SID */
 };
+
+#define MRC_PEER_F_LAST_HOP	0x01	/* paths of a template, ending at `sid` */
 
 /*
  * spray: array indexed by peer_id * MRC_MAX_CLASSES + class: the path ids
@@ -154,6 +174,12 @@ struct mrc_spray {
 };
 
 /* dscp_class: array of 64, DSCP -> traffic class */
+
+/* templates: hash, a path template's name -> its row, as a peer whose
+ * paths it holds (peer_id == template_id == the row) */
+struct mrc_template_name {
+	char	name[32];
+};
 
 /* class_names: array of MRC_MAX_CLASSES, the loader's names for classes */
 struct mrc_class_name {
@@ -188,11 +214,6 @@ struct mrc_class_name {
  * packet via the next hop of the peer prefix's route; a path whose first
  * hop differs is sent with bpf_redirect_neigh() to its own.
  */
-/* A SID; a struct, not __u8[N][16], so bcc's ctypes for maps get it right. */
-struct mrc_sid {
-	__u8	addr[16];
-};
-
 struct mrc_path {
 	struct mrc_sid	segments[MRC_MAX_SEGMENTS];
 	/* where the path ends: the peer's SID, its outer source when it
@@ -222,10 +243,10 @@ struct mrc_path_health {
 };
 
 /* peer_by_sid: hash, a peer's SID -> peer_id, to file incoming feedback.
- * Every path may end at a SID of its own: one entry per path slot, not
- * per peer; allocated as used (BPF_F_NO_PREALLOC), so the size costs
- * nothing until paths need it. */
-#define MRC_MAX_PEER_SIDS	(MRC_MAX_PEERS * MRC_MAX_PATHS)
+ * Every path may end at a SID of its own, and every peer of a template
+ * has one; allocated as used (BPF_F_NO_PREALLOC), so the size costs
+ * nothing until paths need it (but its buckets). */
+#define MRC_MAX_PEER_SIDS	MRC_MAX_PEER_PREFIXES
 
 /*
  * path_live: per path in peer_state, the datapath's own state of each path,

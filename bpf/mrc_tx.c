@@ -19,6 +19,7 @@
 #include "lib/nexthop.h"
 #include "lib/control.h"
 #include "lib/tcp_steer.h"
+#include "lib/template.h"
 
 static __always_inline int tx_pass(void)
 {
@@ -147,6 +148,9 @@ int mrc_tx(struct __sk_buff *skb)
 	choice.control = control;
 	path = paths.lookup(&choice.path_index);
 	if (!path || path->state != MRC_PATH_UP)
+		return tx_drop(MRC_TX_DROP_NO_PATH);
+	path = template_path(peer, path);
+	if (!path)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
 	nseg = path->n_segments;
 	if (nseg == 0 || nseg > MRC_MAX_SEGMENTS)

@@ -119,8 +119,9 @@ static __always_inline void failover_ack_window_widen(struct mrc_peer_acks *acks
  */
 static __always_inline enum path_use failover_path_check(struct mrc_path_live *live,
 						const struct mrc_config *cfg, struct mrc_peer_state *st,
-						__u32 peer_id, __u16 path_id, __u64 now)
+						const struct mrc_peer *peer, __u16 path_id, __u64 now)
 {
+	__u32 peer_id = peer->peer_id;
 	struct mrc_peer_acks *acks = &st->acks;
 	__u64 probe_ns = (__u64)cfg->probe_us * 1000;
 	__u64 since = live->unacked_since_ns;
@@ -161,7 +162,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 	if (acks->max_ns > since + window || acks->last_ns > since + window * MRC_SILENCE_FACTOR) {
 		/* the floor (min_active) may keep it in use: logged once per
 		 * overdue send */
-		if (!floor_take_out(cfg, peer_id, st)) {
+		if (!floor_take_out(cfg, peer->template_id, st)) {
 			if (live->kept_since_ns != since) {
 				live->kept_since_ns = since;
 				failover_event_log(peer_id, path_id, MRC_EV_KEPT, now, since);

@@ -16,10 +16,10 @@
 /* May one more of the peer's paths be taken out?  1: yes, and it is
  * counted (floor_release() undoes it if the transition is lost); 0: no,
  * the peer would be left with fewer than min_active usable paths. */
-static __always_inline int floor_take_out(const struct mrc_config *cfg, __u32 peer_id,
+static __always_inline int floor_take_out(const struct mrc_config *cfg, __u32 template_id,
 					  struct mrc_peer_state *st)
 {
-	struct mrc_peer_floor *f = peer_floor.lookup(&peer_id);
+	struct mrc_peer_floor *f = peer_floor.lookup(&template_id);
 	__u64 min = cfg->min_active, before;
 
 	if (!f)

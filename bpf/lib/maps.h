@@ -10,7 +10,7 @@
 #include "mrc_common.h"
 
 BPF_ARRAY(config, struct mrc_config, 1);
-BPF_LPM_TRIE(peers, struct mrc_peer_key, struct mrc_peer, MRC_MAX_PEERS);
+BPF_LPM_TRIE(peers, struct mrc_peer_key, struct mrc_peer, MRC_MAX_PEER_PREFIXES);
 BPF_ARRAY(paths, struct mrc_path, MRC_MAX_PEERS * MRC_MAX_PATHS);
 BPF_TABLE("lru_hash", __u32, struct mrc_peer_state, peer_state, MRC_MAX_ACTIVE_PEERS);
 BPF_ARRAY(peer_state_zero, struct mrc_peer_state, 1);	/* all zero, never written */
@@ -31,5 +31,10 @@ BPF_ARRAY(tx_flows, struct mrc_tx_flow, MRC_TX_FLOWS);
 BPF_ARRAY(peer_floor, struct mrc_peer_floor, MRC_MAX_PEERS);
 BPF_ARRAY(auth, struct mrc_auth, 1);	/* epoch and MAC keys (lib/auth.h) */
 BPF_PERCPU_ARRAY(tx_scratch, struct mrc_tx_scratch, 1);
+/* a template's path with the peer's last hop in it (lib/template.h) */
+BPF_PERCPU_ARRAY(tx_path, struct mrc_path, 1);
+/* the loader's names of path templates -> their row (the datapath never
+ * reads it: a peer entry carries its template's row) */
+BPF_F_TABLE("hash", struct mrc_template_name, struct mrc_peer, templates, MRC_MAX_PEERS, BPF_F_NO_PREALLOC);
 
 #endif

@@ -67,13 +67,13 @@ static __always_inline __u16 path_select_pick(const struct mrc_spray *list, __u3
 
 /* The path at list position `at`: its id, index and live state. */
 static __always_inline struct mrc_path_live *path_select_live_at(const struct mrc_spray *list, __u32 at,
-						     __u32 peer_id, struct mrc_peer_state *st,
+						     __u32 row, struct mrc_peer_state *st,
 						     __u16 *id, __u32 *index)
 {
 	*id = path_select_pick(list, at);
 	if (*id >= MRC_MAX_PATHS)
 		return NULL;
-	*index = peer_id * MRC_MAX_PATHS + *id;
+	*index = row * MRC_MAX_PATHS + *id;
 	return peer_path_live(st, *id);
 }
 
@@ -139,11 +139,12 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
  * being probed, rather than being dropped.
  */
 static __always_inline int path_select_live(const struct mrc_spray *list, __u32 n, __u32 at,
-				       __u32 peer_id, struct mrc_peer_state *st, __u8 policy,
+				       const struct mrc_peer *peer, struct mrc_peer_state *st, __u8 policy,
 				       const struct mrc_config *cfg, __u64 now, int may_copy,
 				       struct path_choice *choice)
 {
 	int turns = path_select_takes_turns(policy);
+	__u32 peer_id = peer->peer_id, row = peer->template_id;
 	struct mrc_peer_tx *ptx = &st->tx;
 	enum path_use use = PATH_SKIP;
 	struct mrc_path_live *live = NULL;
@@ -151,10 +152,10 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	__u16 id = 0, copy = 0;
 
 	for (t = 0, pos = at; t <= MRC_REROUTE_TRIES; t++) {
-		live = path_select_live_at(list, pos, peer_id, st, &id, &index);
+		live = path_select_live_at(list, pos, row, st, &id, &index);
 		if (!live)
 			return -1;
-		use = failover_path_check(live, cfg, st, peer_id, id, now);
+		use = failover_path_check(live, cfg, st, peer, id, now);
 		if (use == PATH_PROBE && may_copy && !copy) {
 			count(MRC_TX_PROBE);
 			live->probes++;
@@ -173,14 +174,14 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	}
 	if (use == PATH_SKIP && copy) {
 		/* nothing else is up: the packet is the probe itself */
-		live = path_select_live_at(list, copy_pos, peer_id, st, &id, &index);
+		live = path_select_live_at(list, copy_pos, row, st, &id, &index);
 		if (!live)
 			return -1;
 		copy = 0;
 		use = PATH_USE;		/* counted as a probe above */
 		choice->probe = 1;
 	} else if (use == PATH_SKIP) {
-		live = path_select_live_at(list, at, peer_id, st, &id, &index);
+		live = path_select_live_at(list, at, row, st, &id, &index);
 		if (!live)
 			return -1;
 		use = PATH_PROBE;
@@ -215,20 +216,20 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 				       __u8 tclass, const struct mrc_config *cfg, int may_copy,
 				       struct path_choice *choice)
 {
-	__u32 peer_id = peer->peer_id;
+	__u32 row = peer->template_id;
 	__u32 list_index, n, a, b, at;
 	__u64 now = bpf_ktime_get_ns();
 	struct mrc_peer_state *st;
 	struct mrc_peer_tx *ptx;
 	struct mrc_spray *list;
 
-	if (peer_id >= MRC_MAX_PEERS || tclass >= MRC_MAX_CLASSES)
+	if (row >= MRC_MAX_PEERS || tclass >= MRC_MAX_CLASSES)
 		return -1;
-	list_index = peer_id * MRC_MAX_CLASSES + tclass;
+	list_index = row * MRC_MAX_CLASSES + tclass;
 	list = spray.lookup(&list_index);
 	if (!list)
 		return -1;
-	st = peer_state_get(peer_id);
+	st = peer_state_get(peer->peer_id);
 	if (!st)
 		return -1;
 	ptx = &st->tx;
@@ -280,7 +281,7 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	default:	/* MRC_POLICY_RR, MRC_POLICY_WEIGHTED (its list repeats by weight) */
 		at = choice->peer_seq % n;
 	}
-	return path_select_live(list, n, at, peer_id, st, peer->policy, cfg, now, may_copy, choice);
+	return path_select_live(list, n, at, peer, st, peer->policy, cfg, now, may_copy, choice);
 }
 
 /*
@@ -295,23 +296,23 @@ static __always_inline int path_select_pinned(const struct mrc_peer *peer, __u32
 					 const struct mrc_config *cfg, __u32 counter,
 					 struct path_choice *choice)
 {
-	__u32 peer_id = peer->peer_id;
+	__u32 row = peer->template_id;
 	__u16 id = mark & ~MRC_PROBE_MARK_MASK;
 	struct mrc_peer_state *st;
 
-	if (peer_id >= MRC_MAX_PEERS || id >= peer->n_paths || id >= MRC_MAX_PATHS)
+	if (row >= MRC_MAX_PEERS || id >= peer->n_paths || id >= MRC_MAX_PATHS)
 		return -1;
-	st = peer_state_get(peer_id);
+	st = peer_state_get(peer->peer_id);
 	if (!st)
 		return -1;
 	choice->path_id = id;
-	choice->path_index = peer_id * MRC_MAX_PATHS + id;
+	choice->path_index = row * MRC_MAX_PATHS + id;
 	choice->st = st;
 	choice->live = peer_path_live(st, id);
 	/* sent whatever the verdict, but the check applies what feedback
 	 * said: an acknowledged probe brings the path up, an overdue one
 	 * takes it down */
-	failover_path_check(choice->live, cfg, st, peer_id, id, bpf_ktime_get_ns());
+	failover_path_check(choice->live, cfg, st, peer, id, bpf_ktime_get_ns());
 	/* It takes no turn: it shares the number the next packet gets.
 	 * Taking one moved rr's turns on by one at each probe, and the path
 	 * after the probed one lost a turn per probe interval (3%). */

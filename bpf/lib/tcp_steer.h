@@ -149,7 +149,7 @@ static __always_inline void tcp_steer_heard(struct mrc_peer_state *st, __u16 pat
  */
 static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, struct path_choice *choice)
 {
-	__u32 peer_id = peer->peer_id, index;
+	__u32 row = peer->template_id, index;
 	struct mrc_peer_acks *acks;
 	struct mrc_peer_tx *ptx;
 	struct mrc_path_live *live;
@@ -169,7 +169,7 @@ static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, struct p
 	if (id >= peer->n_paths || id >= MRC_MAX_PATHS || id == choice->path_id ||
 	    ptx->heard_ns <= *peer_path_acked(choice->st, choice->path_id))
 		return;
-	index = peer_id * MRC_MAX_PATHS + id;
+	index = row * MRC_MAX_PATHS + id;
 	/* still a path of the packet's own set: up, and of the class of the
 	 * path the spray gave it (a path may have been deleted, or be another
 	 * class's reserve, since it was heard) */

@@ -180,7 +180,10 @@ def status(ctx):
                           (f"{h['device']} TC egress",
                            f"prog {h['tc_prog_id'] or '-'}{'' if h['tc_ours'] else ' (missing)'}")]
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
-                     ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
+                     ("granularity", r["granularity"]),
+                     ("peers", f"{r['peers']} ({r['templated_peers']} on templates, "
+                               f"{r['active_peers']} with learnt state)"),
+                     ("paths", r["paths"]),
                      ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
                      ("min active", r["min_active"] or "no floor"),
                      ("kernel memory", fmt_memory(r["memory"])),
@@ -307,7 +310,10 @@ def path():
 @click.option("--entropy", type=int, default=0, metavar="N",
               help="N entropy paths (EVs): no segment list, outer IPv6 straight to --sid, each "
                    "with its own outer flow label for the fabric's ECMP to hash.")
-@click.option("--sid", "peer_sid", metavar="PEER_SID", help="With --entropy: the peer's SID.")
+@click.option("--sid", "peer_sid", metavar="PEER_SID",
+              help="With --entropy or --template: the peer's SID.")
+@click.option("--template", metavar="NAME",
+              help="The paths of template NAME (mrcctl path template add), ending at --sid.")
 @click.option("--weight", type=int, default=1, show_default=True, help="Weight (policy weighted).")
 @click.option("--class", "tclass", metavar="NAME", help="Reserve the path for this traffic class.")
 @click.option("--route-metric", "route_metrics", multiple=True, metavar="KEY=VALUE",
@@ -317,9 +323,14 @@ def path():
 @dev_option
 @json_option
 @click.pass_context
-def path_add(ctx, prefix, via, usid, entropy, peer_sid, weight, tclass, route_metrics, device):
+def path_add(ctx, prefix, via, usid, entropy, peer_sid, weight, tclass, route_metrics, device,
+             template):
     """Add paths towards PREFIX (a prefix may have many)."""
     from mrc_ebpf.control import paths
+    if template:
+        from mrc_ebpf.cli.template_cmd import add_templated
+        return add_templated(ctx, prefix, template, peer_sid, device,
+                             via or usid or entropy or route_metrics or tclass or weight != 1)
     if not via and not usid and not entropy and not peer_sid:
         raise click.UsageError("give --via SEG1,SEG2,..., --usid CONTAINER (repeatable) "
                                "or --entropy N --sid PEER_SID")
@@ -448,6 +459,9 @@ path.add_command(path_deny)
 path.add_command(path_allow)
 from mrc_ebpf.cli.key_cmd import key  # noqa: E402
 cli.add_command(key)
+from mrc_ebpf.cli.template_cmd import template as path_template, bulk as path_bulk  # noqa: E402
+path.add_command(path_template)
+path.add_command(path_bulk)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,13 @@ class PeerKey(ctypes.Structure):
 
 @mirror("struct mrc_peer")
 class Peer(ctypes.Structure):
-    _fields_ = [("peer_id", u32), ("n_paths", u16), ("policy", u8), ("flags", u8)]
+    _fields_ = [("peer_id", u32), ("n_paths", u16), ("policy", u8), ("flags", u8),
+                ("template_id", u32), ("sid", Sid)]
+
+
+@mirror("struct mrc_template_name")
+class TemplateName(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 32)]
 
 
 @mirror("struct mrc_path")
@@ -188,6 +194,8 @@ MAPS = {
     "peer_floor": (Index, PeerFloor, False),
     "auth": (Index, Auth, False),
     "tx_scratch": (Index, TxScratch, True),
+    "tx_path": (Index, Path, True),
+    "templates": (TemplateName, Peer, False),
 }
 
 

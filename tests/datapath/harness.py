@@ -115,7 +115,7 @@ class Datapath:
             ctypes.memmove(path.segments[i].addr, seg.packed, 16)
         index = cp.path_index(peer_id, 0)
         self.att.maps["paths"].update(index, path)
-        peer = layout.Peer(peer_id=peer_id, n_paths=1, policy=cp.POLICIES["rr"])
+        peer = layout.Peer(peer_id=peer_id, n_paths=1, policy=cp.POLICIES["rr"], template_id=peer_id)
         cp._rebuild(self.att, peer)
         self.att.maps["peers"].update(cp.peer_key(prefix), peer)
 
