@@ -252,7 +252,7 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 	__builtin_memcpy(sid.addr, src_sid, 16);
 	peer_id = peer_by_sid.lookup(&sid);
 	path_id = bpf_ntohs(tlv->fb_path_id);
-	if (!peer_id || *peer_id >= MRC_MAX_PEERS || path_id >= MRC_MAX_PATHS)
+	if (!peer_id || path_id >= MRC_MAX_PATHS)
 		return;
 	st = peer_state_get(*peer_id);
 	if (!st)
