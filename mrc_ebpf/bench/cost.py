@@ -69,6 +69,9 @@ def _configure(module, n_paths: int, policy: str) -> None:
     key = module["peers"].Key.from_buffer_copy(bytes(peer_key(prefix)))
     module["peers"][key] = module["peers"].Leaf.from_buffer_copy(
         bytes(layout.Peer(peer_id=0, n_paths=n_paths, policy=POLICIES[policy])))
+    # its SID, as `path add` files it: what the peer sends is filed under it
+    by_sid = module["peer_by_sid"]
+    by_sid[by_sid.Key.from_buffer_copy(ipaddress.IPv6Address(PEER_SID).packed)] = by_sid.Leaf(0)
 
 
 def _percentiles(samples: list[int]) -> dict:
