@@ -219,9 +219,15 @@ def learnt(att: Attachment, peer_id: int) -> layout.PeerState:
 
 def _change_learnt(att: Attachment, peer_id: int, change) -> None:
     """Apply `change(state)` to the peer's learnt state if it has any (none:
-    its first packet starts it zeroed anyway)."""
+    its first packet starts it zeroed anyway).  The value is written back
+    whole, over what the datapath changed meanwhile: only when `change`
+    changed something."""
     state = att.maps["peer_state"].lookup(layout.Index(peer_id))
-    if state is not None and change(state) is not False:
+    if state is None:
+        return
+    before = bytes(state)
+    change(state)
+    if bytes(state) != before:
         att.maps["peer_state"].update(layout.Index(peer_id), state)
 
 
@@ -485,8 +491,6 @@ def _forget_acks(att: Attachment, peer_id: int, ids: list[int]) -> None:
     """A path id used before keeps the peer's acknowledgement of it: a new
     path there starts unknown, never yet acknowledged."""
     def forget(state):
-        if not any(state.acks.ns[i] for i in ids):
-            return False
         for i in ids:
             state.acks.ns[i] = 0
     _change_learnt(att, peer_id, forget)
