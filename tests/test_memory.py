@@ -26,6 +26,13 @@ def test_model_reads_every_map_of_maps_h():
     assert memory.model(2, {"peers": 1000})["peers"] > memory.model(2)["peers"]
 
 
+def test_131072_peers_fit_64_mb_at_128_cpus():
+    """The issue's target, by the model the kernel is checked against below
+    (and docs/performance/scale.md measured at this size)."""
+    assert memory.host_bytes(131072, cpus=128) <= 64 * 10**6
+    assert memory.host_bytes(131072, cpus=128) > memory.host_bytes(1000, cpus=128)
+
+
 def _kernel_reports_usage() -> bool:
     """memlock is the map's real usage from Linux 6.4 (map_mem_usage); before
     it was a rough footprint the model does not follow."""

@@ -155,6 +155,14 @@ def model(cpus: int | None = None, entries: dict[str, int] | None = None,
     return {s.name: memlock(s, cpus, entries.get(s.name, 0)) for s in specs(sizes)}
 
 
+def host_bytes(peers: int, cpus: int = 128, sizes: dict[str, int] | None = None) -> int:
+    """One attachment's kernel memory with `peers` peers in the maps (each
+    with a prefix and a SID: a template's peer), on `cpus` CPUs: what
+    `fabric plan` reports per host.  Learnt state, paths and the receive
+    side are preallocated at their sizes, whatever the peers."""
+    return sum(model(cpus, {"peers": peers, "peer_by_sid": peers}, sizes).values())
+
+
 def per_cpu_bytes(sizes: dict[str, int] | None = None) -> int:
     """How much the maps grow with each more CPU."""
     a, b = model(1, sizes=sizes), model(2, sizes=sizes)
