@@ -431,7 +431,7 @@ def path_list(ctx, device):
                   r["state"], r["weight"], r["tx_packets"], r["tx_bytes"]) for r in rows]
         click.echo(tabulate(table, headers=["prefix", "id", "segments", "policy", "class", "state",
                                             "weight", "tx pkts", "tx bytes"]))
-        routes = {r["prefix"]: r["route_metrics"] for r in rows}
+        routes = {r["prefix"]: r["route_metrics"] for r in rows if not r.get("template")}
         for prefix, metrics in routes.items():
             click.echo(f"route {prefix}: {fmt_metrics(metrics)}")
     emit(ctx, rows, human)

@@ -713,7 +713,7 @@ def list_paths(att: Attachment) -> list[dict]:
                 "tx_bytes": mine.tx_bytes,
                 "next_seq": mine.seq,
                 "nexthop": _addr(path.nexthop), "redirect": bool(path.flags & REDIRECT),
-                "route_metrics": metrics,
+                "route_metrics": metrics, "template": bool(peer.flags & LAST_HOP),
                 "feedback": None if not health.updated_ns else {
                     "qdelay_us": health.qdelay_us, "lost": health.lost,
                     "age_ms": round((now - health.updated_ns) / 1e6, 1)},
