@@ -11,7 +11,7 @@
 #define MRC_COMMON_H
 
 /* ---- sizes ------------------------------------------------------------ */
-#define MRC_MAX_PEERS		256	/* peer prefixes per attached device */
+#define MRC_MAX_PEERS		256	/* rows of paths: own-path peers plus path templates */
 #define MRC_MAX_PATHS		256	/* paths per peer (path ids 0..255) */
 #define MRC_MAX_SEGMENTS	6	/* SIDs in one path's segment list */
 #define MRC_MAX_TLVS		16	/* TLVs the receiver walks per SRH */
@@ -117,7 +117,15 @@ struct mrc_tlv {
 /*
  * peers: LPM trie, destination prefix -> peer.  IPv4 destinations are
  * looked up as IPv4-mapped IPv6 (::ffff:a.b.c.d), so one trie serves both.
+ * Allocated as used (BPF_F_NO_PREALLOC): the size costs nothing until
+ * peers fill it.
  */
+#define MRC_MAX_PEER_PREFIXES	262144
+/* A SID; a struct, not __u8[N][16], so bcc's ctypes for maps get it right. */
+struct mrc_sid {
+	__u8	addr[16];
+};
+
 struct mrc_peer_key {
 	__u32	prefixlen;
 	__u8	addr[16];
@@ -131,12 +139,24 @@ struct mrc_peer_key {
 #define MRC_POLICY_ADAPTIVE	4	/* best of two random paths by measured health */
 #define MRC_POLICY_BYTES	5	/* round robin by bytes: each turn carries a quantum */
 
+/*
+ * A peer's paths are a row of the paths and spray maps (template_id): its
+ * own (a peer added with its paths: template_id == peer_id), or a path
+ * template shared by every peer behind one destination leaf, whose last
+ * hop is then the peer's own SID (MRC_PEER_F_LAST_HOP): segments[0] and
+ * peer_sid of each path are replaced by `sid` as the packet is built.
+ * peer_id keys what the datapath learns about the peer (peer_state).
+ */
 struct mrc_peer {
-	__u32	peer_id;	/* row in the paths/peer_tx/spray maps */
+	__u32	peer_id;	/* key of peer_state, named in events */
 	__u16	n_paths;	/* paths 0..n_paths-1 are configured */
 	__u8	policy;		/* MRC_POLICY_* */
-	__u8	flags;
+	__u8	flags;		/* MRC_PEER_F_* */
+	__u32	template_id;	/* row in the paths/spray/peer_floor maps */
+	struct mrc_sid	sid;	/* MRC_PEER_F_LAST_HOP: the peer's SID */
 };
+
+#define MRC_PEER_F_LAST_HOP	0x01	/* paths of a template, ending at `sid` */
 
 /*
  * spray: array indexed by peer_id * MRC_MAX_CLASSES + class: the path ids
@@ -154,6 +174,12 @@ struct mrc_spray {
 };
 
 /* dscp_class: array of 64, DSCP -> traffic class */
+
+/* templates: hash, a path template's name -> its row, as a peer whose
+ * paths it holds (peer_id == template_id == the row) */
+struct mrc_template_name {
+	char	name[32];
+};
 
 /* class_names: array of MRC_MAX_CLASSES, the loader's names for classes */
 struct mrc_class_name {
@@ -188,11 +214,6 @@ struct mrc_class_name {
  * packet via the next hop of the peer prefix's route; a path whose first
  * hop differs is sent with bpf_redirect_neigh() to its own.
  */
-/* A SID; a struct, not __u8[N][16], so bcc's ctypes for maps get it right. */
-struct mrc_sid {
-	__u8	addr[16];
-};
-
 struct mrc_path {
 	struct mrc_sid	segments[MRC_MAX_SEGMENTS];
 	/* where the path ends: the peer's SID, its outer source when it
@@ -211,7 +232,7 @@ struct mrc_path {
 };
 
 /*
- * path_health: array by path index, the sender's view of its paths as the
+ * path_health: per path in peer_state, the sender's view of its paths as the
  * peer reported them in feedback.  Read by the adaptive policy.
  */
 struct mrc_path_health {
@@ -222,13 +243,13 @@ struct mrc_path_health {
 };
 
 /* peer_by_sid: hash, a peer's SID -> peer_id, to file incoming feedback.
- * Every path may end at a SID of its own: one entry per path slot, not
- * per peer; allocated as used (BPF_F_NO_PREALLOC), so the size costs
- * nothing until paths need it. */
-#define MRC_MAX_PEER_SIDS	(MRC_MAX_PEERS * MRC_MAX_PATHS)
+ * Every path may end at a SID of its own, and every peer of a template
+ * has one; allocated as used (BPF_F_NO_PREALLOC), so the size costs
+ * nothing until paths need it (but its buckets). */
+#define MRC_MAX_PEER_SIDS	MRC_MAX_PEER_PREFIXES
 
 /*
- * path_live: array by path index, the datapath's own state of each path,
+ * path_live: per path in peer_state, the datapath's own state of each path,
  * apart from the loader's `paths` so neither overwrites the other.
  * A path goes down when packets sent on it go unacknowledged (fb_heard)
  * while later ones on other paths are acknowledged (lib/failover.h): a
@@ -257,15 +278,15 @@ struct mrc_path_live {
 /*
  * peer_floor: array by peer_id, MRC's ev_min_active: the datapath takes
  * no path out that would leave the peer fewer than config.min_active
- * usable ones (lib/floor.h).
+ * usable ones (lib/floor.h).  How many it has taken out is learnt state:
+ * mrc_peer_state.floor_out.
  */
 struct mrc_peer_floor {
 	__u64	usable;		/* loader: the peer's paths in state UP (not denied) */
-	__u64	out;		/* datapath: how many of them are taken out (down_ns) */
 };
 
 /*
- * peer_acks: array by peer_id: for each of our paths, the send time (our
+ * peer_acks: in peer_state: for each of our paths, the send time (our
  * clock) from which on the peer has heard a packet of it.  Each feedback
  * acknowledges a few paths of one block of 64 path ids (the receiver
  * rotates over the blocks with news, lib/feedback.h); filing is one store
@@ -307,7 +328,7 @@ struct mrc_event {
 	__u16	type;		/* MRC_EV_* */
 };
 
-/* fb_due: array by peer_id, set by RX when the peer is owed feedback and
+/* fb_due: in peer_state, set by RX when the peer is owed feedback and
  * no packet of ours has carried it lately (one-way traffic). */
 
 /*
@@ -370,7 +391,7 @@ struct mrc_rx_peer {
 	__u64	heard_slow[MRC_MAX_PATHS / 64];
 };
 
-/* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */
+/* peer_tx: in peer_state; updated with atomic adds, shared by CPUs */
 struct mrc_peer_tx {
 	__u64	seq;		/* next per-peer sequence number */
 	__u64	bytes;		/* bytes policy: bytes sprayed so far (all classes) */
@@ -383,15 +404,33 @@ struct mrc_peer_tx {
 	__u32	pad;
 };
 
-/* path_tx: array by path index; atomic, so the sequence has no gaps */
-struct mrc_path_tx {
-	__u64	seq;		/* next per-path sequence number */
-};
+/*
+ * peer_state: LRU hash, peer_id -> everything the datapath learns about a
+ * peer and its paths, created (zeroed) by the peer's first packet either
+ * way and evicted when idle, so memory follows the peers in use, not the
+ * peers configured.  One lookup per packet; a path's part is reached by a
+ * masked index inside the value (lib/peer_state.h).  The counters in it
+ * are atomic adds shared by CPUs (next to the sequence number the packet
+ * takes anyway), not per-CPU copies of every path.
+ */
+#define MRC_MAX_ACTIVE_PEERS	256	/* peers with learnt state at once */
 
-/* path_stats: per-CPU array by path index (hot counters, no atomics) */
-struct mrc_path_stats {
+struct mrc_path_state {
+	struct mrc_path_live	live;
+	struct mrc_path_health	health;
+	__u64	seq;		/* next per-path sequence number (atomic: no gaps) */
 	__u64	tx_packets;
 	__u64	tx_bytes;
+	/* shared fate: the probe copy sent for its hop's suspicion; 0: none */
+	__u64	fate_probe_ns;
+};
+
+struct mrc_peer_state {
+	struct mrc_peer_tx	tx;
+	struct mrc_peer_acks	acks;
+	__u64	fb_due;		/* RX: the peer is owed feedback (see fb_due below) */
+	__u64	floor_out;	/* paths taken out by the datapath (lib/floor.h) */
+	struct mrc_path_state	paths[MRC_MAX_PATHS];
 };
 
 /*
@@ -562,11 +601,10 @@ struct mrc_hop {
 	__u64	shared_downs;	/* paths taken out because their probe went unanswered */
 };
 
-/* path_fate: array by path index */
+/* path_fate: array by path index of a row (the peer's own or a
+ * template's); the probe's send time is the peer's (mrc_path_state) */
 struct mrc_path_fate {
-	__u64	probe_ns;	/* datapath: the probe copy sent for the hop's suspicion; 0: none */
 	__u32	hop;		/* loader: hop id (0: none) */
-	__u32	pad;
 };
 
 #endif /* MRC_COMMON_H */

@@ -7,6 +7,7 @@
  * (lib/control.h).  The packet itself goes on up untouched.
  */
 #include "lib/counters.h"
+#include "lib/peer_state.h"
 
 int mrc_fb(struct __sk_buff *skb)
 {
@@ -15,7 +16,7 @@ int mrc_fb(struct __sk_buff *skb)
 	struct mrc_peer_key key = { .prefixlen = 128 };
 	struct ethhdr *eth = data;
 	struct mrc_peer *peer;
-	__u64 *due;
+	struct mrc_peer_state *st;
 	__u32 mark;
 
 	if ((void *)(eth + 1) > data_end)
@@ -40,8 +41,8 @@ int mrc_fb(struct __sk_buff *skb)
 	peer = peers.lookup(&key);
 	if (!peer)
 		return TC_ACT_OK;
-	due = fb_due.lookup(&peer->peer_id);
-	if (!due || !__sync_bool_compare_and_swap(due, 1, 0))
+	st = peer_state_find(peer->peer_id);
+	if (!st || !__sync_bool_compare_and_swap(&st->fb_due, 1, 0))
 		return TC_ACT_OK;
 	mark = skb->mark;
 	skb->mark = MRC_FB_MARK;

@@ -19,6 +19,7 @@
 #include "lib/nexthop.h"
 #include "lib/control.h"
 #include "lib/tcp_steer.h"
+#include "lib/template.h"
 
 static __always_inline int tx_pass(void)
 {
@@ -100,8 +101,7 @@ int mrc_tx(struct __sk_buff *skb)
 	struct mrc_config *cfg;
 	struct mrc_peer *peer;
 	struct mrc_path *path;
-	struct mrc_path_tx *path_seq;
-	struct mrc_path_stats *pstats;
+	struct mrc_path_state *pstate;
 	struct path_choice choice;
 	__u32 zero = 0, nseg, encap_len, mark = skb->mark, copy_mark, l4 = 0, l4_len = 0;
 	__u8 control = 0, usid, retrans = 0;
@@ -149,6 +149,9 @@ int mrc_tx(struct __sk_buff *skb)
 	path = paths.lookup(&choice.path_index);
 	if (!path || path->state != MRC_PATH_UP)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
+	path = template_path(peer, path);
+	if (!path)
+		return tx_drop(MRC_TX_DROP_NO_PATH);
 	nseg = path->n_segments;
 	if (nseg == 0 || nseg > MRC_MAX_SEGMENTS)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
@@ -171,26 +174,24 @@ int mrc_tx(struct __sk_buff *skb)
 
 	/* Taken only now, so a packet that was never sent leaves no gap
 	 * in the path's sequence (a gap is how the receiver sees loss). */
-	path_seq = path_tx.lookup(&choice.path_index);
-	if (!path_seq)
+	if (!choice.st)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
-	choice.path_seq = __sync_fetch_and_add(&path_seq->seq, 1);
+	pstate = peer_path(choice.st, choice.path_id);
+	choice.path_seq = __sync_fetch_and_add(&pstate->seq, 1);
 	choice.tx_ns = bpf_ktime_get_ns();
 
 	if (usid ? usid_write_encap(skb, cfg, path, inner.proto, inner.tos, &choice)
 		 : srh_write_encap(skb, cfg, path, nseg, inner.proto, inner.tos, &choice))
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
-	failover_path_sent(choice.live, peer->peer_id, choice.tx_ns);
+	failover_path_sent(choice.live, choice.st, choice.tx_ns);
 	if (cfg->retrans_steer && !control)
-		tcp_steer_heard(peer->peer_id, choice.path_id);
+		tcp_steer_heard(choice.st, choice.path_id);
 	if (control)
 		count(MRC_TX_CONTROL);
-	pstats = path_stats.lookup(&choice.path_index);
-	if (pstats) {
-		pstats->tx_packets++;
-		pstats->tx_bytes += skb->len;
-	}
+	/* shared by CPUs, next to the sequence number just taken */
+	__sync_fetch_and_add(&pstate->tx_packets, 1);
+	__sync_fetch_and_add(&pstate->tx_bytes, skb->len);
 	count(MRC_TX_ENCAP);
 	count_add(MRC_TX_ENCAP_BYTES, skb->len);
 

@@ -106,7 +106,11 @@ def run_rx(module, rx, frame):
 
 
 def health_qdelay(module, path_id=3):
-    return module["path_health"][ctypes.c_int(path_id)].qdelay_us
+    try:
+        state = module["peer_state"][ctypes.c_uint32(0)]
+    except KeyError:
+        return 0        # no learnt state yet: nothing filed
+    return state.paths[path_id].health.qdelay_us
 
 
 @pytest.mark.root

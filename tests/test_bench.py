@@ -118,6 +118,15 @@ def test_cost(runs):
     for setup in ("none", "mrc", "mrc-key", "kernel"):
         assert r["throughput"][setup]["pps"]["median"] > 1000
     assert r["mrc_over_kernel_pps"]["median"] > 0
+    # peers in the maps: today's layout, then 1 and 1,000 peers on a template
+    assert [(x["layout"], x["peers"]) for x in r["peers"]] == \
+        [("own paths", 1), ("template", 1), ("template", 1000)]
+    for x in r["peers"]:
+        assert 0 < x["tx_ns_median"]["median"] < 1e6 and 0 < x["rx_ns_median"]["median"] < 1e6
+        assert x["memlock_128_cpus"] >= x["memlock"] == sum(x["maps"].values())
+    # the trie and SID hash grow with the peers, nothing else does
+    grown = {n for n, b in r["peers"][2]["maps"].items() if b != r["peers"][1]["maps"][n]}
+    assert grown == {"peers", "peer_by_sid"}
 
 
 def test_failover(runs):

@@ -11,6 +11,7 @@
 #include "lib/maps.h"
 #include "lib/compiler.h"
 #include "lib/floor.h"
+#include "lib/peer_state.h"
 #include "lib/shared_fate.h"
 
 static __always_inline void failover_event_log(__u32 peer_id, __u16 path_id, __u16 type, __u64 now,
@@ -74,16 +75,13 @@ static __always_inline __u64 failover_ack_window(struct mrc_peer_acks *acks, con
  * alike.  Measurements, and the variants tried and taken out:
  * docs/design/failover.md.
  */
-static __always_inline __u64 failover_queue_allowance(const struct mrc_config *cfg, __u32 peer_id,
-					     __u16 path_id)
+static __always_inline __u64 failover_queue_allowance(const struct mrc_config *cfg,
+					     struct mrc_peer_state *st, __u16 path_id)
 {
-	__u32 index = peer_id * MRC_MAX_PATHS + path_id;
-	struct mrc_path_health *h = path_health.lookup(&index);
+	struct mrc_path_health *h = peer_path_health(st, path_id);
 	__u64 max = (__u64)cfg->reorder_max_us * 1000;
 	__u64 queue;
 
-	if (!h)
-		return 0;
 	queue = (__u64)h->qdelay_us * 1000;
 	return queue < max ? queue : max;
 }
@@ -121,18 +119,22 @@ static __always_inline void failover_ack_window_widen(struct mrc_peer_acks *acks
  * there) has no clock at all.
  */
 static __always_inline enum path_use failover_path_check(struct mrc_path_live *live,
-						const struct mrc_config *cfg,
-						__u32 peer_id, __u16 path_id, __u64 now, int fate)
+						const struct mrc_config *cfg, struct mrc_peer_state *st,
+						const struct mrc_peer *peer, __u16 path_id, __u64 now,
+						int fate)
 {
-	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
+	__u32 peer_id = peer->peer_id;
+	/* the path's row (its template's, or the peer's own): its hop */
+	__u32 row_index = peer->template_id * MRC_MAX_PATHS + path_id;
+	struct mrc_peer_acks *acks = &st->acks;
 	__u64 probe_ns = (__u64)cfg->probe_us * 1000;
 	__u64 since = live->unacked_since_ns;
 	__u64 down = live->down_ns;
 	__u64 acked, window, probe;
 
-	if (!acks || !acks->last_ns)
+	if (!acks->last_ns)
 		return PATH_USE;
-	acked = acks->ns[path_id & (MRC_MAX_PATHS - 1)];
+	acked = *peer_path_acked(st, path_id);
 	if (since && acked > live->clock_after_ns) {
 		live->unacked_since_ns = 0;
 		since = 0;
@@ -141,7 +143,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 	 * late if that came first (feedback_late) */
 	if (down && acked >= live->down_after_ns &&
 	    __sync_bool_compare_and_swap(&live->down_ns, down, 0)) {
-		floor_release(peer_id);
+		floor_release(st);
 		if (live->late_ns > down) {
 			/* sent before the down: the path was late, not dead */
 			failover_ack_window_widen(acks, cfg, now);
@@ -157,23 +159,24 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 		if (now < due || !__sync_bool_compare_and_swap(&live->next_probe_ns, due, now + probe_ns))
 			return PATH_SKIP;
 		if (fate)	/* shared fate: its hop is still suspect */
-			shared_fate_path_down(cfg, peer_id * MRC_MAX_PATHS + path_id, 0, now);
+			shared_fate_path_down(cfg, row_index, 0, now);
 		return PATH_PROBE;
 	}
 	/* shared fate (lib/shared_fate.h): while its hop is suspect the path
 	 * is skipped, tested by a probe copy and judged by that probe */
-	probe = fate ? shared_fate_check(cfg, peer_id * MRC_MAX_PATHS + path_id, acked, now) : 0;
+	probe = fate ? shared_fate_check(cfg, row_index, &peer_path(st, path_id)->fate_probe_ns,
+					 acked, now) : 0;
 	if (probe == FATE_PROBE_NOW)
 		return PATH_PROBE;
 	if (probe && (!since || probe < since))
 		since = probe;
 	if (!since)
 		return PATH_USE;
-	window = failover_ack_window(acks, cfg, now) + failover_queue_allowance(cfg, peer_id, path_id);
+	window = failover_ack_window(acks, cfg, now) + failover_queue_allowance(cfg, st, path_id);
 	if (acks->max_ns > since + window || acks->last_ns > since + window * MRC_SILENCE_FACTOR) {
 		/* the floor (min_active) may keep it in use: logged once per
 		 * overdue send */
-		if (!floor_take_out(cfg, peer_id)) {
+		if (!floor_take_out(cfg, peer->template_id, st)) {
 			if (live->kept_since_ns != since) {
 				live->kept_since_ns = since;
 				failover_event_log(peer_id, path_id, MRC_EV_KEPT, now, since);
@@ -187,9 +190,9 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 			live->downs++;
 			failover_event_log(peer_id, path_id, since == probe ? MRC_EV_SHARED_DOWN : MRC_EV_DOWN,
 					   now, since);
-			shared_fate_path_down(cfg, peer_id * MRC_MAX_PATHS + path_id, since == probe, now);
+			shared_fate_path_down(cfg, row_index, since == probe, now);
 		} else {
-			floor_release(peer_id);
+			floor_release(st);
 		}
 		return PATH_SKIP;
 	}
@@ -199,16 +202,15 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 /* After a packet left on the path: start its acknowledgement clock, if
  * the peer has ever acknowledged anything (else there is no clock: a
  * clock started before the peer's first feedback would run out on it). */
-static __always_inline void failover_path_sent(struct mrc_path_live *live, __u32 peer_id, __u64 now)
+static __always_inline void failover_path_sent(struct mrc_path_live *live, struct mrc_peer_state *st,
+					      __u64 now)
 {
-	struct mrc_peer_acks *acks;
 	__u64 before = live->last_sent_ns;
 
 	live->last_sent_ns = now;
 	if (live->unacked_since_ns)
 		return;
-	acks = peer_acks.lookup(&peer_id);
-	if (acks && acks->last_ns) {
+	if (st->acks.last_ns) {
 		live->clock_after_ns = before;
 		live->unacked_since_ns = now;
 	}

@@ -18,6 +18,7 @@
 #include "lib/counters.h"
 #include "lib/compiler.h"
 #include "lib/failover.h"
+#include "lib/peer_state.h"
 
 /*
  * RX: a sender we have not answered for fb_interval is owed feedback; if
@@ -28,8 +29,8 @@ static __always_inline void feedback_due(const __u8 *src_sid, const struct mrc_c
 {
 	struct mrc_sid sid;
 	struct mrc_rx_peer *peer;
+	struct mrc_peer_state *st;
 	__u32 *peer_id;
-	__u64 *due;
 
 	__builtin_memcpy(sid.addr, src_sid, 16);
 	peer = rx_peers.lookup(&sid);
@@ -38,9 +39,9 @@ static __always_inline void feedback_due(const __u8 *src_sid, const struct mrc_c
 	peer_id = peer_by_sid.lookup(&sid);
 	if (!peer_id)
 		return;		/* not a configured peer: we have no path to answer on */
-	due = fb_due.lookup(peer_id);
-	if (due && !*due)
-		*due = 1;
+	st = peer_state_get(*peer_id);
+	if (st && !st->fb_due)
+		st->fb_due = 1;
 }
 
 /* The index of the lowest set bit of w (w != 0), without branches: the
@@ -168,40 +169,35 @@ static __always_inline __u64 feedback_widen_ns(__u32 low, __u64 now)
  * exact send time is known (a probe's acknowledgement would hide it),
  * and acted on by the next failover_path_check.
  */
-static __always_inline void feedback_late(__u32 peer_id, __u16 path_id, __u64 exact, __u64 now)
+static __always_inline void feedback_late(struct mrc_peer_state *st, __u16 path_id, __u64 exact,
+					  __u64 now)
 {
-	__u32 index = peer_id * MRC_MAX_PATHS + (path_id & (MRC_MAX_PATHS - 1));
-	struct mrc_path_live *live = path_live.lookup(&index);
+	struct mrc_path_live *live = peer_path_live(st, path_id);
 	__u64 down;
 
-	if (!live)
-		return;
 	down = live->down_ns;
 	if (down && exact >= live->down_after_ns && exact < down)
 		live->late_ns = now;
 }
 
-static __always_inline void feedback_ack(__u32 peer_id, __u32 block, __u64 heard, __u32 since32,
-					 __u16 path_id, __u32 path_tx32, __u64 now)
+static __always_inline void feedback_ack(struct mrc_peer_state *st, __u32 block, __u64 heard,
+					 __u32 since32, __u16 path_id, __u32 path_tx32, __u64 now)
 {
-	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
+	struct mrc_peer_acks *acks = &st->acks;
 	__u32 base = (block & (MRC_MAX_PATHS / 64 - 1)) * 64, bit;
 	__u64 since = feedback_widen_ns(since32, now), exact = feedback_widen_ns(path_tx32, now);
 	__u64 *ns;
 
-	if (!acks)
-		return;
 	acks->last_ns = now;
 	/* the named path, exactly (the block's figure is a lower bound).
 	 * The caller checked path_id, so clang drops the mask; a verifier
 	 * that does not carry a check to a spilled copy (6.1) then sees an
 	 * unbounded index: keep the mask on the register that indexes. */
-	barrier_var(path_id);
-	ns = &acks->ns[path_id & (MRC_MAX_PATHS - 1)];
+	ns = peer_path_acked(st, path_id);
 	if (path_tx32 && *ns < exact)
 		*ns = exact;
 	if (path_tx32)
-		feedback_late(peer_id, path_id, exact, now);
+		feedback_late(st, path_id, exact, now);
 	if (exact > acks->max_ns && path_tx32)
 		acks->max_ns = exact;
 	if (!heard)
@@ -220,8 +216,9 @@ static __always_inline void feedback_ack(__u32 peer_id, __u32 block, __u64 heard
 static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_tlv *tlv, __u64 now)
 {
 	struct mrc_path_health *health;
+	struct mrc_peer_state *st;
 	struct mrc_sid sid;
-	__u32 *peer_id, index, lost;
+	__u32 *peer_id, lost;
 	__u16 path_id;
 
 	if (!(tlv->flags & MRC_F_FEEDBACK))
@@ -229,19 +226,19 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 	__builtin_memcpy(sid.addr, src_sid, 16);
 	peer_id = peer_by_sid.lookup(&sid);
 	path_id = bpf_ntohs(tlv->fb_path_id);
-	if (!peer_id || *peer_id >= MRC_MAX_PEERS || path_id >= MRC_MAX_PATHS)
+	if (!peer_id || path_id >= MRC_MAX_PATHS)
 		return;
-	index = *peer_id * MRC_MAX_PATHS + path_id;
-	health = path_health.lookup(&index);
-	if (!health)
+	st = peer_state_get(*peer_id);
+	if (!st)
 		return;
+	health = peer_path_health(st, path_id);
 	lost = bpf_ntohl(tlv->fb_lost);
 	if ((__s32)(lost - health->lost) > 0)
 		health->loss_ns = now;
 	health->lost = lost;
 	health->qdelay_us = bpf_ntohs(tlv->fb_qdelay_us);
 	health->updated_ns = now;
-	feedback_ack(*peer_id, tlv->fb_block, mrc_ntohll(tlv->fb_heard),
+	feedback_ack(st, tlv->fb_block, mrc_ntohll(tlv->fb_heard),
 		     bpf_ntohl(tlv->fb_since_ns32), path_id, bpf_ntohl(tlv->fb_path_tx32), now);
 	count(MRC_RX_FEEDBACK);
 }

@@ -11,34 +11,34 @@
 #define MRC_LIB_FLOOR_H
 
 #include "lib/maps.h"
+#include "lib/peer_state.h"
 
 /* May one more of the peer's paths be taken out?  1: yes, and it is
  * counted (floor_release() undoes it if the transition is lost); 0: no,
  * the peer would be left with fewer than min_active usable paths. */
-static __always_inline int floor_take_out(const struct mrc_config *cfg, __u32 peer_id)
+static __always_inline int floor_take_out(const struct mrc_config *cfg, __u32 template_id,
+					  struct mrc_peer_state *st)
 {
-	struct mrc_peer_floor *f = peer_floor.lookup(&peer_id);
+	struct mrc_peer_floor *f = peer_floor.lookup(&template_id);
 	__u64 min = cfg->min_active, before;
 
 	if (!f)
 		return 1;
-	if (min && f->usable < min + f->out + 1)
+	if (min && f->usable < min + st->floor_out + 1)
 		return 0;	/* the common refusal, without an atomic */
-	before = __sync_fetch_and_add(&f->out, 1);
+	before = __sync_fetch_and_add(&st->floor_out, 1);
 	if (min && f->usable < min + before + 1) {
-		__sync_fetch_and_add(&f->out, -1);	/* no fetch: plain XADD, any kernel */
+		__sync_fetch_and_add(&st->floor_out, -1);	/* no fetch: plain XADD, any kernel */
 		return 0;
 	}
 	return 1;
 }
 
 /* A path taken out is back (or the transition went to another CPU). */
-static __always_inline void floor_release(__u32 peer_id)
+static __always_inline void floor_release(struct mrc_peer_state *st)
 {
-	struct mrc_peer_floor *f = peer_floor.lookup(&peer_id);
-
-	if (f && f->out)
-		__sync_fetch_and_add(&f->out, -1);
+	if (st->floor_out)
+		__sync_fetch_and_add(&st->floor_out, -1);
 }
 
 #endif

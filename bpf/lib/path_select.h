@@ -12,14 +12,16 @@
 #include "lib/counters.h"
 #include "lib/compiler.h"
 #include "lib/failover.h"
+#include "lib/peer_state.h"
 
 struct path_choice {
-	__u32	path_index;	/* key into paths/path_tx/path_stats */
+	__u32	path_index;	/* key into paths */
 	__u16	path_id;	/* index within the peer's set, sent in the TLV */
 	__u8	tclass;
 	__u8	probe;		/* the path is down and this packet tests it */
 	__u8	control;	/* header only: feedback (mrc_fb's clone) or a probe copy */
 	__u16	probe_copy;	/* 1 + id of a down path to test with a copy of this packet */
+	struct mrc_peer_state *st;	/* the peer's learnt state */
 	struct mrc_path_live *live;
 	__u64	peer_seq;
 	__u64	path_seq;
@@ -34,13 +36,12 @@ struct path_choice {
  * forgotten (score 0): a path we stopped using gets no fresh reports, so
  * without this it could never win again; this way it is tried again.
  */
-static __always_inline __u64 path_select_health_score(__u32 peer_id, __u16 path_id, __u64 now,
-					  __u64 hold_ns)
+static __always_inline __u64 path_select_health_score(struct mrc_peer_state *st, __u16 path_id,
+					  __u64 now, __u64 hold_ns)
 {
-	__u32 index = peer_id * MRC_MAX_PATHS + path_id;
-	struct mrc_path_health *h = path_health.lookup(&index);
+	struct mrc_path_health *h = peer_path_health(st, path_id);
 
-	if (!h || now - h->updated_ns > hold_ns)
+	if (now - h->updated_ns > hold_ns)
 		return 0;
 	if (h->loss_ns && now - h->loss_ns < hold_ns)
 		return (__u64)h->qdelay_us + 1000000;
@@ -66,13 +67,14 @@ static __always_inline __u16 path_select_pick(const struct mrc_spray *list, __u3
 
 /* The path at list position `at`: its id, index and live state. */
 static __always_inline struct mrc_path_live *path_select_live_at(const struct mrc_spray *list, __u32 at,
-						     __u32 peer_id, __u16 *id, __u32 *index)
+						     __u32 row, struct mrc_peer_state *st,
+						     __u16 *id, __u32 *index)
 {
 	*id = path_select_pick(list, at);
 	if (*id >= MRC_MAX_PATHS)
 		return NULL;
-	*index = peer_id * MRC_MAX_PATHS + *id;
-	return path_live.lookup(index);
+	*index = row * MRC_MAX_PATHS + *id;
+	return peer_path_live(st, *id);
 }
 
 /* The policies whose pick is a turn handed out by a counter, which a
@@ -140,22 +142,24 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
  * being probed, rather than being dropped.
  */
 static __always_inline int path_select_live(const struct mrc_spray *list, __u32 n, __u32 at,
-				       __u32 peer_id, struct mrc_peer_tx *ptx, __u8 policy,
+				       const struct mrc_peer *peer, struct mrc_peer_state *st, __u8 policy,
 				       const struct mrc_config *cfg, __u64 now, int may_copy,
 				       struct path_choice *choice)
 {
 	int turns = path_select_takes_turns(policy);
+	__u32 peer_id = peer->peer_id, row = peer->template_id;
+	struct mrc_peer_tx *ptx = &st->tx;
 	enum path_use use = PATH_SKIP;
 	struct mrc_path_live *live = NULL;
 	__u32 t, pos, copy_pos = 0, index = 0;
 	__u16 id = 0, copy = 0;
 
 	for (t = 0, pos = at; t <= MRC_REROUTE_TRIES; t++) {
-		live = path_select_live_at(list, pos, peer_id, &id, &index);
+		live = path_select_live_at(list, pos, row, st, &id, &index);
 		if (!live)
 			return -1;
 		/* shared fate's hook: the policy's pick only (verifier budget) */
-		use = failover_path_check(live, cfg, peer_id, id, now, t == 0);
+		use = failover_path_check(live, cfg, st, peer, id, now, t == 0);
 		if (use == PATH_PROBE && may_copy && !copy) {
 			count(MRC_TX_PROBE);
 			live->probes++;
@@ -174,14 +178,14 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	}
 	if (use == PATH_SKIP && copy) {
 		/* nothing else is up: the packet is the probe itself */
-		live = path_select_live_at(list, copy_pos, peer_id, &id, &index);
+		live = path_select_live_at(list, copy_pos, row, st, &id, &index);
 		if (!live)
 			return -1;
 		copy = 0;
 		use = PATH_USE;		/* counted as a probe above */
 		choice->probe = 1;
 	} else if (use == PATH_SKIP) {
-		live = path_select_live_at(list, at, peer_id, &id, &index);
+		live = path_select_live_at(list, at, row, st, &id, &index);
 		if (!live)
 			return -1;
 		use = PATH_PROBE;
@@ -203,6 +207,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	choice->path_index = index;
 	choice->probe |= use == PATH_PROBE;
 	choice->probe_copy = copy;
+	choice->st = st;
 	choice->live = live;
 	return 0;
 }
@@ -215,19 +220,23 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 				       __u8 tclass, const struct mrc_config *cfg, int may_copy,
 				       struct path_choice *choice)
 {
-	__u32 peer_id = peer->peer_id;
+	__u32 row = peer->template_id;
 	__u32 list_index, n, a, b, at;
 	__u64 now = bpf_ktime_get_ns();
+	struct mrc_peer_state *st;
 	struct mrc_peer_tx *ptx;
 	struct mrc_spray *list;
 
-	if (peer_id >= MRC_MAX_PEERS || tclass >= MRC_MAX_CLASSES)
+	if (row >= MRC_MAX_PEERS || tclass >= MRC_MAX_CLASSES)
 		return -1;
-	list_index = peer_id * MRC_MAX_CLASSES + tclass;
+	list_index = row * MRC_MAX_CLASSES + tclass;
 	list = spray.lookup(&list_index);
-	ptx = peer_tx.lookup(&peer_id);
-	if (!list || !ptx)
+	if (!list)
 		return -1;
+	st = peer_state_get(peer->peer_id);
+	if (!st)
+		return -1;
+	ptx = &st->tx;
 	n = list->n;
 	if (n == 0 || n > MRC_SPRAY_SLOTS)
 		return -1;
@@ -256,8 +265,8 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 		a = path_select_turns_of_bytes(peer->policy, list) ? path_select_byte_turn(list, n, ptx, skb->len)
 						       : choice->peer_seq % n;
 		b = (a + 1 + bpf_get_prandom_u32() % (n > 1 ? n - 1 : 1)) % n;
-		score_a = path_select_health_score(peer_id, path_select_pick(list, a), now, hold);
-		score_b = path_select_health_score(peer_id, path_select_pick(list, b), now, hold);
+		score_a = path_select_health_score(st, path_select_pick(list, a), now, hold);
+		score_b = path_select_health_score(st, path_select_pick(list, b), now, hold);
 		at = 2 * score_b + ADAPTIVE_MARGIN_US < score_a ? b : a;
 		break;
 	}
@@ -276,7 +285,7 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	default:	/* MRC_POLICY_RR, MRC_POLICY_WEIGHTED (its list repeats by weight) */
 		at = choice->peer_seq % n;
 	}
-	return path_select_live(list, n, at, peer_id, ptx, peer->policy, cfg, now, may_copy, choice);
+	return path_select_live(list, n, at, peer, st, peer->policy, cfg, now, may_copy, choice);
 }
 
 /*
@@ -291,28 +300,27 @@ static __always_inline int path_select_pinned(const struct mrc_peer *peer, __u32
 					 const struct mrc_config *cfg, __u32 counter,
 					 struct path_choice *choice)
 {
-	__u32 peer_id = peer->peer_id;
+	__u32 row = peer->template_id;
 	__u16 id = mark & ~MRC_PROBE_MARK_MASK;
-	struct mrc_peer_tx *ptx;
+	struct mrc_peer_state *st;
 
-	if (peer_id >= MRC_MAX_PEERS || id >= peer->n_paths)
+	if (row >= MRC_MAX_PEERS || id >= peer->n_paths || id >= MRC_MAX_PATHS)
 		return -1;
-	ptx = peer_tx.lookup(&peer_id);
-	if (!ptx)
+	st = peer_state_get(peer->peer_id);
+	if (!st)
 		return -1;
 	choice->path_id = id;
-	choice->path_index = peer_id * MRC_MAX_PATHS + id;
-	choice->live = path_live.lookup(&choice->path_index);
-	if (!choice->live)
-		return -1;
+	choice->path_index = row * MRC_MAX_PATHS + id;
+	choice->st = st;
+	choice->live = peer_path_live(st, id);
 	/* sent whatever the verdict, but the check applies what feedback
 	 * said: an acknowledged probe brings the path up, an overdue one
 	 * takes it down */
-	failover_path_check(choice->live, cfg, peer_id, id, bpf_ktime_get_ns(), 0);
+	failover_path_check(choice->live, cfg, st, peer, id, bpf_ktime_get_ns(), 0);
 	/* It takes no turn: it shares the number the next packet gets.
 	 * Taking one moved rr's turns on by one at each probe, and the path
 	 * after the probed one lost a turn per probe interval (3%). */
-	choice->peer_seq = ptx->seq;
+	choice->peer_seq = st->tx.seq;
 	choice->tclass = 0;
 	choice->probe = 1;
 	choice->probe_copy = 0;

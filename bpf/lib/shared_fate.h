@@ -32,7 +32,8 @@ static __always_inline struct mrc_hop *shared_fate_hop(struct mrc_path_fate *pf)
 	return hops.lookup(&hop);
 }
 
-/* The path at `index` was just taken out (`shared`: by its probe, as
+/* `index`: the path's place in its row (path_fate), which names its hop.
+ * The path at `index` was just taken out (`shared`: by its probe, as
  * counted on the hop), or is out and due another probe (its last one went
  * unanswered): its hop is suspect for a hold from now.  A suspicion
  * already running keeps its start: a path heard since is clear, and a
@@ -72,7 +73,7 @@ static __always_inline void shared_fate_path_down(const struct mrc_config *cfg, 
  * peer has heard sends a window later on other paths).
  */
 static __always_inline __u64 shared_fate_check(const struct mrc_config *cfg, __u32 index,
-					       __u64 acked, __u64 now)
+					       __u64 *probe_ns, __u64 acked, __u64 now)
 {
 	struct mrc_path_fate *pf;
 	struct mrc_hop *h;
@@ -87,12 +88,12 @@ static __always_inline __u64 shared_fate_check(const struct mrc_config *cfg, __u
 	since = h->suspect_ns;
 	if (!since || now >= h->until_ns || acked >= since)
 		return 0;
-	sent = pf->probe_ns;
+	sent = *probe_ns;	/* the peer's own (learnt state): rows are shared */
 	if (sent >= since)
 		return sent;
 	/* one CPU sends the probe; the others skip the path (a send time
 	 * is never 1: the clock has run for more than a nanosecond) */
-	return __sync_bool_compare_and_swap(&pf->probe_ns, sent, now) ? FATE_PROBE_NOW : now;
+	return __sync_bool_compare_and_swap(probe_ns, sent, now) ? FATE_PROBE_NOW : now;
 }
 
 #endif

@@ -131,15 +131,12 @@ static __always_inline int tcp_steer_locate(struct __sk_buff *skb, __u32 *l4, __
  * heard most recently at no more cost than a compare; a failed path's
  * acknowledgements stop, and any live path's next one takes its place.
  */
-static __always_inline void tcp_steer_heard(__u32 peer_id, __u16 path_id)
+static __always_inline void tcp_steer_heard(struct mrc_peer_state *st, __u16 path_id)
 {
-	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
-	struct mrc_peer_tx *ptx = peer_tx.lookup(&peer_id);
+	struct mrc_peer_tx *ptx = &st->tx;
 	__u64 heard;
 
-	if (!acks || !ptx)
-		return;
-	heard = acks->ns[path_id & (MRC_MAX_PATHS - 1)];
+	heard = *peer_path_acked(st, path_id);
 	if (heard > ptx->heard_ns || path_id == ptx->heard_path) {
 		ptx->heard_ns = heard;
 		ptx->heard_path = path_id;
@@ -152,7 +149,7 @@ static __always_inline void tcp_steer_heard(__u32 peer_id, __u16 path_id)
  */
 static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, struct path_choice *choice)
 {
-	__u32 peer_id = peer->peer_id, index;
+	__u32 row = peer->template_id, index;
 	struct mrc_peer_acks *acks;
 	struct mrc_peer_tx *ptx;
 	struct mrc_path_live *live;
@@ -161,16 +158,18 @@ static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, struct p
 
 	if (choice->probe)
 		return;
-	acks = peer_acks.lookup(&peer_id);
-	ptx = peer_tx.lookup(&peer_id);
-	if (!acks || !ptx || !acks->last_ns)
+	if (!choice->st)
+		return;
+	acks = &choice->st->acks;
+	ptx = &choice->st->tx;
+	if (!acks->last_ns)
 		return;		/* no feedback from this peer: nothing to go by */
 	count(MRC_TX_TCP_RETRANS);
 	id = ptx->heard_path;
 	if (id >= peer->n_paths || id >= MRC_MAX_PATHS || id == choice->path_id ||
-	    ptx->heard_ns <= acks->ns[choice->path_id & (MRC_MAX_PATHS - 1)])
+	    ptx->heard_ns <= *peer_path_acked(choice->st, choice->path_id))
 		return;
-	index = peer_id * MRC_MAX_PATHS + id;
+	index = row * MRC_MAX_PATHS + id;
 	/* still a path of the packet's own set: up, and of the class of the
 	 * path the spray gave it (a path may have been deleted, or be another
 	 * class's reserve, since it was heard) */
@@ -178,8 +177,8 @@ static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, struct p
 	given = paths.lookup(&choice->path_index);
 	if (!path || !given || path->state != MRC_PATH_UP || path->tclass != given->tclass)
 		return;
-	live = path_live.lookup(&index);
-	if (!live || live->down_ns)
+	live = peer_path_live(choice->st, id);
+	if (live->down_ns)
 		return;
 	count(MRC_TX_RETRANS_STEERED);
 	choice->path_id = id;

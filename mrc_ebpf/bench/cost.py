@@ -69,6 +69,9 @@ def _configure(module, n_paths: int, policy: str) -> None:
     key = module["peers"].Key.from_buffer_copy(bytes(peer_key(prefix)))
     module["peers"][key] = module["peers"].Leaf.from_buffer_copy(
         bytes(layout.Peer(peer_id=0, n_paths=n_paths, policy=POLICIES[policy])))
+    # its SID, as `path add` files it: what the peer sends is filed under it
+    by_sid = module["peer_by_sid"]
+    by_sid[by_sid.Key.from_buffer_copy(ipaddress.IPv6Address(PEER_SID).packed)] = by_sid.Leaf(0)
 
 
 def _percentiles(samples: list[int]) -> dict:
@@ -146,6 +149,98 @@ def _measure(module, tx, rx, runs, policies, keyed=False) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------ peers in the maps (scale)
+
+PEER_PREFIX = "fd00:b::/64"     # the measured peer: the packet's destination
+PEERS_AT = (1, 1000, 100000, 131072)     # the last: the 131,072-NIC fabric's memory
+
+
+def _fill_peers(module, n: int, n_paths: int, policy: str, active: int) -> None:
+    """n peers in the maps, all on one template of n_paths paths (row 0),
+    the measured one (PEER_PREFIX, PEER_SID) among them; `active` of them
+    with learnt state, as after a packet to each."""
+    for name in ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers"):
+        module[name].clear()
+    _configure(module, n_paths, policy)          # row 0: the paths
+    module["peers"].clear()                      # ... and no own-path peer
+    peers, by_sid = module["peers"], module["peer_by_sid"]
+    last_hop = layout.C["MRC_PEER_F_LAST_HOP"]
+    base = layout.C["MRC_MAX_PEERS"]
+
+    def add(peer_id: int, prefix: str, sid: str):
+        peer = layout.Peer(peer_id=peer_id, n_paths=n_paths, policy=POLICIES[policy], flags=last_hop,
+                           template_id=0)
+        ctypes.memmove(peer.sid.addr, ipaddress.IPv6Address(sid).packed, 16)
+        key = peers.Key.from_buffer_copy(bytes(peer_key(ipaddress.ip_network(prefix))))
+        peers[key] = peers.Leaf.from_buffer_copy(bytes(peer))
+        by_sid[by_sid.Key.from_buffer_copy(ipaddress.IPv6Address(sid).packed)] = by_sid.Leaf(peer_id)
+
+    add(base, PEER_PREFIX, PEER_SID)
+    # the others as a fabric's address plan numbers them: leaf, host
+    for i in range(1, n):
+        add(base + i, f"fd00:1:{i // 256:x}:{i % 256:x}::/64", f"fc00:1:{i // 256:x}:{i % 256:x}::1")
+    zero = layout.PeerState()
+    for i in range(1, min(active, n)):
+        module["peer_state"][ctypes.c_uint32(base + i)] = \
+            module["peer_state"].Leaf.from_buffer_copy(bytes(zero))
+
+
+def maps_memlock(module) -> dict[str, int]:
+    """name -> memlock the kernel reports for each of the module's maps."""
+    from mrc_ebpf.datapath import memory
+    out = {}
+    for spec in memory.specs():
+        fd = module.get_table(spec.name).map_fd
+        out[spec.name] = int(memory.fdinfo(fd)["memlock"])
+    return out
+
+
+def measure_peers(runs: int = 20000, peer_counts=PEERS_AT, n_paths: int = 256, policy: str = "rr",
+                  repeat: int = 1, active: int | None = None) -> list[list[dict]]:
+    """Per-packet cost with 1, 1,000, 100,000 ... peers in the maps (all
+    on one template, the LRU of learnt state full), against today's
+    layout (one peer with paths of its own), side by side in one compile;
+    and the maps' memlock at each point."""
+    from mrc_ebpf.datapath import memory
+    active = layout.C["MRC_MAX_ACTIVE_PEERS"] if active is None else active
+    module, tx, rx, _ = compile_datapath()
+    packet = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") /
+                   IPv6(src="fd00:a::a", dst="fd00:b::b") / UDP(dport=9) / bytes(64))
+    cpus = bpfsys.possible_cpus()
+    try:
+        reps = []
+        for _ in range(repeat):
+            rows = []
+            for n in (None, *peer_counts):
+                if n is None:
+                    for name in ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers"):
+                        module[name].clear()
+                    _configure(module, n_paths, policy)
+                else:
+                    _fill_peers(module, n, n_paths, policy, active)
+                _set_key(module, False)
+                tx_ns, rx_ns = [], []
+                for _ in range(runs):
+                    ret, ns, out = bpfsys.prog_test_run(tx.fd, packet, 1)
+                    assert ret == 0 and len(out) > len(packet), "TX did not encapsulate"
+                    tx_ns.append(ns)
+                for frame in _inbound(out, runs, False):
+                    ret, ns, _ = bpfsys.prog_test_run(rx.fd, frame, 1)
+                    assert ret == 2, "RX did not pass the packet up (XDP_PASS)"
+                    rx_ns.append(ns)
+                mem = maps_memlock(module)
+                in_use = {"peers": n or 1, "peer_by_sid": n or 1}
+                grow = sum(memory.model(128, in_use).values()) - sum(memory.model(cpus, in_use).values())
+                rows.append({"layout": "own paths" if n is None else "template", "peers": n or 1,
+                             "paths": n_paths, "tx_ns": _percentiles(tx_ns), "rx_ns": _percentiles(rx_ns),
+                             "memlock": sum(mem.values()), "memlock_128_cpus": sum(mem.values()) + grow,
+                             "maps": mem})
+            reps.append(rows)
+        return reps
+    finally:
+        module.cleanup()
+
+
 # --------------------------------------------------------------------------- the scenario
 
 USES_TCP = False
@@ -158,6 +253,7 @@ A_SID, B_SID, B_DT6, A_DT6 = "fc00:a::1", "fc00:b::1", "fc00:b::6", "fc00:a::6"
 
 def params(short: bool) -> dict:
     return {"runs": 1000 if short else 20000, "paths": [1, 16, 256], "policies": ["rr", "bytes", "adaptive"],
+            "peers": [1, 1000] if short else list(PEERS_AT),
             "flood_seconds": 1.0 if short else 5.0, "payload_bytes": 64, "repeat": 1 if short else 3,
             "setups": list(SETUPS), "sender": "iperf3 -u -l 64 -b 0 (one thread)",
             "counted_at": "receiver interface rx_packets, middle of the run (0.5 s trimmed each end)"}
@@ -254,6 +350,15 @@ def run(p: dict, env) -> dict:
                           "tx_ns_median": spread(tx),
                           "rx_ns_median": spread(rx), "runs": [{"tx_ns": rep[i]["tx_ns"], "rx_ns": rep[i]["rx_ns"]}
                                                              for rep in progs]})
+    peer_rows = []
+    if p.get("peers"):
+        log(f"cost: {', '.join(map(str, p['peers']))} peers in the maps")
+        reps = measure_peers(p["runs"], tuple(p["peers"]), repeat=p["repeat"])
+        for i, row in enumerate(reps[0]):
+            peer_rows.append({k: row[k] for k in ("layout", "peers", "paths", "memlock",
+                                                    "memlock_128_cpus", "maps")}
+                             | {"tx_ns_median": spread([rep[i]["tx_ns"]["median"] for rep in reps]),
+                                "rx_ns_median": spread([rep[i]["rx_ns"]["median"] for rep in reps])})
     flat, key_cost = {}, {}
     for pol in p["policies"]:
         rows = [r for r in prog_rows if r["policy"] == pol and not r["key"]]
@@ -307,7 +412,19 @@ def run(p: dict, env) -> dict:
     if runs.get("mrc-key") and runs.get("mrc"):
         keyed = spread([k["pps"] / m["pps"] for k, m in zip(runs["mrc-key"], runs["mrc"])])
         notes.append(f"mrc with a key / without pps ratio {keyed['median']:.2f}")
+    peers_flat = {}
+    if peer_rows:
+        one = [r for r in peer_rows if r["layout"] == "template"][0]
+        own = peer_rows[0]
+        for r in peer_rows[1:]:
+            for d in ("tx", "rx"):
+                peers_flat[f"{d}_{r['peers']}_over_1"] = \
+                    r[f"{d}_ns_median"]["median"] / one[f"{d}_ns_median"]["median"]
+        for d in ("tx", "rx"):
+            peers_flat[f"{d}_template_1_over_own_paths"] = \
+                one[f"{d}_ns_median"]["median"] / own[f"{d}_ns_median"]["median"]
     return {"prog_test_run": prog_rows, "flatness_256_over_1": flat, "throughput": through,
+            "peers": peer_rows, "flatness_peers": peers_flat,
             "mrc_over_kernel_pps": mrc_vs_kernel, "key_over_no_key_ns": key_cost,
             "notes": notes + [
                       f"mrc/kernel pps ratio {mrc_vs_kernel['median']:.2f} "
@@ -322,6 +439,10 @@ def table(results: dict):
     rows = [("prog_test_run", f"{r['policy']}, {r['paths']} paths{', key' if r.get('key') else ''}",
              fmt_spread(r["tx_ns_median"]),
              fmt_spread(r["rx_ns_median"]), "", "", "") for r in results["prog_test_run"]]
+    for r in results.get("peers", []):
+        rows.append(("peers in the maps", f"{r['peers']} ({r['layout']}, {r['paths']} paths), "
+                     f"{r['memlock'] / 2**20:.1f} MiB ({r['memlock_128_cpus'] / 2**20:.1f} at 128 CPUs)",
+                     fmt_spread(r["tx_ns_median"]), fmt_spread(r["rx_ns_median"]), "", "", ""))
     for setup, t in results["throughput"].items():
         rows.append(("64 B UDP flood", setup, "", "", fmt_spread(t["pps"]), fmt_spread(t["payload_gbps"]),
                      fmt_spread(t["ratio_to_none"])))
@@ -356,7 +477,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20000)
     parser.add_argument("-j", "--json", action="store_true")
+    parser.add_argument("--peers", metavar="N,N,...",
+                        help="Instead: the cost with N peers in the maps (e.g. 1,1000,100000), "
+                             "and the maps' memlock")
     args = parser.parse_args()
+    if args.peers:
+        rows = measure_peers(args.runs, tuple(int(n) for n in args.peers.split(",")))[0]
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return
+        print(tabulate([(r["layout"], r["peers"], r["tx_ns"]["median"], r["rx_ns"]["median"],
+                         f"{r['memlock'] / 2**20:.1f}", f"{r['memlock_128_cpus'] / 2**20:.1f}")
+                        for r in rows],
+                       headers=["paths", "peers", "TX ns median", "RX ns median", "memlock MiB",
+                                "at 128 CPUs"]))
+        return
     rows = measure(args.runs)[0]
     if args.json:
         print(json.dumps(rows, indent=2))

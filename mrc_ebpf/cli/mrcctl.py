@@ -172,6 +172,17 @@ def detach(ctx, device, all_):
             for x in r) or "nothing attached"))
 
 
+def fmt_memory(mem: dict | None) -> str:
+    """`status`'s kernel memory line: the maps' memlock, and the largest."""
+    if not mem:
+        return "-"
+    mib = lambda n: f"{n / (1 << 20):.1f} MiB"  # noqa: E731
+    largest = sorted(mem["maps"].items(), key=lambda kv: -kv[1])[:3]
+    return (f"{mib(mem['bytes'])} in {len(mem['maps'])} maps on {mem['cpus']} CPUs "
+            f"({mib(mem['scaled_bytes'])} on {mem['scaled_cpus']}); largest: "
+            + ", ".join(f"{n} {mib(b)}" for n, b in largest))
+
+
 @cli.command()
 @json_option
 @click.pass_context
@@ -200,12 +211,16 @@ def status(ctx):
                           (f"{h['device']} TC egress",
                            f"prog {h['tc_prog_id'] or '-'}{'' if h['tc_ours'] else ' (missing)'}")]
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
-                     ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
+                     ("granularity", r["granularity"]),
+                     ("peers", f"{r['peers']} ({r['templated_peers']} on templates, "
+                               f"{r['active_peers']} with learnt state)"),
+                     ("paths", r["paths"]),
                      ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
                      ("min active", r["min_active"] or "no floor"),
                      ("programs", ", ".join(f"{k} {v['id']}" for k, v in r["programs"].items())
                       + f"; loaded {max((v['loaded'] or '' for v in r['programs'].values()), default='') or '-'}"),
                      ("shared fate", {True: "on", False: "off"}.get(r.get("shared_fate"), "-")),
+                     ("kernel memory", fmt_memory(r["memory"])),
                      ("pins", r["pins"])]
             for route in r["routes"]:
                 items.append(("route", f"{route['prefix']}: {fmt_metrics(route['route_metrics'])}"))
@@ -329,7 +344,10 @@ def path():
 @click.option("--entropy", type=int, default=0, metavar="N",
               help="N entropy paths (EVs): no segment list, outer IPv6 straight to --sid, each "
                    "with its own outer flow label for the fabric's ECMP to hash.")
-@click.option("--sid", "peer_sid", metavar="PEER_SID", help="With --entropy: the peer's SID.")
+@click.option("--sid", "peer_sid", metavar="PEER_SID",
+              help="With --entropy or --template: the peer's SID.")
+@click.option("--template", metavar="NAME",
+              help="The paths of template NAME (mrcctl path template add), ending at --sid.")
 @click.option("--weight", type=int, default=1, show_default=True, help="Weight (policy weighted).")
 @click.option("--class", "tclass", metavar="NAME", help="Reserve the path for this traffic class.")
 @click.option("--route-metric", "route_metrics", multiple=True, metavar="KEY=VALUE",
@@ -339,9 +357,14 @@ def path():
 @dev_option
 @json_option
 @click.pass_context
-def path_add(ctx, prefix, via, usid, entropy, peer_sid, weight, tclass, route_metrics, device):
+def path_add(ctx, prefix, via, usid, entropy, peer_sid, weight, tclass, route_metrics, device,
+             template):
     """Add paths towards PREFIX (a prefix may have many)."""
     from mrc_ebpf.control import paths
+    if template:
+        from mrc_ebpf.cli.template_cmd import add_templated
+        return add_templated(ctx, prefix, template, peer_sid, device,
+                             via or usid or entropy or route_metrics or tclass or weight != 1)
     if not via and not usid and not entropy and not peer_sid:
         raise click.UsageError("give --via SEG1,SEG2,..., --usid CONTAINER (repeatable) "
                                "or --entropy N --sid PEER_SID")
@@ -442,7 +465,7 @@ def path_list(ctx, device):
                   r["state"], r["weight"], r["tx_packets"], r["tx_bytes"]) for r in rows]
         click.echo(tabulate(table, headers=["prefix", "id", "segments", "policy", "class", "state",
                                             "weight", "tx pkts", "tx bytes"]))
-        routes = {r["prefix"]: r["route_metrics"] for r in rows}
+        routes = {r["prefix"]: r["route_metrics"] for r in rows if not r.get("template")}
         for prefix, metrics in routes.items():
             click.echo(f"route {prefix}: {fmt_metrics(metrics)}")
     emit(ctx, rows, human)
@@ -476,6 +499,9 @@ cli.add_command(config_cmd.show_config)
 cli.add_command(config_cmd.save)
 from mrc_ebpf.cli.fate_cmd import shared_fate  # noqa: E402
 cli.add_command(shared_fate)
+from mrc_ebpf.cli.template_cmd import template as path_template, bulk as path_bulk  # noqa: E402
+path.add_command(path_template)
+path.add_command(path_bulk)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 A peer prefix owns a row (peer_id) of MRC_MAX_PATHS path slots; paths
 0..n_paths-1 are in use.  Writes go path first, peer last, so the
 datapath never sees a path count that covers a half-written path.
+What the datapath learns about a peer (sequence numbers, acknowledgements,
+health, counters) is in the peer_state LRU, created by the peer's first
+packet: `learnt` reads it (zero when there is none yet, or it was evicted).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from mrc_ebpf.datapath.source import C
 
 MAX_PATHS, MAX_PEERS, MAX_SEGMENTS = C["MRC_MAX_PATHS"], C["MRC_MAX_PEERS"], C["MRC_MAX_SEGMENTS"]
 REDIRECT, USID, ENTROPY = C["MRC_PATH_F_REDIRECT"], C["MRC_PATH_F_USID"], C["MRC_PATH_F_ENTROPY"]
+LAST_HOP = C["MRC_PEER_F_LAST_HOP"]
 USID_BLOCK_BITS, USID_ID_BITS = C["MRC_USID_BLOCK_BITS"], C["MRC_USID_ID_BITS"]
 UP, UNUSED, DENIED = C["MRC_PATH_UP"], C["MRC_PATH_UNUSED"], C["MRC_PATH_DENIED"]
 # MRC's names for a path's (an EV's) state
@@ -197,26 +201,56 @@ def _overhead(path: layout.Path) -> int:
 
 
 def _free_peer_id(att: Attachment) -> int:
-    used = {v.peer_id for _, v in att.maps["peers"].items()}
+    """A free row of the paths map (own-path peers and templates share them)."""
+    used = {v.template_id for _, v in att.maps["peers"].items()}
+    used |= {v.template_id for _, v in att.maps["templates"].items()}
     for peer_id in range(MAX_PEERS):
         if peer_id not in used:
             return peer_id
-    raise MrcError(f"all {MAX_PEERS} peer slots are in use")
+    raise MrcError(f"all {MAX_PEERS} rows of paths are in use (peers with paths of their own and "
+                   f"templates): share templates (mrcctl path template add)")
 
 
-def _reset_path_state(att: Attachment, index: layout.Index) -> None:
-    att.maps["path_tx"].update(index, layout.PathTx())
-    att.maps["path_stats"].update(index, att.maps["path_stats"].value_type())
-    att.maps["path_live"].update(index, layout.PathLive())
-    att.maps["path_health"].update(index, layout.PathHealth())
+def learnt(att: Attachment, peer_id: int) -> layout.PeerState:
+    """The peer's learnt state (peer_state), or the zeroed state a first
+    packet would create."""
+    state = att.maps["peer_state"].lookup(layout.Index(peer_id))
+    return state if state is not None else layout.PeerState()
+
+
+def _change_learnt(att: Attachment, peer_id: int, change) -> None:
+    """Apply `change(state)` to the peer's learnt state if it has any (none:
+    its first packet starts it zeroed anyway).  The value is written back
+    whole, over what the datapath changed meanwhile: only when `change`
+    changed something."""
+    state = att.maps["peer_state"].lookup(layout.Index(peer_id))
+    if state is None:
+        return
+    before = bytes(state)
+    change(state)
+    if bytes(state) != before:
+        att.maps["peer_state"].update(layout.Index(peer_id), state)
+
+
+def _forget_peer(att: Attachment, peer_id: int) -> None:
+    """A new peer in a reused row starts with no learnt state."""
+    att.maps["peer_state"].delete(layout.Index(peer_id))
+
+
+def _reset_path_state(att: Attachment, peer_id: int, path_ids: list[int]) -> None:
+    def reset(state):
+        for i in path_ids:
+            state.paths[i] = layout.PathState()
+    _change_learnt(att, peer_id, reset)
 
 
 def _used(att: Attachment, peer: layout.Peer) -> list[tuple[int, layout.Path]]:
-    """(path id, path) of the peer's paths in use."""
+    """(path id, path) of the peer's paths in use (its template's, for a
+    template's peer: the last hop left open)."""
     paths = att.maps["paths"]
     out = []
     for i in range(peer.n_paths):
-        path = paths.lookup(path_index(peer.peer_id, i))
+        path = paths.lookup(path_index(peer.template_id, i))
         if path.state != UNUSED:
             out.append((i, path))
     return out
@@ -247,7 +281,7 @@ def smooth_weighted(weights: dict[int, int], slots: int = SLOTS) -> list[int]:
     return order
 
 
-def _rebuild(att: Attachment, peer: layout.Peer) -> None:
+def _rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
     """Spray lists of every class, and the SID -> peer index for feedback.
 
     Class k sprays over the paths reserved for it, or the shared paths
@@ -266,8 +300,13 @@ def _rebuild(att: Attachment, peer: layout.Peer) -> None:
         spray.ids[:len(ids)] = ids
         att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
     # the floor (min_active): how many may be used, how many the datapath took out
-    out = sum(1 for i, _ in used if att.maps["path_live"].lookup(path_index(peer.peer_id, i)).down_ns)
-    att.maps["peer_floor"].update(layout.Index(peer.peer_id), layout.PeerFloor(usable=len(used), out=out))
+    att.maps["peer_floor"].update(layout.Index(peer.peer_id), layout.PeerFloor(usable=len(used)))
+
+    def recount(state):
+        state.floor_out = sum(1 for i, _ in used if state.paths[i].live.down_ns)
+    _change_learnt(att, peer.peer_id, recount)
+    if not sids:
+        return
     by_sid = att.maps["peer_by_sid"]
     for key, value in list(by_sid.items()):
         if value.value == peer.peer_id:
@@ -367,9 +406,13 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
     peers = att.maps["peers"]
     key = peer_key(prefix)
     peer = peers.lookup_exact(key)
+    if peer is not None and peer.flags & LAST_HOP:
+        raise MrcError(f"{prefix} has the paths of a template: `mrcctl path del {prefix}` first "
+                       f"to give it paths of its own")
     new_peer = peer is None
     if new_peer:
-        peer = layout.Peer(peer_id=_free_peer_id(att), n_paths=0, policy=POLICIES["rr"])
+        row = _free_peer_id(att)
+        peer = layout.Peer(peer_id=row, n_paths=0, policy=POLICIES["rr"], template_id=row)
     used = _used(att, peer) if not new_peer else []
     class_label = tclass_name or classes.DEFAULT
     existing, fresh, matched = [], [], set()
@@ -430,14 +473,14 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
             ctypes.memmove(path.segments[i].addr, seg.packed, 16)
         index = path_index(peer.peer_id, path_id)
         att.maps["paths"].update(index, path)
-        _reset_path_state(att, index)
         shared_fate.assign(att, index, path)
         peer.n_paths = max(peer.n_paths, path_id + 1)
         results.append({"prefix": str(prefix), "path_id": path_id, **spec.describe(), "flowlabel": label,
                         "weight": weight, "class": class_label,
                         "overhead": spec.overhead, "existed": False})
     if new_peer:
-        att.maps["peer_tx"].update(layout.Index(peer.peer_id), layout.PeerTx())
+        _forget_peer(att, peer.peer_id)
+    _reset_path_state(att, peer.peer_id, [r["path_id"] for r in results])
     _forget_acks(att, peer.peer_id, [r["path_id"] for r in results])
     _rebuild(att, peer)       # spray lists first: the peer entry makes them live
     peers.update(key, peer)
@@ -454,21 +497,22 @@ def _describe_spec(spec: PathSpec) -> str:
 def _forget_acks(att: Attachment, peer_id: int, ids: list[int]) -> None:
     """A path id used before keeps the peer's acknowledgement of it: a new
     path there starts unknown, never yet acknowledged."""
-    acks = att.maps["peer_acks"].lookup(layout.Index(peer_id))
-    if any(acks.ns[i] for i in ids):
+    def forget(state):
         for i in ids:
-            acks.ns[i] = 0
-        att.maps["peer_acks"].update(layout.Index(peer_id), acks)
+            state.acks.ns[i] = 0
+    _change_learnt(att, peer_id, forget)
 
 
-def path_state(att: Attachment, peer: layout.Peer, path_id: int, path: layout.Path) -> str:
+def path_state(att: Attachment, peer: layout.Peer, path_id: int, path: layout.Path,
+               state: layout.PeerState | None = None) -> str:
     """up, assumed-bad (taken out by the datapath, probed), denied (by the
     operator) or unknown (never yet acknowledged by the peer)."""
     if path.state == DENIED:
         return STATE_DENIED
-    if att.maps["path_live"].lookup(path_index(peer.peer_id, path_id)).down_ns:
+    state = learnt(att, peer.peer_id) if state is None else state
+    if state.paths[path_id].live.down_ns:
         return STATE_BAD
-    if not att.maps["peer_acks"].lookup(layout.Index(peer.peer_id)).ns[path_id]:
+    if not state.acks.ns[path_id]:
         return STATE_UNKNOWN
     return STATE_UP
 
@@ -491,7 +535,9 @@ def set_denied(att: Attachment, prefix_text: str, path_ids: list[int], deny: boo
             continue
         index = path_index(peer.peer_id, path_id)
         if not deny:
-            att.maps["path_live"].update(index, layout.PathLive())
+            def fresh(state, i=path_id):
+                state.paths[i].live = layout.PathLive()
+            _change_learnt(att, peer.peer_id, fresh)
         path.state = want
         att.maps["paths"].update(index, path)
         changed.append(path_id)
@@ -546,11 +592,16 @@ def set_denied_hop(att: Attachment, hop_text: str, deny: bool, prefix_text: str 
     return results
 
 
-def _lookup_peer(att: Attachment, prefix) -> tuple[layout.PeerKey, layout.Peer]:
+def _lookup_peer(att: Attachment, prefix, own: bool = True) -> tuple[layout.PeerKey, layout.Peer]:
+    """The peer entry of PREFIX; with `own`, one with paths of its own
+    (a template's peer is changed through its template)."""
     key = peer_key(prefix)
     peer = att.maps["peers"].lookup_exact(key)
     if peer is None:
         raise MrcError(f"no paths to {prefix} on {att.device}")
+    if own and peer.flags & LAST_HOP:
+        raise MrcError(f"{prefix} has the paths of a template: change the template "
+                       f"(mrcctl path template ...)")
     return key, peer
 
 
@@ -558,12 +609,19 @@ def delete(att: Attachment, prefix_text: str, path_id: int | None = None) -> dic
     """Delete all of a prefix's paths, or one; the others keep their ids
     (and so their sequence numbers: the receiver sees no false loss)."""
     prefix = parse_prefix(prefix_text)
-    key, peer = _lookup_peer(att, prefix)
+    key, peer = _lookup_peer(att, prefix, own=False)
+    if peer.flags & LAST_HOP:
+        if path_id is not None:
+            raise MrcError(f"{prefix} has its template's paths: change the template, or "
+                           f"`mrcctl path del {prefix}` the peer")
+        from mrc_ebpf.control import templates
+        return templates.delete_peer(att, key, peer, prefix)
     used = dict(_used(att, peer))
     if path_id is not None and path_id not in used:
         raise MrcError(f"{prefix} has no path {path_id} (it has {', '.join(map(str, sorted(used)))})")
     if path_id is None or len(used) == 1:
         att.maps["peers"].delete(key)
+        _forget_peer(att, peer.peer_id)
         with IPRoute() as ipr:
             att.route_change(ipr, prefix)
             for index in att.ifindexes:
@@ -589,26 +647,66 @@ def set_policy(att: Attachment, prefix_text: str, policy: str) -> dict:
     return {"prefix": str(prefix), "policy": policy}
 
 
+class UsedCache:
+    """_used per row, read once: a template's many peers share one."""
+
+    def __init__(self, att: Attachment):
+        self.att, self.rows = att, {}
+
+    def __call__(self, peer: layout.Peer) -> list[tuple[int, layout.Path]]:
+        key = (peer.template_id, peer.n_paths)
+        if key not in self.rows:
+            self.rows[key] = _used(self.att, peer)
+        return self.rows[key]
+
+
+def _with_last_hop(path: layout.Path, peer: layout.Peer) -> layout.Path:
+    """A template's path as the datapath sends it to this peer."""
+    if not peer.flags & LAST_HOP:
+        return path
+    mine = layout.Path.from_buffer_copy(bytes(path))
+    ctypes.memmove(mine.segments[0].addr, bytes(peer.sid.addr), 16)
+    ctypes.memmove(mine.peer_sid.addr, bytes(peer.sid.addr), 16)
+    return mine
+
+
 def peers(att: Attachment) -> list[dict]:
-    return [{"prefix": str(key_prefix(k)), "peer_id": p.peer_id,
-             "policy": POLICY_NAMES.get(p.policy, str(p.policy)),
-             "paths": len(_used(att, p)), "route_metrics": route_metrics(att, key_prefix(k))}
-            for k, p in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id)]
+    used = UsedCache(att)
+    out = []
+    for k, p in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
+        row = {"prefix": str(key_prefix(k)), "peer_id": p.peer_id,
+               "policy": POLICY_NAMES.get(p.policy, str(p.policy)), "paths": len(used(p))}
+        if p.flags & LAST_HOP:
+            row.update(template_row=p.template_id, sid=_addr(p.sid))
+        else:
+            row["route_metrics"] = route_metrics(att, key_prefix(k))
+        out.append(row)
+    return out
 
 
 def list_paths(att: Attachment) -> list[dict]:
+    """Every path of every peer with paths of its own, and of each
+    template's peer that has learnt state (has been sent to lately): the
+    others are the template's paths, unused."""
     rows = []
     names = classes.names(att)
     now = _monotonic_ns()
+    used = UsedCache(att)
     for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
         prefix = key_prefix(key)
-        metrics = route_metrics(att, prefix)
-        for path_id, path in _used(att, peer):
-            index = path_index(peer.peer_id, path_id)
-            stats = att.maps["path_stats"].lookup(index)
-            health = att.maps["path_health"].lookup(index)
-            live = att.maps["path_live"].lookup(index)
-            state = path_state(att, peer, path_id, path)
+        if peer.flags & LAST_HOP:
+            peer_state = att.maps["peer_state"].lookup(layout.Index(peer.peer_id))
+            if peer_state is None:
+                continue
+            metrics = {}
+        else:
+            metrics = route_metrics(att, prefix)
+            peer_state = learnt(att, peer.peer_id)
+        for path_id, path in used(peer):
+            path = _with_last_hop(path, peer)
+            mine = peer_state.paths[path_id]
+            health, live = mine.health, mine.live
+            state = path_state(att, peer, path_id, path, peer_state)
             rows.append({
                 "prefix": str(prefix), "path_id": path_id, "segments": _segments_of(path),
                 "encoding": encoding_of(path),
@@ -618,11 +716,11 @@ def list_paths(att: Attachment) -> list[dict]:
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                 "flowlabel": path.flowlabel, "ev": path.flowlabel if path.flags & ENTROPY else None,
                 "overhead": _overhead(path),
-                "tx_packets": sum(s.tx_packets for s in stats),
-                "tx_bytes": sum(s.tx_bytes for s in stats),
-                "next_seq": att.maps["path_tx"].lookup(index).seq,
+                "tx_packets": mine.tx_packets,
+                "tx_bytes": mine.tx_bytes,
+                "next_seq": mine.seq,
                 "nexthop": _addr(path.nexthop), "redirect": bool(path.flags & REDIRECT),
-                "route_metrics": metrics,
+                "route_metrics": metrics, "template": bool(peer.flags & LAST_HOP),
                 "feedback": None if not health.updated_ns else {
                     "qdelay_us": health.qdelay_us, "lost": health.lost,
                     "age_ms": round((now - health.updated_ns) / 1e6, 1)},

@@ -7,7 +7,7 @@ import time
 
 from pyroute2 import IPRoute
 
-from mrc_ebpf.datapath import hooks, layout, pins, replace, stale, xdp_chain
+from mrc_ebpf.datapath import bpfsys, hooks, layout, memory, pins, replace, stale, xdp_chain
 from mrc_ebpf.control import paths
 from mrc_ebpf.datapath.loader import PROG_RX, PROG_TX, Attachment
 from mrc_ebpf.errors import MrcError
@@ -56,22 +56,31 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    xdp_chained=None,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
-                   routes=[], path_states={}, min_active=None, programs={}, shared_fate=None)
+                   routes=[], path_states={}, min_active=None, programs={}, shared_fate=None,
+                   memory=None, templated_peers=0, active_peers=0)
         return row
     with att:
         cfg = att.config
         rx_id, tx_id = att.prog_id(PROG_RX), att.prog_id(PROG_TX)
-        peers = [p for _, p in att.maps["peers"].items()]
+        entries = list(att.maps["peers"].items())
+        peers = [p for _, p in entries]
+        used = paths.UsedCache(att)
+        active = {k.value: v for k, v in att.maps["peer_state"].items()}
         overhead = {f"{n} seg": layout.encap_len(n) for n in range(1, C["MRC_MAX_SEGMENTS"] + 1)}
         overhead["usid"] = layout.encap_len(1, usid=True)
         row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
-                   peers=len(peers), paths=sum(len(paths._used(att, p)) for p in peers), overhead=overhead,
-                   devices=att.device_names(), fail_open=_fail_open(att),
-                   ack_windows=_ack_windows(att), path_states=_path_states(att),
-                   min_active=cfg.min_active, programs=replace.programs(att.dir),
-                   shared_fate=bool(cfg.shared_fate),
-                   routes=[{"prefix": p["prefix"], "route_metrics": p["route_metrics"]}
-                           for p in paths.peers(att)])
+                   peers=len(peers), paths=sum(len(used(p)) for p in peers), overhead=overhead,
+                   templated_peers=sum(1 for p in peers if p.flags & paths.LAST_HOP),
+                   active_peers=len(active),
+                   devices=att.device_names(), fail_open=_fail_open(att, entries, active),
+                   ack_windows=_ack_windows(att, entries, active),
+                   path_states=_path_states(att, peers, used, active),
+                   min_active=cfg.min_active, memory=maps_memory(att.dir),
+                   programs=replace.programs(att.dir), shared_fate=bool(cfg.shared_fate),
+                   routes=[{"prefix": str(paths.key_prefix(k)),
+                            "route_metrics": paths.route_metrics(att, paths.key_prefix(k))}
+                           for k, p in sorted(entries, key=lambda kv: kv[1].peer_id)
+                           if not p.flags & paths.LAST_HOP])
         chained = [_chained(att, cfg, i, row["problems"]) for i in range(len(row["devices"]))]
     for f in row["fail_open"]:
         row["problems"].append(f"every path to {f['prefix']} is down: sending on them anyway, "
@@ -98,34 +107,59 @@ def _chained(att: Attachment, cfg, slot: int, problems: list) -> dict | None:
     return other
 
 
-def _fail_open(att: Attachment) -> list[dict]:
+SCALE_CPUS = 128     # status also says what the maps would take on a machine this big
+
+
+def maps_memory(directory) -> dict:
+    """The kernel memory (memlock) of the attachment's maps as the kernel
+    reports it, and what the same maps would take with SCALE_CPUS CPUs
+    (the per-CPU maps grow; datapath/memory.py's model says by how much)."""
+    maps = memory.measured(directory)
+    cpus = bpfsys.possible_cpus()
+    in_use = memory.entries_in_use(directory)
+    grow = sum(memory.model(SCALE_CPUS, in_use).values()) - sum(memory.model(cpus, in_use).values())
+    total = sum(maps.values())
+    return {"bytes": total, "cpus": cpus, "maps": maps, "scaled_cpus": SCALE_CPUS,
+            "scaled_bytes": total + grow}
+
+
+def _fail_open(att: Attachment, entries, active) -> list[dict]:
     """Peers whose every path is down, which the datapath sends to anyway."""
     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     out = []
-    for key, peer in att.maps["peers"].items():
-        since = att.maps["peer_tx"].lookup(layout.Index(peer.peer_id)).fail_open_ns
+    for key, peer in entries:
+        state = active.get(peer.peer_id)
+        since = state.tx.fail_open_ns if state is not None else 0
         if since:
             out.append({"prefix": str(paths.key_prefix(key)), "for_ms": round((now - since) / 1e6, 1)})
     return out
 
 
-def _path_states(att: Attachment) -> dict[str, int]:
-    """How many paths are in each of MRC's states (up, assumed-bad, denied, unknown)."""
+def _path_states(att: Attachment, peers, used, active) -> dict[str, int]:
+    """How many paths are in each of MRC's states (up, assumed-bad, denied,
+    unknown).  A peer without learnt state has never been acknowledged: its
+    paths are unknown, or denied."""
     counts = {s: 0 for s in (paths.STATE_UP, paths.STATE_BAD, paths.STATE_DENIED, paths.STATE_UNKNOWN)}
-    for _, peer in att.maps["peers"].items():
-        for path_id, path in paths._used(att, peer):
-            counts[paths.path_state(att, peer, path_id, path)] += 1
+    for peer in peers:
+        state = active.get(peer.peer_id)
+        for path_id, path in used(peer):
+            if state is None:
+                counts[paths.STATE_DENIED if path.state == paths.DENIED else paths.STATE_UNKNOWN] += 1
+            else:
+                counts[paths.path_state(att, peer, path_id, path, state)] += 1
     return counts
 
 
-def _ack_windows(att: Attachment) -> list[dict]:
+def _ack_windows(att: Attachment, entries, active) -> list[dict]:
     """Peers whose acknowledgement window late packets have widened past
     --ack-timeout-us (lib/failover.h): a black hole on their paths now
     takes that long to be seen."""
     base_us = att.config.ack_timeout_us
     out = []
-    for key, peer in att.maps["peers"].items():
-        acks = att.maps["peer_acks"].lookup(layout.Index(peer.peer_id))
+    for key, peer in entries:
+        if peer.peer_id not in active:
+            continue
+        acks = active[peer.peer_id].acks
         if acks.window_ns > base_us * 1000:
             out.append({"prefix": str(paths.key_prefix(key)), "window_us": acks.window_ns // 1000,
                         "ack_timeout_us": base_us})

@@ -40,7 +40,13 @@ class PeerKey(ctypes.Structure):
 
 @mirror("struct mrc_peer")
 class Peer(ctypes.Structure):
-    _fields_ = [("peer_id", u32), ("n_paths", u16), ("policy", u8), ("flags", u8)]
+    _fields_ = [("peer_id", u32), ("n_paths", u16), ("policy", u8), ("flags", u8),
+                ("template_id", u32), ("sid", Sid)]
+
+
+@mirror("struct mrc_template_name")
+class TemplateName(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 32)]
 
 
 @mirror("struct mrc_path")
@@ -54,16 +60,6 @@ class Path(ctypes.Structure):
 class PeerTx(ctypes.Structure):
     _fields_ = [("seq", u64), ("bytes", u64), ("fail_open_ns", u64), ("heard_ns", u64),
                 ("heard_path", u32), ("pad", u32)]
-
-
-@mirror("struct mrc_path_tx")
-class PathTx(ctypes.Structure):
-    _fields_ = [("seq", u64)]
-
-
-@mirror("struct mrc_path_stats")
-class PathStats(ctypes.Structure):
-    _fields_ = [("tx_packets", u64), ("tx_bytes", u64)]
 
 
 @mirror("struct mrc_device")
@@ -141,7 +137,19 @@ class PeerAcks(ctypes.Structure):
 
 @mirror("struct mrc_peer_floor")
 class PeerFloor(ctypes.Structure):
-    _fields_ = [("usable", u64), ("out", u64)]
+    _fields_ = [("usable", u64)]
+
+
+@mirror("struct mrc_path_state")
+class PathState(ctypes.Structure):
+    _fields_ = [("live", PathLive), ("health", PathHealth), ("seq", u64),
+                ("tx_packets", u64), ("tx_bytes", u64), ("fate_probe_ns", u64)]
+
+
+@mirror("struct mrc_peer_state")
+class PeerState(ctypes.Structure):
+    _fields_ = [("tx", PeerTx), ("acks", PeerAcks), ("fb_due", u64), ("floor_out", u64),
+                ("paths", PathState * C["MRC_MAX_PATHS"])]
 
 
 @mirror("struct mrc_event")
@@ -174,7 +182,7 @@ class Hop(ctypes.Structure):
 
 @mirror("struct mrc_path_fate")
 class PathFate(ctypes.Structure):
-    _fields_ = [("probe_ns", u64), ("hop", u32), ("pad", u32)]
+    _fields_ = [("hop", u32)]
 
 
 Index = u32
@@ -184,29 +192,26 @@ MAPS = {
     "config": (Index, Config, False),
     "peers": (PeerKey, Peer, False),
     "paths": (Index, Path, False),
-    "peer_tx": (Index, PeerTx, False),
-    "path_tx": (Index, PathTx, False),
-    "path_stats": (Index, PathStats, True),
+    "peer_state": (Index, PeerState, False),
+    "peer_state_zero": (Index, PeerState, False),
     "counters": (Index, u64, True),
     "spray": (Index, Spray, False),
     "dscp_class": (Index, u32, False),
     "class_names": (Index, ClassName, False),
-    "path_health": (Index, PathHealth, False),
     "peer_by_sid": (Sid, u32, False),
     "rx_paths": (RxKey, RxPath, False),
     "rx_peers": (Sid, RxPeer, False),
     "rx_peer_zero": (Index, RxPeer, False),
-    "path_live": (Index, PathLive, False),
     "events": (Index, Event, False),
     "event_seq": (Index, u64, False),
-    "fb_due": (Index, u64, False),
-    "peer_acks": (Index, PeerAcks, False),
     "tx_flows": (Index, TxFlow, False),
     "peer_floor": (Index, PeerFloor, False),
     "auth": (Index, Auth, False),
     "tx_scratch": (Index, TxScratch, True),
     "hops": (Index, Hop, False),
     "path_fate": (Index, PathFate, False),
+    "tx_path": (Index, Path, True),
+    "templates": (TemplateName, Peer, False),
 }
 
 

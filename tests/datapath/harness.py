@@ -93,15 +93,11 @@ class Datapath:
         ctypes.memmove(cfg.sid, self.sid.packed, 16)
         cfg.devices[0] = layout.Device(ifindex=1, mtu=1500)
         self.att.maps["config"].update(layout.Index(0), cfg)
-        for name in ("rx_paths", "rx_peers", "peer_by_sid", "peers"):
+        for name in ("rx_paths", "rx_peers", "peer_by_sid", "peers", "peer_state"):
             m = self.att.maps[name]
             for key in list(m.keys()):
                 m.delete(key)
-        for name, count in (("fb_due", cp.MAX_PEERS), ("peer_acks", cp.MAX_PEERS),
-                            ("peer_tx", cp.MAX_PEERS), ("event_seq", 1)):
-            m = self.att.maps[name]
-            for i in range(min(count, 8)):
-                m.update(layout.Index(i), m.value_type())
+        self.att.maps["event_seq"].update(layout.Index(0), layout.u64())
         for peer_id, (prefix, (kind, text)) in enumerate(PEERS.items()):
             self._add_peer(peer_id, prefix, kind, text)
 
@@ -119,9 +115,7 @@ class Datapath:
             ctypes.memmove(path.segments[i].addr, seg.packed, 16)
         index = cp.path_index(peer_id, 0)
         self.att.maps["paths"].update(index, path)
-        cp._reset_path_state(self.att, index)
-        peer = layout.Peer(peer_id=peer_id, n_paths=1, policy=cp.POLICIES["rr"])
-        self.att.maps["peer_tx"].update(layout.Index(peer_id), layout.PeerTx())
+        peer = layout.Peer(peer_id=peer_id, n_paths=1, policy=cp.POLICIES["rr"], template_id=peer_id)
         cp._rebuild(self.att, peer)
         self.att.maps["peers"].update(cp.peer_key(prefix), peer)
 

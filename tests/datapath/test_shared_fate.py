@@ -6,8 +6,8 @@ hop B.  Peer X's path 0 is made overdue and the TX program takes it out;
 then peer Y's path 0, through the same hop, is tested at once: skipped
 for a probe copy, and taken out when acknowledgements of later sends on
 its other path arrive but not of the probe, or used again when the probe
-is acknowledged.  The acknowledgements are written to peer_acks as the
-RX program files them (tests/datapath/test_tables.py covers the filing).
+is acknowledged.  The acknowledgements are written to the peers' learnt
+state (peer_state) as the RX program files them (tests/datapath/test_tables.py covers the filing).
 """
 from __future__ import annotations
 
@@ -61,25 +61,32 @@ def two_peers(fresh):
                 ctypes.memmove(path.segments[i].addr, seg.packed, 16)
             index = cp.path_index(peer_id, path_id)
             att.maps["paths"].update(index, path)
-            cp._reset_path_state(att, index)
             shared_fate.assign(att, index, path)
-        peer = layout.Peer(peer_id=peer_id, n_paths=2, policy=cp.POLICIES["rr"])
-        att.maps["peer_tx"].update(layout.Index(peer_id), layout.PeerTx())
+        peer = layout.Peer(peer_id=peer_id, template_id=peer_id, n_paths=2, policy=cp.POLICIES["rr"])
         cp._rebuild(att, peer)
         att.maps["peers"].update(cp.peer_key(prefix), peer)
         # heard from, but none of these paths yet
-        acks = layout.PeerAcks(max_ns=now - 10 * WINDOW_NS, last_ns=now)
-        att.maps["peer_acks"].update(layout.Index(peer_id), acks)
+        st = layout.PeerState()
+        st.acks = layout.PeerAcks(max_ns=now - 10 * WINDOW_NS, last_ns=now)
+        put(dp, peer_id, st)
     return dp
+
+
+def state(dp, peer_id):
+    return dp.att.maps["peer_state"].lookup(layout.Index(peer_id))
+
+
+def put(dp, peer_id, st):
+    dp.att.maps["peer_state"].update(layout.Index(peer_id), st)
 
 
 def send(dp, peer_id: int, turn: int):
     """One packet to the peer whose rr turn is path `turn`: (path id it
     took, counter deltas)."""
     att = dp.att
-    ptx = att.maps["peer_tx"].lookup(layout.Index(peer_id))
-    ptx.seq = turn
-    att.maps["peer_tx"].update(layout.Index(peer_id), ptx)
+    st = state(dp, peer_id)
+    st.tx.seq = turn
+    put(dp, peer_id, st)
     dst = "fd00:b::2" if peer_id == 0 else "fd00:c::2"
     r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst=dst) / Raw(b"data")))
     assert r.verdict in ("TC_ACT_OK", "TC_ACT_REDIRECT"), r
@@ -87,7 +94,13 @@ def send(dp, peer_id: int, turn: int):
 
 
 def live(dp, peer_id, path_id):
-    return dp.att.maps["path_live"].lookup(cp.path_index(peer_id, path_id))
+    return state(dp, peer_id).paths[path_id].live
+
+
+def probe_ns(dp, peer_id, path_id):
+    """The send time of the probe copy shared fate sent on the path (the
+    peer's own: a template's row is shared by many peers)."""
+    return state(dp, peer_id).paths[path_id].fate_probe_ns
 
 
 def fate(dp, peer_id, path_id):
@@ -95,13 +108,14 @@ def fate(dp, peer_id, path_id):
 
 
 def set_acks(dp, peer_id, **fields):
-    acks = dp.att.maps["peer_acks"].lookup(layout.Index(peer_id))
+    st = state(dp, peer_id)
+    acks = st.acks
     for k, v in fields.items():
         if k.startswith("ns"):
             acks.ns[int(k[2:])] = v
         else:
             setattr(acks, k, v)
-    dp.att.maps["peer_acks"].update(layout.Index(peer_id), acks)
+    put(dp, peer_id, st)
 
 
 def take_out_x0(dp):
@@ -141,13 +155,13 @@ def test_a_path_out_makes_its_hop_suspect_and_the_other_peers_path_is_probed_the
     took, delta = send(dp, 1, 0)
     assert took == 1
     assert delta.get("tx_probe") == 1
-    probe = fate(dp, 1, 0).probe_ns
+    probe = probe_ns(dp, 1, 0)
     assert probe >= a.suspect_ns
     assert not live(dp, 1, 0).down_ns
     # while the probe is out the path is skipped, and no second probe goes
     took, delta = send(dp, 1, 0)
     assert took == 1 and "tx_probe" not in delta
-    assert fate(dp, 1, 0).probe_ns == probe
+    assert probe_ns(dp, 1, 0) == probe
     # Y's path 1 (through B) is untouched: its own turn takes it
     assert send(dp, 1, 1)[0] == 1
     # later sends on path 1 are acknowledged, the probe is not: out
@@ -165,7 +179,7 @@ def test_an_answered_probe_clears_the_path(two_peers):
     take_out_x0(dp)
     took, delta = send(dp, 1, 0)
     assert took == 1 and delta.get("tx_probe") == 1
-    probe = fate(dp, 1, 0).probe_ns
+    probe = probe_ns(dp, 1, 0)
     set_acks(dp, 1, ns0=probe, max_ns=probe)        # the probe was heard
     took, delta = send(dp, 1, 0)
     assert took == 0 and "tx_probe" not in delta
@@ -178,7 +192,7 @@ def test_a_path_heard_since_the_suspicion_is_not_probed(two_peers):
     set_acks(dp, 1, ns0=hop(dp, HOP_A).suspect_ns + 1)
     took, delta = send(dp, 1, 0)
     assert took == 0 and "tx_probe" not in delta
-    assert fate(dp, 1, 0).probe_ns == 0
+    assert probe_ns(dp, 1, 0) == 0
 
 
 def test_shared_fate_off(two_peers):
@@ -199,14 +213,16 @@ def test_a_probe_carries_no_feedback(two_peers):
     dp = two_peers
     dp.run_rx(F.frame(F.srh_packet(tlvs=[F.mrc_tlv(path_id=1, tx_ns=123456789)], src=X[1])))
     for path_id in (0, 1):          # both of X's paths down and due a probe
-        index = cp.path_index(0, path_id)
-        state = layout.PathLive(down_ns=1, next_probe_ns=0, down_after_ns=1 << 62)
-        dp.att.maps["path_live"].update(index, state)
+        st = state(dp, 0)
+        st.paths[path_id].live = layout.PathLive(down_ns=1, next_probe_ns=0, down_after_ns=1 << 62)
+        put(dp, 0, st)
     r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::2") / Raw(b"data")))
     tlv = wire.mrc_tlv(Ether(r.out))
     assert tlv.flags & C["MRC_F_PROBE"] and not tlv.flags & C["MRC_F_FEEDBACK"]
     for path_id in (0, 1):
-        dp.att.maps["path_live"].update(cp.path_index(0, path_id), layout.PathLive())
+        st = state(dp, 0)
+        st.paths[path_id].live = layout.PathLive()
+        put(dp, 0, st)
     tlv = wire.mrc_tlv(Ether(dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::2") /
                                              Raw(b"data"))).out))
     assert not tlv.flags & C["MRC_F_PROBE"] and tlv.flags & C["MRC_F_FEEDBACK"]

@@ -9,6 +9,8 @@ wire rule is a new row.
 """
 from __future__ import annotations
 
+import ctypes
+import ipaddress
 import json
 import struct
 import time
@@ -281,11 +283,11 @@ def test_feedback_is_filed_in_the_senders_state(fresh):
     assert result.verdict == "XDP_PASS"
     assert result.delta == {**decap(inner), "rx_feedback": 1}
     from mrc_ebpf.control import paths as cp
-    from mrc_ebpf.datapath import layout
-    health = dp.att.maps["path_health"].lookup(cp.path_index(0, 0))
+    state = cp.learnt(dp.att, 0)
+    health = state.paths[0].health
     assert (health.qdelay_us, health.lost) == (123, 7)
     assert before <= health.updated_ns <= time.monotonic_ns()
-    acks = dp.att.maps["peer_acks"].lookup(layout.Index(0))
+    acks = state.acks
     assert acks.ns[0] & 0xFFFFFFFF == (now32 - 1000) & 0xFFFFFFFF   # exact: fb_path_tx32
     assert acks.ns[0] <= time.monotonic_ns() and acks.last_ns >= before
     assert acks.max_ns == acks.ns[0]
@@ -298,7 +300,7 @@ def test_feedback_from_an_unknown_sid_is_not_filed(fresh):
     result = fresh.run_rx(F.frame(F.srh_packet(inner, tlvs=[tlv], src=F.STRANGER_SID)))
     assert result.delta == decap(inner)
     from mrc_ebpf.control import paths as cp
-    health = fresh.att.maps["path_health"].lookup(cp.path_index(0, 0))
+    health = cp.learnt(fresh.att, 0).paths[0].health
     assert (health.qdelay_us, health.lost, health.updated_ns) == (0, 0, 0)
 
 
@@ -365,13 +367,13 @@ def test_an_overtaken_packet_does_not_lower_the_bound(fresh):
 
 def test_a_report_of_every_path_is_filed_for_each(fresh):
     """The sender files a 64-path report as an acknowledgement of each
-    path named (peer_acks), the exact path at its own send."""
+    path named (the peer's learnt acks), the exact path at its own send."""
     from mrc_ebpf.datapath import layout
     now32 = time.monotonic_ns() & 0xFFFFFFFF
     tlv = F.mrc_tlv(flags=C["MRC_F_FEEDBACK"], fb_path_id=0, fb_block=0, fb_heard=(1 << 64) - 1,
                     fb_since_ns32=(now32 - 5000) & 0xFFFFFFFF, fb_path_tx32=(now32 - 1000) & 0xFFFFFFFF)
     fresh.run_rx(F.frame(F.srh_packet(F.inner6(), tlvs=[tlv], src=F.PEER_SID)))
-    acks = fresh.att.maps["peer_acks"].lookup(layout.Index(0))
+    acks = fresh.att.maps["peer_state"].lookup(layout.Index(0)).acks
     assert acks.ns[0] & 0xFFFFFFFF == (now32 - 1000) & 0xFFFFFFFF
     assert all(acks.ns[i] & 0xFFFFFFFF == (now32 - 5000) & 0xFFFFFFFF for i in range(1, 64))
     assert all(acks.ns[i] == 0 for i in range(64, 256))
@@ -467,3 +469,61 @@ def test_tx_then_rx_round_trip(fresh):
     srh.add_payload(inner)
     result = fresh.run_rx(bytes(pkt))
     assert result.verdict == "XDP_PASS" and result.out == F.decapsulated(inner)
+
+
+# ---- path templates: many peers on one row of paths, each its own last hop
+
+def _template_peers(dp, row=5, spines=("fc00:0:e1::", "fc00:0:e2::"), hosts=3):
+    """Row `row` as `path template add` writes it (last hop open), and
+    `hosts` peers on it as `path bulk` writes them."""
+    from mrc_ebpf.control import paths as cp
+    from mrc_ebpf.datapath import layout
+    tpl = layout.Peer(peer_id=row, template_id=row, n_paths=len(spines), policy=cp.POLICIES["rr"])
+    for i, spine in enumerate(spines):
+        # (no REDIRECT: the test run has no neighbours to redirect to)
+        path = layout.Path(n_segments=2, state=cp.UP, weight=1, flowlabel=0x100 + i, oif=1)
+        ctypes.memmove(path.segments[1].addr, ipaddress.IPv6Address(spine).packed, 16)
+        ctypes.memmove(path.nexthop, ipaddress.IPv6Address(spine).packed, 16)
+        dp.att.maps["paths"].update(cp.path_index(row, i), path)
+    cp._rebuild(dp.att, tpl, sids=False)
+    sids = {}
+    for h in range(1, hosts + 1):
+        sid = ipaddress.IPv6Address(f"fc00:0:1:{h}::")
+        peer = layout.Peer(peer_id=cp.MAX_PEERS + h, template_id=row, n_paths=len(spines),
+                           policy=cp.POLICIES["rr"], flags=C["MRC_PEER_F_LAST_HOP"])
+        ctypes.memmove(peer.sid.addr, sid.packed, 16)
+        dp.att.maps["peers"].update(cp.peer_key(cp.parse_prefix(f"fd00:1:{h}::/64")), peer)
+        dp.att.maps["peer_by_sid"].update(layout.Sid.from_buffer_copy(sid.packed),
+                                          layout.u32(peer.peer_id))
+        sids[h] = str(sid)
+    return sids
+
+
+def test_template_peers_get_their_own_last_hop_and_sequences(fresh):
+    sids = _template_peers(fresh)
+    sent = {}
+    for h in (2, 3, 2, 2):
+        inner = IPv6(src="fd00:a::1", dst=f"fd00:1:{h}::9") / F.UDP(sport=1, dport=9) / Raw(b"x")
+        result = fresh.run_tx(bytes(F.eth() / inner))
+        assert result.verdict == "TC_ACT_OK" and result.delta["tx_encap"] == 1
+        pkt = Ether(result.out)
+        srh = pkt[IPv6ExtHdrSegmentRouting]
+        tlv = wire.mrc_tlv(pkt)
+        # the template's spine, then the peer's own SID as the last segment
+        assert srh.addresses[0] == sids[h] and srh.addresses[1] in ("fc00:0:e1::", "fc00:0:e2::")
+        assert pkt[IPv6].dst == srh.addresses[1] and pkt[IPv6].fl == 0x100 + tlv.path_id
+        sent.setdefault(h, []).append((tlv.path_id, tlv.path_seq, tlv.peer_seq))
+    # each peer its own learnt state: rr turns and sequence numbers from 0
+    assert sent[3] == [(0, 0, 0)]
+    assert sent[2] == [(0, 0, 0), (1, 0, 1), (0, 1, 2)]
+    from mrc_ebpf.control import paths as cp
+    st = cp.learnt(fresh.att, cp.MAX_PEERS + 2)
+    assert (st.paths[0].tx_packets, st.paths[1].tx_packets, st.tx.seq) == (2, 1, 3)
+    assert cp.learnt(fresh.att, cp.MAX_PEERS + 1).tx.seq == 0      # never sent to
+    # feedback from peer 3's SID is filed in peer 3's state only
+    tlv = F.mrc_tlv(flags=C["MRC_F_FEEDBACK"], fb_path_id=1, fb_qdelay_us=77, fb_lost=0)
+    inner = F.inner6()
+    result = fresh.run_rx(F.frame(F.srh_packet(inner, tlvs=[tlv], src=sids[3])))
+    assert result.delta.get("rx_feedback") == 1
+    assert cp.learnt(fresh.att, cp.MAX_PEERS + 3).paths[1].health.qdelay_us == 77
+    assert cp.learnt(fresh.att, cp.MAX_PEERS + 2).paths[1].health.qdelay_us == 0

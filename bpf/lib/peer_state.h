@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * A peer's learnt state (struct mrc_peer_state in the peer_state LRU):
+ * one lookup per packet, then each path's part by a masked index.  Every
+ * access to learnt state goes through these, so the layout can change in
+ * one place.
+ */
+#ifndef MRC_LIB_PEER_STATE_H
+#define MRC_LIB_PEER_STATE_H
+
+#include "lib/maps.h"
+#include "lib/compiler.h"
+
+/* The peer's state if it has any (mrc_fb: a peer without any is owed
+ * nothing). */
+static __always_inline struct mrc_peer_state *peer_state_find(__u32 peer_id)
+{
+	return peer_state.lookup(&peer_id);
+}
+
+/* The peer's state, created zeroed by its first packet either way: sent
+ * to it (TX), or feedback or data from it (RX; configured peers only). */
+static __always_inline struct mrc_peer_state *peer_state_get(__u32 peer_id)
+{
+	struct mrc_peer_state *st = peer_state.lookup(&peer_id);
+	__u32 zero = 0;
+
+	if (st)
+		return st;
+	st = peer_state_zero.lookup(&zero);
+	if (!st)
+		return NULL;
+	/* NOEXIST: another CPU may have created it meanwhile; keep that one */
+	peer_state.insert(&peer_id, st);
+	return peer_state.lookup(&peer_id);
+}
+
+static __always_inline struct mrc_path_state *peer_path(struct mrc_peer_state *st, __u32 path_id)
+{
+	barrier_var(path_id);
+	return &st->paths[path_id & (MRC_MAX_PATHS - 1)];
+}
+
+static __always_inline struct mrc_path_live *peer_path_live(struct mrc_peer_state *st, __u32 path_id)
+{
+	return &peer_path(st, path_id)->live;
+}
+
+static __always_inline struct mrc_path_health *peer_path_health(struct mrc_peer_state *st,
+								 __u32 path_id)
+{
+	return &peer_path(st, path_id)->health;
+}
+
+/* The send time from which on the peer has heard path_id (peer_acks.ns) */
+static __always_inline __u64 *peer_path_acked(struct mrc_peer_state *st, __u32 path_id)
+{
+	barrier_var(path_id);
+	return &st->acks.ns[path_id & (MRC_MAX_PATHS - 1)];
+}
+
+#endif

@@ -1,0 +1,267 @@
+"""Path templates, and the many peers that share them.
+
+A template is a named row of paths (the spines and planes towards one
+destination leaf) whose last hop is left open; a peer added with
+`--template NAME --sid SID` is one LPM entry that points at the template's
+row and carries its own SID, which the datapath puts in as the last hop of
+each path (bpf/lib/template.h).  Its learnt state (acknowledgements,
+health, counters) is its own, in peer_state, under its own peer_id; those
+ids start above the rows (MRC_MAX_PEERS) so they never meet an own-path
+peer's.  Adding a peer is two map writes and, unless it is left to an
+aggregate route, one kernel route: 131,072 of them fit in the maps'
+memory target (docs/design/scale.md).
+"""
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+
+from pyroute2 import IPRoute
+
+from mrc_ebpf.control import classes, shared_fate
+from mrc_ebpf.control import paths as cp
+from mrc_ebpf.datapath import layout, routes
+from mrc_ebpf.datapath.loader import Attachment
+from mrc_ebpf.errors import MrcError
+from mrc_ebpf.datapath.source import C
+
+LAST_HOP = C["MRC_PEER_F_LAST_HOP"]
+MAX_PEER_PREFIXES = C["MRC_MAX_PEER_PREFIXES"]
+NAME_MAX = ctypes.sizeof(layout.TemplateName) - 1
+OPEN = ipaddress.IPv6Address("::")     # the last hop of a template's path: each peer's own
+
+
+def _key(name: str) -> layout.TemplateName:
+    raw = name.encode()
+    if not name or len(raw) > NAME_MAX or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise MrcError(f"bad template name {name!r}: 1..{NAME_MAX} letters, digits, '-', '_', '.'")
+    return layout.TemplateName(raw)
+
+
+def get(att: Attachment, name: str) -> layout.Peer:
+    tpl = att.maps["templates"].lookup(_key(name))
+    if tpl is None:
+        raise MrcError(f"no template {name!r} (mrcctl path template add {name} --via SPINE_SID)")
+    return tpl
+
+
+def names(att: Attachment) -> dict[int, str]:
+    """row -> template name."""
+    return {v.template_id: bytes(k.name).rstrip(b"\0").decode() for k, v in att.maps["templates"].items()}
+
+
+def rows_in_use(att: Attachment) -> set[int]:
+    return {v.template_id for _, v in att.maps["templates"].items()}
+
+
+def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
+        tclass_name: str | None = None) -> list[dict]:
+    """Add SRH paths to template NAME (made if new): each --via lists the
+    segments before the last hop, which every peer of the template fills
+    with its own SID."""
+    key = _key(name)
+    if not vias:
+        raise MrcError("a template path needs --via SEG1,... (the hops before the peer's own SID)")
+    if not 1 <= weight <= cp.MAX_WEIGHT:
+        raise MrcError(f"bad weight {weight}: 1..{cp.MAX_WEIGHT}")
+    tclass = classes.class_id(att, tclass_name) if tclass_name else 0
+    specs = []
+    for via in vias:
+        segments = cp.parse_segments(via)
+        if len(segments) >= cp.MAX_SEGMENTS:
+            raise MrcError(f"--via {via}: at most {cp.MAX_SEGMENTS - 1} segments before the last hop")
+        specs.append(cp.PathSpec(segments + [OPEN], OPEN, False))
+    tpl = att.maps["templates"].lookup(key)
+    new = tpl is None
+    if new:
+        row = cp._free_peer_id(att)
+        tpl = layout.Peer(peer_id=row, template_id=row, n_paths=0, policy=cp.POLICIES["rr"])
+    used = cp._used(att, tpl) if not new else []
+    have = {tuple(cp._segments_of(p)) for _, p in used}
+    fresh = [s for s in specs if tuple(map(str, s.segments)) not in have]
+    free_ids = [i for i in range(cp.MAX_PATHS) if i not in {i for i, _ in used}]
+    if len(free_ids) < len(fresh):
+        raise MrcError(f"template {name} has room for {len(free_ids)} more paths, not {len(fresh)}")
+    resolved = []
+    with IPRoute() as ipr:
+        for spec in fresh:
+            if att.config.mtu - spec.overhead < 1280:
+                raise MrcError(f"{len(spec.segments)} segments leave less than the minimum MTU on "
+                               f"{att.device} (MTU {att.config.mtu}, overhead {spec.overhead})")
+            oif, gateway = routes.next_hop(ipr, str(spec.first_hop))
+            if oif not in att.ifindexes:
+                raise MrcError(f"first hop {spec.first_hop} is not routed out of a device "
+                               f"mrc-ebpf is attached to")
+            resolved.append((oif, gateway))
+    taken = {p.flowlabel for _, p in used}
+    labels = cp._unique_labels(f"template:{name}", free_ids, fresh, taken)
+    results = []
+    for path_id, spec, (oif, gateway), label in zip(free_ids, fresh, resolved, labels):
+        path = layout.Path(n_segments=len(spec.segments), state=cp.UP, weight=weight, tclass=tclass,
+                           flowlabel=label, oif=oif, flags=cp.REDIRECT)
+        ctypes.memmove(path.nexthop, ipaddress.IPv6Address(gateway).packed, 16)
+        for i, seg in enumerate(reversed(spec.segments)):
+            ctypes.memmove(path.segments[i].addr, seg.packed, 16)
+        att.maps["paths"].update(cp.path_index(tpl.template_id, path_id), path)
+        shared_fate.assign(att, cp.path_index(tpl.template_id, path_id), path)
+        tpl.n_paths = max(tpl.n_paths, path_id + 1)
+        results.append({"template": name, "path_id": path_id,
+                        "segments": [str(s) for s in spec.segments[:-1]] + ["<peer SID>"],
+                        "weight": weight, "overhead": spec.overhead})
+    _rebuild(att, tpl)
+    att.maps["templates"].update(key, tpl)
+    if not new:
+        _refresh_peers(att, tpl)
+    return results
+
+
+def _rebuild(att: Attachment, tpl: layout.Peer) -> None:
+    """Spray lists and floor of the template's row (no SIDs: its peers
+    file theirs)."""
+    cp._rebuild(att, tpl, sids=False)
+
+
+def _refresh_peers(att: Attachment, tpl: layout.Peer) -> None:
+    """The template's peers carry its path count and policy: keep them equal."""
+    peers = att.maps["peers"]
+    for key, peer in list(peers.items()):
+        if peer.flags & LAST_HOP and peer.template_id == tpl.template_id and \
+                (peer.n_paths, peer.policy) != (tpl.n_paths, tpl.policy):
+            peer.n_paths, peer.policy = tpl.n_paths, tpl.policy
+            peers.update(key, peer)
+
+
+def set_policy(att: Attachment, name: str, policy: str) -> dict:
+    if policy not in cp.POLICIES:
+        raise MrcError(f"bad policy {policy!r}: one of {', '.join(cp.POLICIES)}")
+    tpl = get(att, name)
+    tpl.policy = cp.POLICIES[policy]
+    _rebuild(att, tpl)
+    att.maps["templates"].update(_key(name), tpl)
+    _refresh_peers(att, tpl)
+    return {"template": name, "policy": policy}
+
+
+def delete(att: Attachment, name: str) -> dict:
+    tpl = get(att, name)
+    users = sum(1 for _, p in att.maps["peers"].items()
+                if p.flags & LAST_HOP and p.template_id == tpl.template_id)
+    if users:
+        raise MrcError(f"template {name} still has {users} peers: `mrcctl path del PREFIX` them first")
+    for i, _ in cp._used(att, tpl):
+        att.maps["paths"].update(cp.path_index(tpl.template_id, i), layout.Path())
+    tpl.n_paths = 0
+    _rebuild(att, tpl)
+    att.maps["templates"].delete(_key(name))
+    return {"template": name, "removed": True}
+
+
+def list_templates(att: Attachment) -> list[dict]:
+    counts: dict[int, int] = {}
+    for _, p in att.maps["peers"].items():
+        if p.flags & LAST_HOP:
+            counts[p.template_id] = counts.get(p.template_id, 0) + 1
+    out = []
+    for key, tpl in sorted(att.maps["templates"].items(), key=lambda kv: kv[1].template_id):
+        used = cp._used(att, tpl)
+        out.append({"template": bytes(key.name).rstrip(b"\0").decode(), "row": tpl.template_id,
+                    "policy": cp.POLICY_NAMES.get(tpl.policy, str(tpl.policy)),
+                    "paths": [{"path_id": i, "segments": cp._segments_of(p)[:-1] + ["<peer SID>"],
+                               "weight": p.weight, "state": "denied" if p.state == cp.DENIED else "up"}
+                              for i, p in used],
+                    "peers": counts.get(tpl.template_id, 0)})
+    return out
+
+
+def _next_peer_id(att: Attachment) -> int:
+    top = max((p.peer_id for _, p in att.maps["peers"].items() if p.flags & LAST_HOP),
+              default=cp.MAX_PEERS - 1)
+    return top + 1
+
+
+def parse_line(line: str, number: int) -> tuple[str, str, str]:
+    parts = line.split()
+    if len(parts) != 3:
+        raise MrcError(f"line {number}: expected PREFIX TEMPLATE SID, got {line.strip()!r}")
+    return parts[0], parts[1], parts[2]
+
+
+def add_peers(att: Attachment, entries: list[tuple[str, str, str]], route: bool = True) -> dict:
+    """Add (prefix, template, SID) peers, all or nothing: checked first,
+    then written.  `route`: install each prefix's kernel route (else the
+    operator routes an aggregate out of the attached device)."""
+    peers, by_sid = att.maps["peers"], att.maps["peer_by_sid"]
+    tpls: dict[str, layout.Peer] = {}
+    planned = []
+    seen_prefix, seen_sid = set(), set()
+    for prefix_text, name, sid_text in entries:
+        prefix = cp.parse_prefix(prefix_text)
+        sid = cp.parse_peer_sid(sid_text)
+        if name not in tpls:
+            tpls[name] = get(att, name)
+        tpl = tpls[name]
+        if not tpl.n_paths:
+            raise MrcError(f"template {name} has no paths")
+        key = cp.peer_key(prefix)
+        ident = (key.prefixlen, bytes(key.addr))
+        if ident in seen_prefix:
+            raise MrcError(f"{prefix} is given twice")
+        if sid.packed in seen_sid:
+            raise MrcError(f"SID {sid} is given twice")
+        seen_prefix.add(ident)
+        seen_sid.add(sid.packed)
+        planned.append((prefix, key, tpl, sid))
+    existing = {(k.prefixlen, bytes(k.addr)): p for k, p in peers.items()}
+    known_sids = {bytes(k.addr): v.value for k, v in by_sid.items()}
+    for prefix, key, tpl, sid in planned:
+        have = existing.get((key.prefixlen, bytes(key.addr)))
+        if have is not None and not have.flags & LAST_HOP:
+            raise MrcError(f"{prefix} has paths of its own: `mrcctl path del {prefix}` first")
+        owner = known_sids.get(sid.packed)
+        if owner is not None and (have is None or owner != have.peer_id):
+            raise MrcError(f"SID {sid} is another peer's already")
+    new = sum(1 for _, key, _, _ in planned if (key.prefixlen, bytes(key.addr)) not in existing)
+    if len(existing) + new > MAX_PEER_PREFIXES:
+        raise MrcError(f"the peers map holds {MAX_PEER_PREFIXES} prefixes; "
+                       f"{len(existing)} + {new} would not fit")
+    next_id = _next_peer_id(att)
+    mtus = {}
+    ipr = IPRoute() if route else None
+    try:
+        for prefix, key, tpl, sid in planned:
+            have = existing.get((key.prefixlen, bytes(key.addr)))
+            if have is not None:
+                peer_id = have.peer_id
+                by_sid.delete(have.sid)
+                cp._forget_peer(att, peer_id)
+            else:
+                peer_id, next_id = next_id, next_id + 1
+            peer = layout.Peer(peer_id=peer_id, n_paths=tpl.n_paths, policy=tpl.policy, flags=LAST_HOP,
+                               template_id=tpl.template_id)
+            ctypes.memmove(peer.sid.addr, sid.packed, 16)
+            by_sid.update(layout.Sid.from_buffer_copy(sid.packed), layout.u32(peer_id))
+            peers.update(key, peer)
+            if route:
+                if tpl.template_id not in mtus:
+                    used = cp._used(att, tpl)
+                    mtus[tpl.template_id] = (cp._route_mtu(att, tpl), used[0][1])
+                mtu, first = mtus[tpl.template_id]
+                att.route_change(ipr, prefix)
+                current = routes.find(ipr, prefix, att.ifindexes)
+                tcp = dict(routes.DEFAULT_TCP_METRICS) if current is None else routes.tcp_metrics_of(current)
+                routes.install(ipr, prefix, cp._addr(first.nexthop), first.oif, mtu, tcp)
+    finally:
+        if ipr is not None:
+            ipr.close()
+    return {"added": new, "updated": len(planned) - new, "peers": len(existing) + new}
+
+
+def delete_peer(att: Attachment, key: layout.PeerKey, peer: layout.Peer, prefix) -> dict:
+    att.maps["peers"].delete(key)
+    att.maps["peer_by_sid"].delete(layout.Sid.from_buffer_copy(bytes(peer.sid)))
+    cp._forget_peer(att, peer.peer_id)
+    with IPRoute() as ipr:
+        att.route_change(ipr, prefix)
+        for index in att.ifindexes:
+            routes.remove(ipr, prefix, index)
+    return {"prefix": str(prefix), "removed": "peer"}
