@@ -80,13 +80,21 @@ struct mrc_tlv {
 	__be32	epoch;
 	__u8	key_id;		/* key the MAC is made with; 0: no MAC */
 	__u8	reserved[3];	/* zero */
-	/* SipHash-2-4 of (outer source, final destination, this TLV up to
-	 * here) under key key_id (lib/auth.h); zero when key_id is 0 */
+	/* SipHash-2-4 under key key_id of the final destination, the outer
+	 * source and this TLV's fields (lib/auth.h gives the order); zero
+	 * when key_id is 0 */
 	__u8	mac[8];
-} __attribute__((packed));
+} __attribute__((packed, aligned(8)));	/* every field is at its natural
+					 * offset: aligned, so that clang writes and reads
+					 * it a word at a time, not a byte at a time */
 
-/* the bytes of the TLV that the MAC covers: all of it before mac[] */
+/* the bytes of the TLV that the MAC covers: all of it before mac[], the
+ * feedback words (MRC_TLV_FB_OFF..MRC_TLV_EPOCH_OFF) only when the TLV
+ * says it carries feedback (MRC_F_FEEDBACK): a receiver reads them only
+ * then */
 #define MRC_TLV_MAC_OFF		(MRC_TLV_SIZE - 8)
+#define MRC_TLV_FB_OFF		24	/* fb_path_id: the feedback words begin */
+#define MRC_TLV_EPOCH_OFF	48	/* epoch, key_id, reserved: one word */
 
 /* SRH fixed part (8) + segment list + MRC TLV */
 #define MRC_SRH_LEN(nseg)	(8 + 16 * (nseg) + MRC_TLV_SIZE)
@@ -520,7 +528,23 @@ struct mrc_auth {
  * writes (outer IPv6 and the TLV), which do not fit on its 512-byte stack
  * beside everything else */
 struct mrc_tx_scratch {
-	__u8	bytes[128];
+	__u8	bytes[128] __attribute__((aligned(8)));	/* zeroed a word at a time */
+};
+
+/*
+ * auth_tx_prefix: array by path index, and auth_rx_prefix: array by key
+ * slot.  SipHash-2-4's state after the words of the MAC's message that do
+ * not change from packet to packet (lib/auth.h): on TX the path's peer
+ * SID, our SID and the epoch word; on RX our SID.  Made by the datapath
+ * when a packet finds none for its key (or words), then reused.
+ */
+struct mrc_mac_prefix {
+	__u64	k0, k1;		/* the key it was made with */
+	__u64	words[3];	/* TX: the peer SID's two words and the epoch word;
+				 * RX: our SID's, 0 */
+	__u64	v[4];		/* the state */
+	__u64	check;		/* XOR of the nine words above: an entry that two
+				 * CPUs wrote at once, with different keys, fails it */
 };
 
 #endif /* MRC_COMMON_H */

@@ -47,7 +47,7 @@ static __always_inline void outer_tlv_init(struct mrc_tlv *tlv, __u8 type, const
 	tlv->tx_ns = mrc_htonll(choice->tx_ns);
 	feedback_fill(tlv, &path->peer_sid);
 	/* signed as it leaves us and arrives at the peer's SID */
-	auth_sign(tlv, cfg->sid, path->peer_sid.addr);
+	auth_sign(tlv, cfg->sid, path->peer_sid.addr, choice->path_index);
 }
 
 /* This CPU's zeroed scratch room for headers being built (mrc_common.h),

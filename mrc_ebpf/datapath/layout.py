@@ -163,6 +163,11 @@ class TxScratch(ctypes.Structure):
     _fields_ = [("bytes", u8 * 128)]
 
 
+@mirror("struct mrc_mac_prefix")
+class MacPrefix(ctypes.Structure):
+    _fields_ = [("k0", u64), ("k1", u64), ("words", u64 * 3), ("v", u64 * 4), ("check", u64)]
+
+
 Index = u32
 
 # name in lib/maps.h -> (key type, value type, per-CPU)
@@ -191,6 +196,8 @@ MAPS = {
     "peer_floor": (Index, PeerFloor, False),
     "auth": (Index, Auth, False),
     "tx_scratch": (Index, TxScratch, True),
+    "auth_tx_prefix": (Index, MacPrefix, False),
+    "auth_rx_prefix": (Index, MacPrefix, False),
 }
 
 
