@@ -7,20 +7,24 @@
  * With one, the sender appends to every TLV a SipHash-2-4 MAC over
  *   final outer destination (16) | outer source (16)
  *   | TLV bytes 48..55 (epoch, key id, reserved)
- *   | TLV bytes 0..23 (ids, flags, sequence numbers, tx_ns)
+ *   | TLV bytes 8..23 (sequence numbers, tx_ns)
  *   | TLV bytes 24..47 (the fb_* fields), only if flags has MRC_F_FEEDBACK
+ *   | TLV bytes 3..7 (flags, path id, traffic class, fb_block)
  * (the final destination is the peer's SID, which is what the receiver
  * sees once the last segment is reached), and the receiver files a TLV
  * only when the MAC verifies under one of its two keys and the packet is
  * fresh (lib/rx_track.h: a newer epoch, a path_seq not seen before).
  *
- * The constant words come first so that neither side hashes them per
- * packet: the sender keeps SipHash's state after the first five (both
- * SIDs and the epoch word) per path, the receiver after the first two
- * (its own SID) per key; each packet then costs 3 words (6 with
- * feedback) and the finalization on TX, 6 (9) on RX.  The feedback words
- * are left out when there is no feedback: the receiver reads them only
- * when the (covered) flags say so, and the message length differs.
+ * The order is for speed.  The constant words come first, so that
+ * neither side hashes them per packet: the sender keeps SipHash's state
+ * after the first five (both SIDs and the epoch word) per path, the
+ * receiver after the first two (its own SID) per key.  The last 5 bytes
+ * share SipHash's final block with the length (type, length and version,
+ * bytes 0..2, are left out: the receiver takes only the exact values).
+ * The feedback words are left out when there is no feedback: the
+ * receiver reads them only when the (covered) flags say so, and the
+ * message length differs.  Per packet: 2 words (5 with feedback) and the
+ * finalization on TX, 5 (8) on RX.
  */
 #ifndef MRC_LIB_AUTH_H
 #define MRC_LIB_AUTH_H
@@ -32,9 +36,9 @@ _Static_assert(MRC_TLV_MAC_OFF == MRC_TLV_EPOCH_OFF + 8, "the epoch word is the 
 _Static_assert(MRC_TLV_FB_OFF == 3 * 8 && MRC_TLV_EPOCH_OFF == 6 * 8, "the MAC takes the TLV by words");
 _Static_assert(MRC_AUTH_KEYS == 2, "auth_verify looks in two slots");
 
-/* bytes the MAC covers: the two SIDs, the epoch word, the TLV's first
- * words, with feedback the fb_* words too */
-#define AUTH_MAC_LEN		(16 + 16 + 8 + MRC_TLV_FB_OFF)
+/* bytes the MAC covers: the two SIDs, the epoch word, TLV bytes 3..23,
+ * with feedback the fb_* words too */
+#define AUTH_MAC_LEN		(16 + 16 + 8 + MRC_TLV_FB_OFF - 3)
 #define AUTH_MAC_LEN_FB		(AUTH_MAC_LEN + MRC_TLV_EPOCH_OFF - MRC_TLV_FB_OFF)
 
 static __always_inline __u64 auth_prefix_check(__u64 k0, __u64 k1, __u64 w0, __u64 w1, __u64 w2,
@@ -80,16 +84,16 @@ static __always_inline void auth_prefix_put(struct mrc_mac_prefix *c, const stru
 static __always_inline __u64 auth_mac_tlv(struct siphash_state *s, const struct mrc_tlv *tlv)
 {
 	const void *w = tlv;
+	__u64 first = siphash_load(w) >> 24;	/* bytes 3..7, little-endian */
 
-	siphash_word(s, siphash_load(w));
 	siphash_word(s, siphash_load(w + 8));
 	siphash_word(s, siphash_load(w + 16));
 	if (!(tlv->flags & MRC_F_FEEDBACK))
-		return siphash_final(s, AUTH_MAC_LEN);
+		return siphash_final(s, AUTH_MAC_LEN, first);
 	siphash_word(s, siphash_load(w + MRC_TLV_FB_OFF));
 	siphash_word(s, siphash_load(w + MRC_TLV_FB_OFF + 8));
 	siphash_word(s, siphash_load(w + MRC_TLV_FB_OFF + 16));
-	return siphash_final(s, AUTH_MAC_LEN_FB);
+	return siphash_final(s, AUTH_MAC_LEN_FB, first);
 }
 
 /* TX: our epoch, and the MAC when we have a key.  Last, after every

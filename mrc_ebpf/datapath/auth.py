@@ -93,15 +93,16 @@ def siphash24(key: bytes, data: bytes) -> int:
 
 
 def mac_message(src: str, dst: str, tlv: bytes) -> bytes:
-    """What the MAC of a TLV covers (bpf/lib/auth.h): final destination
-    (the peer's SID), outer source, the TLV's epoch word, its first 24
-    bytes, and its feedback words when its flags say it carries feedback."""
+    """What the MAC of a TLV covers, in this order (bpf/lib/auth.h): final
+    destination (the peer's SID), outer source, the TLV's epoch word, its
+    bytes 8..23, its feedback words when its flags say it carries
+    feedback, its bytes 3..7."""
     tlv = bytes(tlv)
     data = (ipaddress.IPv6Address(dst).packed + ipaddress.IPv6Address(src).packed
-            + tlv[EPOCH_OFF:MAC_OFF] + tlv[:FB_OFF])
+            + tlv[EPOCH_OFF:MAC_OFF] + tlv[8:FB_OFF])
     if tlv[layout.MrcTlv.flags.offset] & C["MRC_F_FEEDBACK"]:
         data += tlv[FB_OFF:EPOCH_OFF]
-    return data
+    return data + tlv[3:8]
 
 
 def tlv_mac(key: bytes, src: str, dst: str, tlv: bytes) -> bytes:
