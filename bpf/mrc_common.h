@@ -532,16 +532,20 @@ struct mrc_tx_scratch {
 };
 
 /*
- * auth_tx_prefix: array by path index, and auth_rx_prefix: array by key
- * slot.  SipHash-2-4's state after the words of the MAC's message that do
- * not change from packet to packet (lib/auth.h): on TX the path's peer
- * SID, our SID and the epoch word; on RX our SID.  Made by the datapath
- * when a packet finds none for its key (or words), then reused.
+ * auth_tx_prefix: array by path index, and auth_rx_prefix: array by a
+ * hash of the sender's SID (direct-mapped: a sender whose slot another
+ * took gets its own back at its next authentic packet).  SipHash-2-4's
+ * state after the words of the MAC's message that do not change from
+ * packet to packet (lib/auth.h): both SIDs and the sender's epoch word.
+ * Made by the datapath when a packet finds none for its key and words,
+ * then reused.  Our own SID is the same for the attachment's life.
  */
+#define MRC_AUTH_RX_SENDERS	1024	/* a power of two */
+
 struct mrc_mac_prefix {
 	__u64	k0, k1;		/* the key it was made with */
 	__u64	words[3];	/* TX: the peer SID's two words and the epoch word;
-				 * RX: our SID's, 0 */
+				 * RX: the sender SID's and the epoch word */
 	__u64	v[4];		/* the state */
 	__u64	check;		/* XOR of the nine words above: an entry that two
 				 * CPUs wrote at once, with different keys, fails it */

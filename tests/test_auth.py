@@ -284,7 +284,7 @@ def signed_data(seq, key, src=PEER_SID, flags=0, edit=None):
 @pytest.mark.root
 def test_receiver_verifies_what_the_mac_covers(dp):
     """A table of signed packets through mrc_rx with the receiver's kept
-    state (auth_rx_prefix, per key slot): what the MAC covers cannot be
+    state (auth_rx_prefix, per sender): what the MAC covers cannot be
     changed; the feedback words are covered when the flags say there is
     feedback (and only then read); a replay is refused; a new key in a
     slot is verified from a new state."""
@@ -312,7 +312,9 @@ def test_receiver_verifies_what_the_mac_covers(dp):
          signed_data(12, KEY1, flags=fb, edit=setf(fb_heard=0xff)), "rx_auth_bad_mac"),
         ("feedback flag cleared", [KEY1, KEY2], signed_data(13, KEY1, flags=fb, edit=setf(flags=0)),
          "rx_auth_bad_mac"),
+        ("another sender, its own MAC", [KEY1, KEY2], signed_data(14, KEY1, src="fc00:c::1"), None),
         ("source moved", [KEY1, KEY2], signed_data(14, KEY1, src="fc00:c::1"), None),  # see below
+        ("the peer again", [KEY1, KEY2], signed_data(20, KEY1), None),
         ("KEY2 in slot 0 now: KEY2", [KEY2], signed_data(15, KEY2), None),
         ("KEY2 in slot 0 now: KEY1", [KEY2], signed_data(16, KEY1), "rx_auth_unknown_key"),
         ("KEY1 back, signed with KEY2 under KEY1's id", [KEY1],

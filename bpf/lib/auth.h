@@ -16,15 +16,15 @@
  * fresh (lib/rx_track.h: a newer epoch, a path_seq not seen before).
  *
  * The order is for speed.  The constant words come first, so that
- * neither side hashes them per packet: the sender keeps SipHash's state
- * after the first five (both SIDs and the epoch word) per path, the
- * receiver after the first two (its own SID) per key.  The last 5 bytes
+ * neither side hashes them per packet: both keep SipHash's state after
+ * the first five (both SIDs and the epoch word), the sender per path, the
+ * receiver per sender (once its MAC verified).  The last 5 bytes
  * share SipHash's final block with the length (type, length and version,
  * bytes 0..2, are left out: the receiver takes only the exact values).
  * The feedback words are left out when there is no feedback: the
  * receiver reads them only when the (covered) flags say so, and the
  * message length differs.  Per packet: 2 words (5 with feedback) and the
- * finalization on TX, 5 (8) on RX.
+ * finalization.
  */
 #ifndef MRC_LIB_AUTH_H
 #define MRC_LIB_AUTH_H
@@ -35,6 +35,7 @@
 _Static_assert(MRC_TLV_MAC_OFF == MRC_TLV_EPOCH_OFF + 8, "the epoch word is the last before the MAC");
 _Static_assert(MRC_TLV_FB_OFF == 3 * 8 && MRC_TLV_EPOCH_OFF == 6 * 8, "the MAC takes the TLV by words");
 _Static_assert(MRC_AUTH_KEYS == 2, "auth_verify looks in two slots");
+_Static_assert((MRC_AUTH_RX_SENDERS & (MRC_AUTH_RX_SENDERS - 1)) == 0, "a mask picks the slot");
 
 /* bytes the MAC covers: the two SIDs, the epoch word, TLV bytes 3..23,
  * with feedback the fb_* words too */
@@ -139,6 +140,12 @@ static __always_inline void auth_sign(struct mrc_tlv *tlv, const __u8 *src, cons
 	__builtin_memcpy(tlv->mac, &mac, sizeof(mac));
 }
 
+/* The receiver's slot for a sender: Fibonacci hashing of its SID. */
+static __always_inline __u32 auth_rx_slot(__u64 s0, __u64 s1)
+{
+	return (__u32)(((s0 ^ s1) * 0x9E3779B97F4A7C15ULL) >> 32) & (MRC_AUTH_RX_SENDERS - 1);
+}
+
 /*
  * RX: may this TLV be filed?  0 when it may (or when we have no key:
  * *keyed says which), else the MRC_RX_AUTH_* counter saying why not.
@@ -148,10 +155,11 @@ static __always_inline __u32 auth_verify(const struct ipv6hdr *ip6, const struct
 {
 	const struct mrc_auth_key *key;
 	struct mrc_mac_prefix *cache;
-	struct siphash_state s;
+	struct siphash_state s, prefix;
 	struct mrc_auth *a;
 	__u32 zero = 0, slot;
-	__u64 d0, d1;
+	__u64 s0, s1, epoch_word;
+	int made = 0;
 	__u8 id;
 
 	*keyed = 0;
@@ -163,28 +171,34 @@ static __always_inline __u32 auth_verify(const struct ipv6hdr *ip6, const struct
 	if (!id)
 		return MRC_RX_AUTH_NO_MAC;
 	if (id == a->keys[0].id)
-		slot = 0;
+		key = &a->keys[0];
 	else if (id == a->keys[1].id)
-		slot = 1;
+		key = &a->keys[1];
 	else
 		return MRC_RX_AUTH_UNKNOWN_KEY;
-	key = &a->keys[slot & 1];
+	s0 = siphash_load(ip6->saddr.s6_addr);
+	s1 = siphash_load(ip6->saddr.s6_addr + 8);
+	epoch_word = siphash_load((void *)tlv + MRC_TLV_EPOCH_OFF);
+	slot = auth_rx_slot(s0, s1);
 	cache = auth_rx_prefix.lookup(&slot);
 	if (!cache)
 		return MRC_RX_AUTH_BAD_MAC;
-	d0 = siphash_load(ip6->daddr.s6_addr);
-	d1 = siphash_load(ip6->daddr.s6_addr + 8);
-	if (auth_prefix_get(cache, key, d0, d1, 0, &s)) {
+	if (auth_prefix_get(cache, key, s0, s1, epoch_word, &s)) {
 		siphash_init(&s, key->k0, key->k1);
-		siphash_word(&s, d0);
-		siphash_word(&s, d1);
-		auth_prefix_put(cache, key, d0, d1, 0, &s);
+		siphash_word(&s, siphash_load(ip6->daddr.s6_addr));
+		siphash_word(&s, siphash_load(ip6->daddr.s6_addr + 8));
+		siphash_word(&s, s0);
+		siphash_word(&s, s1);
+		siphash_word(&s, epoch_word);
+		prefix = s;
+		made = 1;
 	}
-	siphash_word(&s, siphash_load(ip6->saddr.s6_addr));
-	siphash_word(&s, siphash_load(ip6->saddr.s6_addr + 8));
-	siphash_word(&s, siphash_load((void *)tlv + MRC_TLV_EPOCH_OFF));
 	if (auth_mac_tlv(&s, tlv) != siphash_load(tlv->mac))
 		return MRC_RX_AUTH_BAD_MAC;
+	/* kept only for a sender that proved itself: forgeries from made-up
+	 * sources do not push real senders out */
+	if (made)
+		auth_prefix_put(cache, key, s0, s1, epoch_word, &prefix);
 	return 0;
 }
 

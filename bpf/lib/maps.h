@@ -37,6 +37,6 @@ BPF_ARRAY(peer_floor, struct mrc_peer_floor, MRC_MAX_PEERS);
 BPF_ARRAY(auth, struct mrc_auth, 1);	/* epoch and MAC keys (lib/auth.h) */
 BPF_PERCPU_ARRAY(tx_scratch, struct mrc_tx_scratch, 1);
 BPF_ARRAY(auth_tx_prefix, struct mrc_mac_prefix, MRC_MAX_PEERS * MRC_MAX_PATHS);
-BPF_ARRAY(auth_rx_prefix, struct mrc_mac_prefix, MRC_AUTH_KEYS);
+BPF_ARRAY(auth_rx_prefix, struct mrc_mac_prefix, MRC_AUTH_RX_SENDERS);
 
 #endif
