@@ -374,3 +374,36 @@ def test_key_cli_attach_and_roll_over(interop, tmp_path):
     assert show()["keys"] == [{"slot": 1, "key_id": auth.key_id(KEY2), "signs": True}]
     mrcctl("key", "clear", netns=A)
     assert show() == {"epoch": epoch, "keys": [], "authenticated": False}
+
+
+def rx_slot(sid: str) -> int:
+    """auth_rx_slot() of lib/auth.h: the receiver's kept-state slot for a sender."""
+    s0, s1 = struct.unpack("<QQ", ipaddress.IPv6Address(sid).packed)
+    bits = C["MRC_AUTH_RX_SENDERS"].bit_length() - 1
+    return (((s0 ^ s1) * 0x9E3779B97F4A7C15) & ((1 << 64) - 1)) >> (64 - bits)
+
+
+@pytest.mark.root
+def test_senders_sharing_a_kept_state_slot_both_verify(dp):
+    """Two senders whose SIDs hash to one slot of auth_rx_prefix take it
+    from each other, packet by packet: each packet still verifies (the
+    slot's words name its sender), and a forgery from either does not."""
+    module, _, rx = dp
+    set_keys(module, [KEY1])
+    clear_rx(module)
+    module["auth_rx_prefix"].clear()
+    # senders of a fabric differ anywhere in their SIDs: all of it counts
+    assert len({rx_slot(f"fc00:{i:x}::1") for i in range(64)}) > 48
+    assert len({rx_slot(f"fc00:0:{i:x}::") for i in range(64)}) > 48
+    assert len({rx_slot(f"fc00:c::{i:x}") for i in range(64)}) > 48
+    other = next(f"fc00:c::{i:x}" for i in range(1, 1 << 16) if rx_slot(f"fc00:c::{i:x}") == rx_slot(PEER_SID))
+    for seq in range(1, 7):
+        for src in (PEER_SID, other):
+            ret, d = run_rx(module, rx, signed_data(seq, KEY1, src=src))
+            assert d.get("rx_decap") == 1 and not any(k.startswith("rx_auth") for k in d), (src, seq, d)
+            slot = layout.MacPrefix.from_buffer_copy(
+                bytes(module["auth_rx_prefix"][ctypes.c_int(rx_slot(src))]))
+            assert bytes(slot.words[0].to_bytes(8, "little") + slot.words[1].to_bytes(8, "little")) == \
+                ipaddress.IPv6Address(src).packed     # the slot is the latest sender's
+        ret, d = run_rx(module, rx, signed_data(100 + seq, KEY1, src=other, edit=lambda t: setattr(t, "tx_ns", 1)))
+        assert d.get("rx_auth_bad_mac") == 1, d

@@ -35,7 +35,6 @@
 _Static_assert(MRC_TLV_MAC_OFF == MRC_TLV_EPOCH_OFF + 8, "the epoch word is the last before the MAC");
 _Static_assert(MRC_TLV_FB_OFF == 3 * 8 && MRC_TLV_EPOCH_OFF == 6 * 8, "the MAC takes the TLV by words");
 _Static_assert(MRC_AUTH_KEYS == 2, "auth_verify looks in two slots");
-_Static_assert((MRC_AUTH_RX_SENDERS & (MRC_AUTH_RX_SENDERS - 1)) == 0, "a mask picks the slot");
 
 /* bytes the MAC covers: the two SIDs, the epoch word, TLV bytes 3..23,
  * with feedback the fb_* words too */
@@ -140,10 +139,15 @@ static __always_inline void auth_sign(struct mrc_tlv *tlv, const __u8 *src, cons
 	__builtin_memcpy(tlv->mac, &mac, sizeof(mac));
 }
 
-/* The receiver's slot for a sender: Fibonacci hashing of its SID. */
+/* The receiver's slot for a sender: Fibonacci hashing of its SID (the
+ * top bits of the product: only they depend on every bit of the SID) */
+#define AUTH_RX_SLOT_BITS	10
+_Static_assert(MRC_AUTH_RX_SENDERS == 1 << AUTH_RX_SLOT_BITS, "the slot is the product's top bits");
+
 static __always_inline __u32 auth_rx_slot(__u64 s0, __u64 s1)
 {
-	return (__u32)(((s0 ^ s1) * 0x9E3779B97F4A7C15ULL) >> 32) & (MRC_AUTH_RX_SENDERS - 1);
+	return (__u32)(((s0 ^ s1) * 0x9E3779B97F4A7C15ULL) >> (64 - AUTH_RX_SLOT_BITS)) &
+	       (MRC_AUTH_RX_SENDERS - 1);
 }
 
 /*
