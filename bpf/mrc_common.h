@@ -88,7 +88,8 @@ struct mrc_tlv {
 					 * offset: aligned, so that clang writes and reads
 					 * it a word at a time, not a byte at a time */
 
-/* the bytes of the TLV that the MAC covers: all of it before mac[], the
+/* the bytes of the TLV that the MAC covers: from flags (byte 3; type,
+ * length and version are checked for their exact values) to mac[], the
  * feedback words (MRC_TLV_FB_OFF..MRC_TLV_EPOCH_OFF) only when the TLV
  * says it carries feedback (MRC_F_FEEDBACK): a receiver reads them only
  * then */
