@@ -80,13 +80,22 @@ struct mrc_tlv {
 	__be32	epoch;
 	__u8	key_id;		/* key the MAC is made with; 0: no MAC */
 	__u8	reserved[3];	/* zero */
-	/* SipHash-2-4 of (outer source, final destination, this TLV up to
-	 * here) under key key_id (lib/auth.h); zero when key_id is 0 */
+	/* SipHash-2-4 under key key_id of the final destination, the outer
+	 * source and this TLV's fields (lib/auth.h gives the order); zero
+	 * when key_id is 0 */
 	__u8	mac[8];
-} __attribute__((packed));
+} __attribute__((packed, aligned(8)));	/* every field is at its natural
+					 * offset: aligned, so that clang writes and reads
+					 * it a word at a time, not a byte at a time */
 
-/* the bytes of the TLV that the MAC covers: all of it before mac[] */
+/* the bytes of the TLV that the MAC covers: from flags (byte 3; type,
+ * length and version are checked for their exact values) to mac[], the
+ * feedback words (MRC_TLV_FB_OFF..MRC_TLV_EPOCH_OFF) only when the TLV
+ * says it carries feedback (MRC_F_FEEDBACK): a receiver reads them only
+ * then */
 #define MRC_TLV_MAC_OFF		(MRC_TLV_SIZE - 8)
+#define MRC_TLV_FB_OFF		24	/* fb_path_id: the feedback words begin */
+#define MRC_TLV_EPOCH_OFF	48	/* epoch, key_id, reserved: one word */
 
 /* SRH fixed part (8) + segment list + MRC TLV */
 #define MRC_SRH_LEN(nseg)	(8 + 16 * (nseg) + MRC_TLV_SIZE)
@@ -425,11 +434,33 @@ struct mrc_path_state {
 	__u64	fate_probe_ns;
 };
 
+/*
+ * SipHash-2-4's state after the words of the MAC's message that do not
+ * change from packet to packet (lib/auth.h): both SIDs and the sender's
+ * epoch word.  TX keeps one per peer (mrc_peer_state.tx_mac), RX one per
+ * sender in auth_rx_prefix, an array by a hash of the sender's SID
+ * (direct-mapped: a sender whose slot another took gets its own back at
+ * its next authentic packet).  Made by the datapath when a packet finds
+ * none for its key and words, then reused.  Our own SID is the same for
+ * the attachment's life.
+ */
+#define MRC_AUTH_RX_SENDERS	1024	/* a power of two */
+
+struct mrc_mac_prefix {
+	__u64	k0, k1;		/* the key it was made with */
+	__u64	words[3];	/* TX: the peer SID's two words and the epoch word;
+				 * RX: the sender SID's and the epoch word */
+	__u64	v[4];		/* the state */
+	__u64	check;		/* XOR of the nine words above: an entry that two
+				 * CPUs wrote at once, with different keys, fails it */
+};
+
 struct mrc_peer_state {
 	struct mrc_peer_tx	tx;
 	struct mrc_peer_acks	acks;
 	__u64	fb_due;		/* RX: the peer is owed feedback (see fb_due below) */
 	__u64	floor_out;	/* paths taken out by the datapath (lib/floor.h) */
+	struct mrc_mac_prefix	tx_mac;	/* the MAC's state for what we send it */
 	struct mrc_path_state	paths[MRC_MAX_PATHS];
 };
 
@@ -573,7 +604,7 @@ struct mrc_auth {
  * writes (outer IPv6 and the TLV), which do not fit on its 512-byte stack
  * beside everything else */
 struct mrc_tx_scratch {
-	__u8	bytes[128];
+	__u8	bytes[128] __attribute__((aligned(8)));	/* zeroed a word at a time */
 };
 
 /* ---- shared fate (lib/shared_fate.h) -------------------------------- */

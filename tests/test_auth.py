@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import struct
 
 import pytest
 from scapy.layers.inet import UDP
@@ -231,6 +232,126 @@ def test_sender_signs_what_it_sends(dp, usid):
         assert tlv.mac != auth.tlv_mac(OTHER, SID, final, bytes(tlv))
 
 
+def peer_state(module, peer_id=0) -> layout.PeerState:
+    return layout.PeerState.from_buffer_copy(bytes(module["peer_state"][ctypes.c_uint32(peer_id)]))
+
+
+def tx_prefix(module, peer_id=0) -> layout.MacPrefix:
+    return peer_state(module, peer_id).tx_mac
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("usid", [False, True], ids=["srh", "usid"])
+def test_sender_kept_state_signs_as_python_does(dp, usid):
+    """mrc_tx keeps SipHash's state after the constant words per peer
+    (its learnt state's tx_mac): every MAC made from the kept state, with and without
+    feedback, after a key change, an epoch change and a spoiled entry, is
+    Python's SipHash-2-4 of the whole message (auth.mac_message)."""
+    module, tx, rx = dp
+    final = configure_peer(module, usid)
+    module["peer_state"].clear()
+    fb = C["MRC_F_FEEDBACK"]
+    steps = [("KEY1, no feedback yet", [KEY1], 77, False), ("same, kept state", [KEY1], 77, False),
+             ("the peer heard: feedback", [KEY1], 77, True), ("feedback, kept state", [KEY1], 77, True),
+             ("another key in the slot", [KEY2], 77, True), ("a new epoch", [KEY2], 78, True),
+             ("a spoiled entry", [KEY2], 78, True), ("back to KEY1", [KEY1], 78, False)]
+    for name, keys, epoch, with_fb in steps:
+        set_keys(module, keys, 1, epoch=epoch)
+        clear_rx(module)
+        if with_fb:     # the peer sent us something: our TLVs carry feedback for it
+            run_rx(module, rx, feedback(5, keys[0], src=final))
+        if name == "a spoiled entry":   # its words no longer add up: made again
+            state = peer_state(module)
+            state.tx_mac.v[0] ^= 1
+            module["peer_state"][ctypes.c_uint32(0)] = module["peer_state"].Leaf.from_buffer_copy(bytes(state))
+        for _ in range(3):
+            # the peer's made-up feedback must not take the one path down
+            # (a probe carries no feedback): no acknowledgement clock
+            if module["peer_state"].get(ctypes.c_uint32(0)) is not None:
+                state = peer_state(module)
+                state.acks, state.paths[0].live = layout.PeerAcks(), layout.PathLive()
+                module["peer_state"][ctypes.c_uint32(0)] = \
+                    module["peer_state"].Leaf.from_buffer_copy(bytes(state))
+            ret, _, out = bpfsys.prog_test_run(tx.fd, tx_frame(), 1)
+            assert ret == 0
+            tlv = wire.mrc_tlv(Ether(out))
+            assert bool(tlv.flags & fb) == with_fb, name
+            assert tlv.key_id == auth.key_id(keys[0]) and tlv.epoch == epoch, name
+            assert tlv.mac == auth.tlv_mac(keys[0], SID, final, bytes(tlv)), name
+        kept = tx_prefix(module)
+        k0, k1 = struct.unpack("<QQ", keys[0])
+        assert (kept.k0, kept.k1) == (k0, k1), name   # the state was kept, for this key
+
+
+def signed_data(seq, key, src=PEER_SID, flags=0, edit=None):
+    """A data packet from the peer (an inner IPv6 packet follows), signed
+    with KEY; EDIT(tlv) changes the TLV after signing."""
+    tlv = wire.MrcTLV(flags=flags, path_id=1, path_seq=seq, peer_seq=seq, epoch=EPOCH, tx_ns=10**9 + seq,
+                      fb_path_id=3, fb_qdelay_us=321, key_id=auth.key_id(key))
+    tlv.mac = auth.tlv_mac(key, src, SID, bytes(tlv))
+    if edit:
+        edit(tlv)
+    return bytes(Ether() / IPv6(src=src, dst=SID) /
+                 IPv6ExtHdrSegmentRouting(addresses=[SID], segleft=0, lastentry=0, tlv_objects=[tlv]) /
+                 IPv6(src="fd00:b::b", dst="fd00:a::a", nh=59))
+
+
+@pytest.mark.root
+def test_receiver_verifies_what_the_mac_covers(dp):
+    """A table of signed packets through mrc_rx with the receiver's kept
+    state (auth_rx_prefix, per sender): what the MAC covers cannot be
+    changed; the feedback words are covered when the flags say there is
+    feedback (and only then read); a replay is refused; a new key in a
+    slot is verified from a new state."""
+    module, _, rx = dp
+    fb = C["MRC_F_FEEDBACK"]
+
+    def setf(**kv):
+        return lambda t: [setattr(t, k, v) for k, v in kv.items()]
+    rows = [  # name, keys, frame, counter expected (None: verified and filed)
+        ("data, KEY1", [KEY1, KEY2], signed_data(1, KEY1), None),
+        ("data, KEY2 (second slot)", [KEY1, KEY2], signed_data(2, KEY2), None),
+        ("data again: replay", [KEY1, KEY2], signed_data(2, KEY2), "rx_auth_replay"),
+        ("path_seq changed", [KEY1, KEY2], signed_data(3, KEY1, edit=setf(path_seq=30)), "rx_auth_bad_mac"),
+        ("tx_ns changed", [KEY1, KEY2], signed_data(4, KEY1, edit=setf(tx_ns=5)), "rx_auth_bad_mac"),
+        ("path_id changed", [KEY1, KEY2], signed_data(5, KEY1, edit=setf(path_id=2)), "rx_auth_bad_mac"),
+        ("tclass changed", [KEY1, KEY2], signed_data(6, KEY1, edit=setf(tclass=3)), "rx_auth_bad_mac"),
+        ("epoch changed", [KEY1, KEY2], signed_data(7, KEY1, edit=setf(epoch=EPOCH + 1)), "rx_auth_bad_mac"),
+        ("feedback flag set", [KEY1, KEY2], signed_data(8, KEY1, edit=setf(flags=fb)), "rx_auth_bad_mac"),
+        ("fb words of a data packet (not read)", [KEY1, KEY2],
+         signed_data(9, KEY1, edit=setf(fb_qdelay_us=9999)), None),
+        ("feedback", [KEY1, KEY2], signed_data(10, KEY1, flags=fb), None),
+        ("feedback, qdelay changed", [KEY1, KEY2],
+         signed_data(11, KEY1, flags=fb, edit=setf(fb_qdelay_us=9999)), "rx_auth_bad_mac"),
+        ("feedback, heard changed", [KEY1, KEY2],
+         signed_data(12, KEY1, flags=fb, edit=setf(fb_heard=0xff)), "rx_auth_bad_mac"),
+        ("feedback flag cleared", [KEY1, KEY2], signed_data(13, KEY1, flags=fb, edit=setf(flags=0)),
+         "rx_auth_bad_mac"),
+        ("another sender, its own MAC", [KEY1, KEY2], signed_data(14, KEY1, src="fc00:c::1"), None),
+        ("source moved", [KEY1, KEY2], signed_data(14, KEY1, src="fc00:c::1"), None),  # see below
+        ("the peer again", [KEY1, KEY2], signed_data(20, KEY1), None),
+        ("KEY2 in slot 0 now: KEY2", [KEY2], signed_data(15, KEY2), None),
+        ("KEY2 in slot 0 now: KEY1", [KEY2], signed_data(16, KEY1), "rx_auth_unknown_key"),
+        ("KEY1 back, signed with KEY2 under KEY1's id", [KEY1],
+         signed_data(17, KEY2, edit=setf(key_id=auth.key_id(KEY1))), "rx_auth_bad_mac"),
+    ]
+    clear_rx(module)
+    module["auth_rx_prefix"].clear()
+    for name, keys, frame, reason in rows:
+        set_keys(module, keys)
+        if name == "source moved":      # a MAC made for the peer's source, sent from another
+            pkt = Ether(frame)
+            pkt[IPv6].src = PEER_SID    # signed as from fc00:c::1, arrives from the peer
+            frame, reason = bytes(pkt), "rx_auth_bad_mac"
+        ret, d = run_rx(module, rx, frame)
+        assert ret == XDP_PASS and d.get("rx_decap") == 1, (name, d)   # the data goes on either way
+        auth_counts = {k: v for k, v in d.items() if k.startswith("rx_auth")}
+        assert auth_counts == ({reason: 1} if reason else {}), (name, d)
+        if reason is None and "feedback" in name:
+            assert health_qdelay(module) == 321
+    assert health_qdelay(module) != 9999
+
+
 @pytest.mark.root
 def test_key_cli_attach_and_roll_over(interop, tmp_path):
     """--key-file errors are one line and attach nothing; a roll-over goes
@@ -268,3 +389,36 @@ def test_key_cli_attach_and_roll_over(interop, tmp_path):
     assert show()["keys"] == [{"slot": 1, "key_id": auth.key_id(KEY2), "signs": True}]
     mrcctl("key", "clear", netns=A)
     assert show() == {"epoch": epoch, "keys": [], "authenticated": False}
+
+
+def rx_slot(sid: str) -> int:
+    """auth_rx_slot() of lib/auth.h: the receiver's kept-state slot for a sender."""
+    s0, s1 = struct.unpack("<QQ", ipaddress.IPv6Address(sid).packed)
+    bits = C["MRC_AUTH_RX_SENDERS"].bit_length() - 1
+    return (((s0 ^ s1) * 0x9E3779B97F4A7C15) & ((1 << 64) - 1)) >> (64 - bits)
+
+
+@pytest.mark.root
+def test_senders_sharing_a_kept_state_slot_both_verify(dp):
+    """Two senders whose SIDs hash to one slot of auth_rx_prefix take it
+    from each other, packet by packet: each packet still verifies (the
+    slot's words name its sender), and a forgery from either does not."""
+    module, _, rx = dp
+    set_keys(module, [KEY1])
+    clear_rx(module)
+    module["auth_rx_prefix"].clear()
+    # senders of a fabric differ anywhere in their SIDs: all of it counts
+    assert len({rx_slot(f"fc00:{i:x}::1") for i in range(64)}) > 48
+    assert len({rx_slot(f"fc00:0:{i:x}::") for i in range(64)}) > 48
+    assert len({rx_slot(f"fc00:c::{i:x}") for i in range(64)}) > 48
+    other = next(f"fc00:c::{i:x}" for i in range(1, 1 << 16) if rx_slot(f"fc00:c::{i:x}") == rx_slot(PEER_SID))
+    for seq in range(1, 7):
+        for src in (PEER_SID, other):
+            ret, d = run_rx(module, rx, signed_data(seq, KEY1, src=src))
+            assert d.get("rx_decap") == 1 and not any(k.startswith("rx_auth") for k in d), (src, seq, d)
+            slot = layout.MacPrefix.from_buffer_copy(
+                bytes(module["auth_rx_prefix"][ctypes.c_int(rx_slot(src))]))
+            assert bytes(slot.words[0].to_bytes(8, "little") + slot.words[1].to_bytes(8, "little")) == \
+                ipaddress.IPv6Address(src).packed     # the slot is the latest sender's
+        ret, d = run_rx(module, rx, signed_data(100 + seq, KEY1, src=other, edit=lambda t: setattr(t, "tx_ns", 1)))
+        assert d.get("rx_auth_bad_mac") == 1, d

@@ -51,7 +51,7 @@ static __always_inline void outer_tlv_init(struct mrc_tlv *tlv, __u8 type, const
 	if (!choice->probe)
 		feedback_fill(tlv, &path->peer_sid);
 	/* signed as it leaves us and arrives at the peer's SID */
-	auth_sign(tlv, cfg->sid, path->peer_sid.addr);
+	auth_sign(tlv, cfg->sid, path->peer_sid.addr, choice->st ? &choice->st->tx_mac : NULL);
 }
 
 /* This CPU's zeroed scratch room for headers being built (mrc_common.h),

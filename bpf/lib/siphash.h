@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * SipHash-2-4 (Aumasson and Bernstein, "SipHash: a fast short-input PRF",
- * 2012) over a fixed number of 8-byte words, as a MAC: straight-line code
+ * 2012) over a fixed-length message, as a MAC: straight-line code
  * with no loops the verifier has to walk and no helper calls.  The
  * message is read as little-endian 64-bit words (BPF on x86 is little
  * endian), so the result is the reference SipHash of those bytes.
@@ -42,11 +42,11 @@ static __always_inline void siphash_word(struct siphash_state *s, __u64 m)
 	s->v0 ^= m;
 }
 
-/* After `len` bytes, a multiple of 8: the length word, four finalization
- * rounds. */
-static __always_inline __u64 siphash_final(struct siphash_state *s, __u32 len)
+/* After `len` bytes in all: the last block (the len % 8 bytes after the
+ * whole words, `tail`, below the length byte), four finalization rounds. */
+static __always_inline __u64 siphash_final(struct siphash_state *s, __u32 len, __u64 tail)
 {
-	siphash_word(s, (__u64)(len & 0xff) << 56);
+	siphash_word(s, ((__u64)(len & 0xff) << 56) | tail);
 	s->v2 ^= 0xff;
 	SIPHASH_ROUND(s->v0, s->v1, s->v2, s->v3);
 	SIPHASH_ROUND(s->v0, s->v1, s->v2, s->v3);

@@ -30,16 +30,23 @@ struct usid_outer {
 	struct doh_mrc	doh;
 } __attribute__((packed));
 
+#define USID_SCRATCH_OFF	6
+
 /* Writes outer IPv6 (to the path's container) + Destination Options into
  * the room bpf_skb_adjust_room() made after the Ethernet header. */
 static __always_inline int usid_write_encap(struct __sk_buff *skb, const struct mrc_config *cfg,
 					    const struct mrc_path *path, __u8 inner_proto, __u8 tos,
 					    const struct path_choice *choice)
 {
-	struct usid_outer *hdr = outer_scratch();
+	/* placed so that the TLV, 42 bytes in, is 8-byte aligned: clang then
+	 * writes its fields whole (lib/auth.h reads them as words) */
+	void *room = outer_scratch();
+	struct usid_outer *hdr = room + USID_SCRATCH_OFF;
 
-	_Static_assert(sizeof(*hdr) <= sizeof(struct mrc_tx_scratch), "the headers fit the scratch room");
-	if (!hdr)
+	_Static_assert((USID_SCRATCH_OFF + offsetof(struct usid_outer, doh.mrc)) % 8 == 0, "the TLV is aligned");
+	_Static_assert(USID_SCRATCH_OFF + sizeof(*hdr) <= sizeof(struct mrc_tx_scratch),
+		       "the headers fit the scratch room");
+	if (!room)
 		return -1;
 	outer_ip6_init(&hdr->ip6, cfg, path->segments[0].addr, tos, path->flowlabel,
 		       skb->len - ETH_HLEN - sizeof(struct ipv6hdr), IPPROTO_DSTOPTS);

@@ -22,7 +22,7 @@ from mrc_ebpf.datapath.source import C
 from mrc_ebpf.errors import MrcError
 
 KEY_BYTES = 16
-MAC_OFF = C["MRC_TLV_MAC_OFF"]
+MAC_OFF, FB_OFF, EPOCH_OFF = C["MRC_TLV_MAC_OFF"], C["MRC_TLV_FB_OFF"], C["MRC_TLV_EPOCH_OFF"]
 _MASK = (1 << 64) - 1
 
 
@@ -92,11 +92,23 @@ def siphash24(key: bytes, data: bytes) -> int:
     return v[0] ^ v[1] ^ v[2] ^ v[3]
 
 
+def mac_message(src: str, dst: str, tlv: bytes) -> bytes:
+    """What the MAC of a TLV covers, in this order (bpf/lib/auth.h): final
+    destination (the peer's SID), outer source, the TLV's epoch word, its
+    bytes 8..23, its feedback words when its flags say it carries
+    feedback, its bytes 3..7."""
+    tlv = bytes(tlv)
+    data = (ipaddress.IPv6Address(dst).packed + ipaddress.IPv6Address(src).packed
+            + tlv[EPOCH_OFF:MAC_OFF] + tlv[8:FB_OFF])
+    if tlv[layout.MrcTlv.flags.offset] & C["MRC_F_FEEDBACK"]:
+        data += tlv[FB_OFF:EPOCH_OFF]
+    return data + tlv[3:8]
+
+
 def tlv_mac(key: bytes, src: str, dst: str, tlv: bytes) -> bytes:
-    """The MAC a TLV carries: over outer source, final destination (the
-    peer's SID) and the TLV's bytes before the MAC (bpf/lib/auth.h)."""
-    data = ipaddress.IPv6Address(src).packed + ipaddress.IPv6Address(dst).packed + bytes(tlv)[:MAC_OFF]
-    return struct.pack("<Q", siphash24(key, data))
+    """The MAC a TLV carries, from outer source SRC to final destination
+    DST (bpf/lib/auth.h), as the 8 bytes of its mac field."""
+    return struct.pack("<Q", siphash24(key, mac_message(src, dst, tlv)))
 
 
 # ---- the pinned `auth` map of an attachment --------------------------------

@@ -146,10 +146,15 @@ class PathState(ctypes.Structure):
                 ("tx_packets", u64), ("tx_bytes", u64), ("fate_probe_ns", u64)]
 
 
+@mirror("struct mrc_mac_prefix")
+class MacPrefix(ctypes.Structure):
+    _fields_ = [("k0", u64), ("k1", u64), ("words", u64 * 3), ("v", u64 * 4), ("check", u64)]
+
+
 @mirror("struct mrc_peer_state")
 class PeerState(ctypes.Structure):
     _fields_ = [("tx", PeerTx), ("acks", PeerAcks), ("fb_due", u64), ("floor_out", u64),
-                ("paths", PathState * C["MRC_MAX_PATHS"])]
+                ("tx_mac", MacPrefix), ("paths", PathState * C["MRC_MAX_PATHS"])]
 
 
 @mirror("struct mrc_event")
@@ -212,6 +217,7 @@ MAPS = {
     "path_fate": (Index, PathFate, False),
     "tx_path": (Index, Path, True),
     "templates": (TemplateName, Peer, False),
+    "auth_rx_prefix": (Index, MacPrefix, False),
 }
 
 
