@@ -96,18 +96,44 @@ def fabric():
               help="How the leaves hash flows onto spines: l4, the 5-tuple (a flow stays on its "
                    "spine); flowlabel, the kernel's IPv6 default (addresses + flow label: Linux TCP "
                    "moves a connection by drawing a new label on an RTO).")
+@click.option("--from", "from_file", metavar="FILE",
+              help="Build the fabric a description file describes (shape, links, addresses, hosts' "
+                   "attach options; see mrc_ebpf/lab/fabric/description.py); the options above are "
+                   "its defaults and cannot be given with it.")
 @_json_opt
-def up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
-       ecn_threshold, ecmp_hash, json_):
-    """Build fabric NAME (default mrc)."""
-    r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
-                   list(host_sysctls), ecn_threshold, ecmp_hash)
+@click.pass_context
+def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
+       ecn_threshold, ecmp_hash, from_file, json_):
+    """Build fabric NAME (default mrc, or the description's name)."""
+    if from_file:
+        from click.core import ParameterSource
+        given = [f"--{p.replace('_', '-')}" for p in SHAPE_OPTIONS
+                 if ctx.get_parameter_source(p) not in (ParameterSource.DEFAULT, None)]
+        if given:
+            raise MrcError(f"--from {from_file} describes the fabric: give {', '.join(given)} in the file, "
+                           f"not as an option")
+        from mrc_ebpf.lab.fabric import description
+        desc = description.load(from_file)
+        explicit = ctx.params.get("name") or ctx.params.get("name_opt")
+        s = desc.spec
+        r = fab_mod.up(name if explicit else s["name"], s["spines"], s["leaves"], s["hosts_per_leaf"],
+                       s["planes"], s["rate"], s["host_rate"], s["encoding"], s["mtu"], list(s["host_sysctls"]),
+                       s["ecn_threshold"], s["hash"], s["sid_block"], s["data_block"],
+                       description=desc.to_dict())
+    else:
+        r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
+                       list(host_sysctls), ecn_threshold, ecmp_hash)
     _emit(json_, r, lambda r: click.echo(
         f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
         f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
         f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']}, ECMP hash {r['hash']}"
         + (f", ECN marking above {r['ecn_threshold']}" if r.get("ecn_threshold") else "")
         + f" ({r['build_s']} s)"))
+
+
+# the shape options of `fabric up` that a description file (--from) gives instead
+SHAPE_OPTIONS = ("spines", "leaves", "hosts_per_leaf", "planes", "rate", "host_rate", "encoding", "mtu",
+                 "host_sysctls", "ecn_threshold", "ecmp_hash")
 
 
 def _marks_text(lk: dict) -> str:
@@ -219,13 +245,26 @@ def exec_(ctx, name, node, cmd):
                    "peer's feedback then names one of the two prefixes).")
 @click.option("--entropy", type=int, metavar="N",
               help=f"--encoding ev: entropy paths per peer (default {fab_mod.DEFAULT_ENTROPY}).")
+@click.option("--render", "rendered", is_flag=True,
+              help="Attach each host from its rendered config (mrcctl render of the fabric's "
+                   "description: the file of `fabric up --from`, or these defaults): its attach "
+                   "options, policy and every chosen peer with all its paths.")
 @_json_opt
 @click.pass_context
-def attach(ctx, name, hosts, policy, ipv4, entropy, json_):
+def attach(ctx, name, hosts, policy, ipv4, entropy, rendered, json_):
     """Attach mrc-ebpf on the hosts' NICs (eth0.. one per plane, one datapath)
     and add every other chosen host's IPv6 prefix with all its paths.
 
     Options after `--` go to `mrcctl attach` (e.g. -- --granularity burst)."""
+    if rendered:
+        if policy or ipv4 or entropy is not None or ctx.meta.get("after"):
+            raise MrcError("--render takes the policy, ipv4, entropy and attach options from the "
+                           "fabric's description: give them there")
+        r = fab_mod.attach_rendered(name, hosts)
+        _emit(json_, r, lambda r: click.echo(
+            f"attached {', '.join(r['hosts'])} from rendered configs: {r['paths_per_peer']} paths per peer, "
+            f"{r['attach_s']} s"))
+        return
     r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4,
                        entropy=entropy)
     _emit(json_, r, lambda r: click.echo(

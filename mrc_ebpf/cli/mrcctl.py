@@ -436,6 +436,8 @@ path.add_command(path_deny)
 path.add_command(path_allow)
 from mrc_ebpf.cli.key_cmd import key  # noqa: E402
 cli.add_command(key)
+from mrc_ebpf.cli.render_cmd import render  # noqa: E402
+cli.add_command(render)
 
 
 if __name__ == "__main__":

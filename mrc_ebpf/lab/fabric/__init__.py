@@ -54,5 +54,5 @@ from .state import check_name, existing_namespaces, list_names, load, locked, st
 from .build import down, up  # noqa: F401
 from .show import describe, node_ns  # noqa: F401
 from .failures import fail, heal  # noqa: F401
-from .attach import attach, detach  # noqa: F401
+from .attach import attach, attach_rendered, detach  # noqa: F401
 from .hashing import read as read_hash, set_hash  # noqa: F401
