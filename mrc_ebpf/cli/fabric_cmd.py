@@ -308,3 +308,66 @@ def heal(targets, all_, name, json_):
     _emit(json_, r, lambda r: click.echo(
         "\n".join(f"healed {f['mode']} on {f['ns']}/{f['dev']} ({f['target']})" for f in r["healed"])
         or "no faults matched"))
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+@fabric.command()
+@click.option("--nics", type=int, required=True, help="NICs (hosts); each has one port in every plane.")
+@click.option("--planes", type=int, default=1, show_default=True, help="Independent two-tier planes.")
+@click.option("--radix", type=int, required=True, help="Ports per switch (leaf: half down, half up).")
+@click.option("--cpus", type=int, help="CPUs of a host, for its per-CPU maps (default: this machine's).")
+@click.option("--paths", "paths", type=int, help="Paths per peer (default: all, at most 256).")
+@click.option("--encoding", type=click.Choice(["srh", "usid"]), default="srh", show_default=True,
+              help="How the rendered config writes paths (its size).")
+@click.option("--measure", is_flag=True,
+              help="Measure apply time here (root: attaches in a namespace of its own, ~20 s) and "
+                   "extrapolate it to the plan's peers and paths.")
+@click.option("--measure-peers", type=int, default=64, show_default=True, help="Peers --measure applies.")
+@click.option("--measure-paths", type=int, default=64, show_default=True, help="Paths per peer --measure applies.")
+@_json_opt
+def plan(nics, planes, radix, cpus, paths, encoding, measure, measure_peers, measure_paths, json_):
+    """The two-tier shape of NICS NICs in PLANES planes of radix-R switches,
+    and per host: config size, kernel memory (today's maps) and apply time."""
+    from mrc_ebpf.lab.fabric import sizing
+    if cpus is not None and not 1 <= cpus <= 8192:
+        raise MrcError(f"--cpus {cpus}: 1..8192")
+    if paths is not None and not 1 <= paths <= 256:
+        raise MrcError(f"--paths {paths}: 1..256 (a peer's path ids are 0..255)")
+    rate = sizing.measure_apply(measure_peers, measure_paths) if measure else None
+    r = sizing.plan(nics, planes, radix, cpus or sizing.possible_cpus(), paths, encoding, rate)
+
+    def human(r):
+        click.echo(f"{r['nics']} NICs, {r['planes']} plane(s) of radix-{r['radix']} switches, two tiers:")
+        click.echo(tabulate([("leaves per plane", r["leaves_per_plane"]),
+                             ("spines per plane", r["spines_per_plane"]),
+                             ("hosts per leaf", r["hosts_per_leaf"]),
+                             ("switches", r["switches"]),
+                             ("paths per peer", f"{r['paths_per_peer']} of {r['paths_available']} "
+                                                f"(planes x spines)"),
+                             ("path lists (one per destination leaf)", r["path_lists"])], tablefmt="plain"))
+        c, m = r["config"], r["memory"]
+        click.echo("\nper host:")
+        rows = [("config", f"{_size(c['bytes'])}: {c['peers']} peers, {c['paths']} paths "
+                           f"({_size(c['bytes_per_peer'])} a peer)"),
+                ("kernel memory", f"{_size(m['bytes'])} on {m['cpus']} CPUs ({_size(m['fixed_bytes'])} + "
+                                  f"{_size(m['per_cpu_bytes'])} a CPU), today's maps: {m['peers_held']} "
+                                  f"of {c['peers']} peers held")]
+        if "apply" in r:
+            a = r["apply"]
+            rows.append(("apply time", f"{a['seconds']} s, extrapolated from {a['measured']['peers']} peers x "
+                                       f"{a['measured']['paths_per_peer']} paths here "
+                                       f"({a['measured']['per_path_s'] * 1e3:.2f} ms a path, "
+                                       f"{a['measured']['per_peer_s'] * 1e3:.1f} ms a peer, attach "
+                                       f"{a['measured']['fixed_s']} s)"))
+        else:
+            rows.append(("apply time", "not measured (--measure)"))
+        click.echo(tabulate(rows, tablefmt="plain"))
+        click.echo(f"\nmemory: {m['how']}")
+    _emit(json_, r, human)
