@@ -24,7 +24,7 @@ PAGE = 4096
 # struct bpf_htab, struct htab_elem, struct lpm_trie_node, a hash bucket,
 # and the ring buffer's own structs; per element the kernel rounds values
 # (and hash keys) up to 8 bytes.
-ARRAY_BASE, HTAB_BASE, HTAB_ELEM, HTAB_BUCKET, LPM_NODE, RINGBUF_BASE = 312, 896, 48, 16, 40, 4392
+ARRAY_BASE, HTAB_BASE, HTAB_ELEM, HTAB_BUCKET, LPM_NODE, RINGBUF_BASE = 312, 896, 48, 16, 24, 4392
 MAP_TYPES = {"array": 2, "percpu_array": 6, "hash": 1, "lru_hash": 9, "lpm_trie": 11, "ringbuf": 27}
 
 
