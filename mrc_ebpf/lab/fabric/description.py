@@ -132,6 +132,21 @@ class _Doc:
         raise DescriptionError(f"{self.where}:{self.line(path)}: {reason}")
 
 
+class _HostNames:
+    """The keys of the hosts section: defaults and the fabric's hosts."""
+
+    def __init__(self, fab: Fabric):
+        self.fab = fab
+
+    def __contains__(self, key) -> bool:
+        m = re.fullmatch(r"h(\d+)", str(key))
+        return key == "defaults" or bool(m and 1 <= int(m.group(1)) <= self.fab.host_count
+                                         and str(key) == self.fab.host(int(m.group(1))))
+
+    def __iter__(self):
+        return iter(["defaults", f"h1..h{self.fab.host_count}"])
+
+
 def _dotted(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
@@ -334,8 +349,7 @@ def parse(text: str, where: str = "<fabric>") -> Description:
     spec["data_block"] = _block(doc, addrs.get("data_block", DEFAULT_DATA_BLOCK), ("addresses", "data_block"),
                                 "fd00::/16")
     fab = Fabric(spec)
-    hosts_sec = _mapping(doc, data.get("hosts"), ("hosts",),
-                         ["defaults", *(fab.host(h) for h in fab.hosts())])
+    hosts_sec = _mapping(doc, data.get("hosts"), ("hosts",), _HostNames(fab))
     base = {**HOST_DEFAULTS, "attach": {}, "classes": []}
     defaults = _host_entry(doc, hosts_sec.get("defaults"), ("hosts", "defaults"), base, spec["encoding"])
     hosts = {}
