@@ -71,7 +71,8 @@ def apply(cfg: dict, attach: bool = True) -> dict:
 def main() -> None:
     try:
         with open(sys.argv[1]) as f:
-            cfg = yaml.safe_load(f)
+            # libyaml's loader when there is one: a large config parses ~10x faster
+            cfg = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         result = apply(cfg, attach="--no-attach" not in sys.argv[2:])
     except MrcError as e:
         print(json.dumps({"error": str(e)}))

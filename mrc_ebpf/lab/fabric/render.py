@@ -64,4 +64,5 @@ def host_config(desc: Description, host: str, peers: list[int] | None = None) ->
 def dump(cfg: dict) -> str:
     """The config as YAML in the host config format's key order (a flow
     list for a path's segments keeps one path on one line)."""
-    return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None, width=200)
+    return yaml.dump(cfg, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False,
+                     default_flow_style=None, width=200)
