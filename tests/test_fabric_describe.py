@@ -15,6 +15,7 @@ import yaml
 from conftest import mrcctl
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab import fabric as fab_mod
+from mrc_ebpf.lab import procs
 from mrc_ebpf.lab.fabric import alltoall, description, render
 from mrc_ebpf.lab.fabric.apply_rendered import path_add_calls
 
@@ -161,8 +162,12 @@ def described(tmp_path):
     def make(encoding="srh"):
         name = f"fd{os.getpid() % 1000}{next(_counter)}{int(time.time() * 1000) % 100}"
         names.append(name)
-        f = write(tmp_path, SMALL.format(name=name, encoding=encoding))
-        r = json.loads(mrcctl("fabric", "up", "--from", f, "-j").stdout)
+        if encoding == "srh":      # the file's name
+            f = write(tmp_path, SMALL.format(name=name, encoding=encoding))
+            r = json.loads(mrcctl("fabric", "up", "--from", f, "-j").stdout)
+        else:                      # NAME given: it wins over the file's
+            f = write(tmp_path, SMALL.format(name="other", encoding=encoding))
+            r = json.loads(mrcctl("fabric", "up", name, "--from", f, "-j").stdout)
         assert r["name"] == name and (r["planes"], r["spines"], r["leaves"], r["hosts"]) == (2, 2, 2, 4)
         return name, f
 
@@ -177,14 +182,18 @@ def described(tmp_path):
 @pytest.mark.parametrize("encoding", ["srh", "usid"])
 def test_file_built_fabric_carries_all_to_all(described, encoding):
     name, f = described(encoding)
-    r = json.loads(mrcctl("fabric", "attach", name, "--render", "-j").stdout)
+    # each host's attach compiles the datapath: minutes on a busy machine
+    r = procs.run([*procs.MRCCTL, "fabric", "attach", name, "--render", "-j"], timeout=1200)
+    r = json.loads(r.stdout)
     assert r["hosts"] == ["h1", "h2", "h3", "h4"] and r["paths_per_peer"] == 4
     assert all(h["peers"] == 3 and h["paths"] == 12 for h in r["per_host"].values())
     # what the rendered config asked for is what the datapath has
-    fab = description.load(f).fabric
+    desc = description.load(f)
+    desc.spec["name"] = name
+    fab = fab_mod.Fabric(desc.spec)
     rows = json.loads(mrcctl("path", "list", "-j", netns=fab.ns("h3")).stdout)
     assert {(x["prefix"], x["policy"]) for x in rows} == {(fab.prefix6(b), "adaptive") for b in (1, 2, 4)}
-    want = render.host_config(description.load(f), "h3")["peers"]
+    want = render.host_config(desc, "h3")["peers"]
     got = {}
     for x in rows:
         got.setdefault(x["prefix"], []).append(x["segments"])
