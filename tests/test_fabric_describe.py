@@ -139,6 +139,24 @@ def test_render_usid_and_ev(tmp_path):
     assert cfg["attach"]["sid"] == "fc00:5:e002::"
 
 
+@pytest.mark.parametrize("text", [
+    "version: 1\nfabric: {planes: 2, spines: 2, leaves: 2, hosts_per_leaf: 2}\nhosts: {defaults: {policy: adaptive, "
+    "ipv4: true, attach: {granularity: burst, ack_timeout_us: 2000, retrans_steer: false, mode: skb}, "
+    "classes: [{name: bulk, dscp: [8, 10]}]}}\n",
+    "version: 1\nfabric: {encoding: usid, planes: 2, spines: 2, leaves: 2}\n",
+    "version: 1\nfabric: {encoding: ev, leaves: 3}\nhosts: {defaults: {entropy: 16}}\n"])
+def test_rendered_configs_are_host_configs(text):
+    """The host config format's own parser (mrc_ebpf/control/config.py)
+    reads every rendered config: the same attach options, peers and paths."""
+    config = pytest.importorskip("mrc_ebpf.control.config")
+    cfg = render.host_config(description.parse(text), "h1")
+    parsed = config.load(render.dump(cfg), "rendered.yaml").data
+    assert {k: parsed["attach"][k] for k in cfg["attach"]} == cfg["attach"]
+    assert parsed.get("classes", []) == cfg.get("classes", [])
+    assert [(p["prefix"], p["paths"]) for p in parsed["peers"]] == [(p["prefix"], p["paths"]) for p in cfg["peers"]]
+    assert all(p["policy"] == q.get("policy", config.DEFAULT_POLICY) for p, q in zip(parsed["peers"], cfg["peers"]))
+
+
 def test_render_and_up_from_refuse_bad_input(tmp_path):
     f = write(tmp_path, SMALL.format(name="x", encoding="srh"))
     assert "no host 'h9'" in one_line_error(mrcctl("render", f, "--host", "h9", check=False))

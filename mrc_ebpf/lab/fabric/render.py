@@ -62,7 +62,14 @@ def host_config(desc: Description, host: str, peers: list[int] | None = None) ->
 
 
 def dump(cfg: dict) -> str:
-    """The config as YAML in the host config format's key order (a flow
-    list for a path's segments keeps one path on one line)."""
+    """The config as YAML in the host config format's key order: the
+    format's own dump (mrc_ebpf/control/config.py) where it exists, else
+    the same keys through libyaml's (or PyYAML's) safe dumper."""
+    try:
+        from mrc_ebpf.control import config
+    except ImportError:
+        config = None
+    if config is not None and hasattr(config, "dump"):
+        return config.dump(cfg)
     return yaml.dump(cfg, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False,
                      default_flow_style=None, width=200)
