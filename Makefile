@@ -2,7 +2,7 @@
 # Both run `make setup` first, which installs only what is missing.
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-unit fuzz vm-test bench clean
+.PHONY: setup demo test test-unit fuzz vm-test bench clean install-unit
 
 setup:
 	@bash scripts/setup.sh
@@ -31,6 +31,13 @@ vm-test: setup
 
 bench: setup
 	$(PY) -m mrc_ebpf.cli.mrcctl bench all
+
+# The systemd template unit (mrc-ebpf@DEV: applies /etc/mrc-ebpf/DEV.yaml,
+# which `mrcctl save --dev DEV` writes, at boot; docs/ops.md).
+UNITDIR ?= /etc/systemd/system
+install-unit:
+	install -D -m 0644 packaging/systemd/mrc-ebpf@.service $(DESTDIR)$(UNITDIR)/mrc-ebpf@.service
+	@if [ -z "$(DESTDIR)" ] && command -v systemctl >/dev/null; then systemctl daemon-reload || true; fi
 
 clean:
 	rm -rf .venv *.egg-info .pytest_cache bench-results vm_tests/out

@@ -295,6 +295,8 @@ struct mrc_peer_acks {
 #define MRC_EV_LATE		4	/* up: its packets from before the down arrived late */
 #define MRC_EV_KEPT		5	/* overdue, but kept: taking it out would leave the
 					 * peer fewer than min_active usable paths */
+#define MRC_EV_SHARED_DOWN	6	/* its first hop is suspect (another path through it
+					 * went down) and its probe went unanswered */
 
 struct mrc_event {
 	__u64	seq;		/* 1, 2, ...: position in the log (0: empty slot) */
@@ -356,6 +358,16 @@ struct mrc_rx_peer {
 	__u32	reorder_hist[MRC_HIST_BUCKETS];	/* log2 of (highest - peer_seq) */
 	__u32	epoch;		/* the sender's latest epoch (lib/auth.h) */
 	__u32	restarts;	/* times its epoch changed: it re-attached */
+	/* Per block of `heard`: every path in it has sent a packet at or
+	 * after heard_since that arrived (the report's lower bound), and the
+	 * newest send before that on any of them is heard_need, which the
+	 * bound must stay above to acknowledge it (lib/rx_track.h,
+	 * rx_track_heard; reported by lib/feedback.h). */
+	__u64	heard_since[MRC_MAX_PATHS / 64];
+	__u64	heard_need[MRC_MAX_PATHS / 64];
+	/* paths heard whose send would drag the bound below heard_need:
+	 * reported exactly, one per report */
+	__u64	heard_slow[MRC_MAX_PATHS / 64];
 };
 
 /* peer_tx: array by peer_id; updated with atomic adds, shared by CPUs */
@@ -397,6 +409,7 @@ struct mrc_device {
 /* mrc_device.flags; bit 0 means the same in bpf/lab/fault.c's fault_config.flags */
 #define MRC_DEV_F_CLSACT_OURS	0x01	/* attach added the clsact qdisc: detach removes it */
 #define MRC_DEV_F_XDP_SKB	0x02	/* XDP attached in skb (generic) mode */
+#define MRC_DEV_F_XDP_CHAINED	0x04	/* mrc_rx hands on to the device's earlier XDP program (lib/xdp_chain.h) */
 
 /* The timers of mrc_config when `mrcctl attach` is not told otherwise:
  * for a datacenter, round trips of tens of microseconds */
@@ -419,6 +432,7 @@ struct mrc_config {
 	__u32	n_devices;
 	struct mrc_device devices[MRC_MAX_DEVICES];
 	__u32	min_active;	/* a peer keeps at least this many paths in use (0: no floor) */
+	__u32	shared_fate;	/* 1: a path down makes its first hop suspect (lib/shared_fate.h) */
 };
 
 /* tx_flows: array by a TCP flow's hash (direct-mapped): how far each flow
@@ -521,6 +535,38 @@ struct mrc_auth {
  * beside everything else */
 struct mrc_tx_scratch {
 	__u8	bytes[128];
+};
+
+/* ---- shared fate (lib/shared_fate.h) -------------------------------- */
+/*
+ * A path's first hop (SRH: its first segment; uSID: the block and its
+ * first ID) gets a small id from the loader when the path is added, the
+ * same for every path of every peer through that hop; 0 is no hop
+ * (entropy paths: the fabric's hash picks their hops).  When a path is
+ * taken out, its hop becomes suspect: every other path through it that
+ * the peer has not acknowledged since is skipped and tested at once by a
+ * header-only probe copy, and taken out if the peer acknowledges later
+ * sends on other paths but not that probe.  The suspicion holds while a
+ * path through the hop is out and its probes go unanswered, each due
+ * probe extending it by MRC_FATE_HOLD_FACTOR x probe_us.
+ */
+#define MRC_MAX_HOPS		256	/* hop ids 1..255 per attachment */
+#define MRC_FATE_HOLD_FACTOR	4
+
+/* hops: array by hop id */
+struct mrc_hop {
+	struct mrc_sid	sid;	/* loader: the first-hop SID (all zero: slot free) */
+	__u64	suspect_ns;	/* datapath: when its suspicion began; 0: never */
+	__u64	until_ns;	/* datapath: suspect until then */
+	__u64	suspects;	/* times it became suspect */
+	__u64	shared_downs;	/* paths taken out because their probe went unanswered */
+};
+
+/* path_fate: array by path index */
+struct mrc_path_fate {
+	__u64	probe_ns;	/* datapath: the probe copy sent for the hop's suspicion; 0: none */
+	__u32	hop;		/* loader: hop id (0: none) */
+	__u32	pad;
 };
 
 #endif /* MRC_COMMON_H */

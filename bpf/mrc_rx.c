@@ -6,7 +6,9 @@
  * stripped of its outer IPv6 + SRH, or + Destination Options for a uSID
  * path, and passed up as the inner packet, a fabric queue's ECN mark
  * carried onto it (lib/ecn.h).  What fails a check is dropped and
- * counted by reason.  Packets for anyone else pass untouched.
+ * counted by reason.  Packets for anyone else pass untouched, and what
+ * passes goes on to the device's earlier XDP program if attach found one
+ * there (lib/xdp_chain.h).
  *
  * Every packet is counted in MRC_RX_SEEN and in exactly one outcome.
  *
@@ -35,11 +37,19 @@
 #include "lib/feedback.h"
 #include "lib/ecn.h"
 #include "lib/auth.h"
+#include "lib/xdp_chain.h"
 
 static __always_inline int rx_pass(void)
 {
 	count(MRC_RX_PASS);
 	return XDP_PASS;
+}
+
+/* Not ours: on to the device's earlier XDP program, if any (lib/xdp_chain.h) */
+static __always_inline int rx_pass_on(struct xdp_md *ctx, struct mrc_config *cfg)
+{
+	count(MRC_RX_PASS);
+	return xdp_pass_on(ctx, cfg);
 }
 
 static __always_inline int rx_drop(__u32 reason)
@@ -168,15 +178,15 @@ int mrc_rx(struct xdp_md *ctx)
 	if (!cfg)
 		return rx_pass();
 	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IPV6))
-		return rx_pass();
+		return rx_pass_on(ctx, cfg);
 	ip6 = (void *)(eth + 1);
 	if ((void *)(ip6 + 1) > data_end)
-		return rx_pass();
+		return rx_pass_on(ctx, cfg);
 	/* An SRH path, or a uSID path whose last ID made the destination
 	 * our SID; anything else to our SID is the kernel's business. */
 	if (!addr_equal(ip6->daddr.s6_addr, cfg->sid) ||
 	    (ip6->nexthdr != IPPROTO_ROUTING && ip6->nexthdr != IPPROTO_DSTOPTS))
-		return rx_pass();
+		return rx_pass_on(ctx, cfg);
 
 	/* From here on the packet claims to be ours: whatever is wrong
 	 * with it is dropped, never decapsulated. */
@@ -238,5 +248,5 @@ int mrc_rx(struct xdp_md *ctx)
 
 	count(MRC_RX_DECAP);
 	count_add(MRC_RX_DECAP_BYTES, inner_len);
-	return XDP_PASS;
+	return xdp_pass_on(ctx, cfg);
 }

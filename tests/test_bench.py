@@ -222,6 +222,29 @@ def test_reorder(runs):
     assert r["proof"]["mptcp"]["ok"] and len(r["contenders"]["mptcp"][top]["runs"][0]["spines"]["carrying"]) > 1
 
 
+
+def check_shared_fate(doc):
+    """The shared-fate scenario's document (also run on a stored one)."""
+    r = doc["results"]
+    assert set(r["patterns"]) == {"phased", "uniform"}
+    assert len(r["runs"]) == 4 * doc["params"]["repeat"]
+    for run in r["runs"]:
+        # 8 hosts x 2000 pps over ~2 s, and the black hole dropped packets
+        assert run["sent"] > 20000 and 0 <= run["lost"] < 0.05 * run["sent"], run
+        assert run["fault_drops"] > 0 and len(run["lost_by_pair"]) == 56
+        if run["shared_fate"] == "off":
+            assert run["suspects"] == 0 and run["shared_downs"] == 0, run
+        else:       # every host saw s1 fail and suspected its hop
+            assert run["suspects"] >= 8, run
+        assert run["downs"] >= 8
+
+
+def test_shared_fate(runs):
+    doc, _ = _load_doc(runs, "shared-fate", "shared-fate")
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(prefix in left for prefix in doc["namespace_prefixes"])
+    check_shared_fate(doc)
+
 # --------------------------------------------------------------------------- contenders
 
 def test_hash_read_back_per_mode(runs):
@@ -344,6 +367,9 @@ def test_fabric_hash_up_show_and_switch():
     (["bench", "spray-vs-ecmp", "--hosts-default", "-C", "cubic"],
      "--hosts-default leaves the hosts alone: not with --host-sysctl or -C"),
     (["bench", "cost", "--modes", "ecmp"], "cost has no modes to choose"),
+    (["bench", "spray-vs-ecmp", "--param", 'encoding="usid"'], "spray-vs-ecmp: bad encoding 'usid': srh or ev"),
+    (["bench", "spray-vs-ecmp", "--param", 'encoding="ev"', "--modes", "ecmp,bytes"],
+     "spray-vs-ecmp with encoding ev runs only the MRC modes: rr, bytes, adaptive, single"),
 ])
 def test_bad_contender_options_one_line(args, err):
     r, left = _run_one(args)

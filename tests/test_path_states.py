@@ -34,6 +34,10 @@ def blackhole(net, router) -> tuple[str, str]:
     return hole
 
 
+def counters(net) -> dict:
+    return json.loads(mrcctl("stats", "-j", netns=net.A).stdout)["counters"]
+
+
 def delta(after: dict, before: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k in after}
 
@@ -116,9 +120,9 @@ def test_min_active_keeps_two_of_four_with_three_blackholed(spray):
 
 def test_without_a_floor_all_three_go(spray):
     """The same failure without --min-active: all three are taken out,
-    nothing is kept.  (With one path of four left, a packet whose turn
-    falls on an out path may not find it within MRC_REROUTE_TRIES and
-    fails open on an out one: docs/design/entropy.md.)"""
+    nothing is kept, and with one path of four left every packet whose
+    turn falls on an out path finds the live one (a short list is tried
+    in order, every entry): none fails open."""
     net = spray
     net.attach("rr", "--ack-timeout-us", "1000", "--reorder-max-us", "0", "--probe-us", "2000000")
     net.udp(400, pps=5000)
@@ -126,11 +130,17 @@ def test_without_a_floor_all_three_go(spray):
     try:
         net.udp(2000, pps=10000)
         got = states(net)
+        # with one path of four up, every packet finds it: none fails open
+        c0 = counters(net)
+        net.udp(2000, pps=10000)
+        c1 = counters(net)
     finally:
         for h in holes:
             faults.heal(*h)
     assert got == {0: "up", 1: "assumed-bad", 2: "assumed-bad", 3: "assumed-bad"}, got
     assert not [e for e in events(net) if e["type"] == "kept"]
+    assert c1["tx_fail_open"] == c0["tx_fail_open"], (c0, c1)
+    assert c1["tx_reroute"] - c0["tx_reroute"] >= 1000, (c0, c1)
 
 
 def test_deny_hop_drains_a_router_under_tcp_without_loss(spray):

@@ -11,6 +11,7 @@
 #include "lib/maps.h"
 #include "lib/compiler.h"
 #include "lib/floor.h"
+#include "lib/shared_fate.h"
 
 static __always_inline void failover_event_log(__u32 peer_id, __u16 path_id, __u16 type, __u64 now,
 				      __u64 since)
@@ -121,13 +122,13 @@ static __always_inline void failover_ack_window_widen(struct mrc_peer_acks *acks
  */
 static __always_inline enum path_use failover_path_check(struct mrc_path_live *live,
 						const struct mrc_config *cfg,
-						__u32 peer_id, __u16 path_id, __u64 now)
+						__u32 peer_id, __u16 path_id, __u64 now, int fate)
 {
 	struct mrc_peer_acks *acks = peer_acks.lookup(&peer_id);
 	__u64 probe_ns = (__u64)cfg->probe_us * 1000;
 	__u64 since = live->unacked_since_ns;
 	__u64 down = live->down_ns;
-	__u64 acked, window;
+	__u64 acked, window, probe;
 
 	if (!acks || !acks->last_ns)
 		return PATH_USE;
@@ -155,8 +156,17 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 
 		if (now < due || !__sync_bool_compare_and_swap(&live->next_probe_ns, due, now + probe_ns))
 			return PATH_SKIP;
+		if (fate)	/* shared fate: its hop is still suspect */
+			shared_fate_path_down(cfg, peer_id * MRC_MAX_PATHS + path_id, 0, now);
 		return PATH_PROBE;
 	}
+	/* shared fate (lib/shared_fate.h): while its hop is suspect the path
+	 * is skipped, tested by a probe copy and judged by that probe */
+	probe = fate ? shared_fate_check(cfg, peer_id * MRC_MAX_PATHS + path_id, acked, now) : 0;
+	if (probe == FATE_PROBE_NOW)
+		return PATH_PROBE;
+	if (probe && (!since || probe < since))
+		since = probe;
 	if (!since)
 		return PATH_USE;
 	window = failover_ack_window(acks, cfg, now) + failover_queue_allowance(cfg, peer_id, path_id);
@@ -175,13 +185,15 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 			live->down_after_ns = live->last_sent_ns;
 			live->next_probe_ns = now + probe_ns;
 			live->downs++;
-			failover_event_log(peer_id, path_id, MRC_EV_DOWN, now, since);
+			failover_event_log(peer_id, path_id, since == probe ? MRC_EV_SHARED_DOWN : MRC_EV_DOWN,
+					   now, since);
+			shared_fate_path_down(cfg, peer_id * MRC_MAX_PATHS + path_id, since == probe, now);
 		} else {
 			floor_release(peer_id);
 		}
 		return PATH_SKIP;
 	}
-	return PATH_USE;
+	return probe ? PATH_SKIP : PATH_USE;
 }
 
 /* After a packet left on the path: start its acknowledgement clock, if

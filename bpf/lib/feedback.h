@@ -6,11 +6,11 @@
  *   the receiver measures each of the sender's paths (rx_paths) and, in
  *   each packet it sends back, reports on one path exactly (delay, loss,
  *   newest send heard: see feedback_fill_heard for which) and
- *   acknowledges up to FB_PATHS_PER_REPORT more it heard from; the
+ *   acknowledges every other path it heard from since its last report; the
  *   sender files that in path_health, which the adaptive policy reads,
  *   and in peer_acks, which failover reads (lib/failover.h).
- * Paths are reported as often as they are used, with a walk over at most
- * FB_PATHS_PER_REPORT of them.
+ * Paths are reported as often as they are used, at a cost per report
+ * that does not grow with the number of paths.
  */
 #ifndef MRC_LIB_FEEDBACK_H
 #define MRC_LIB_FEEDBACK_H
@@ -75,77 +75,51 @@ static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer)
 	return -1;
 }
 
-/* Paths one feedback covers at most; more stay for the next one. */
-#define FB_PATHS_PER_REPORT	4
-/* A path whose newest send trails the others' by more is reported alone */
-#define FB_SLOW_PATH_NS		100000
-
 /*
- * TX: report up to FB_PATHS_PER_REPORT paths with news from the next
- * block of them (rotating), and clear those.  The block's figure is a
- * lower bound for all its paths: the oldest of their newest sends.  One
- * slow path would drag it below what the others need to stop their
- * clocks, so a path whose send trails the rest by FB_SLOW_PATH_NS is
- * reported exactly instead and left out of the bound; otherwise the
- * newest is (it tells the sender how far we have heard it: the sooner a
- * black hole elsewhere is seen).  A path with a loss, `lossy`, takes the
- * exact report before either.  Returns the path to report exactly (its
- * send is filled in when known here), -1 when nothing is new.
+ * TX: acknowledge every path heard in the next block with news (rotating
+ * over the blocks), with the block's one lower bound (lib/rx_track.h,
+ * rx_track_heard): a path's acknowledgement is then about one report
+ * interval old, however many paths the peer sprays over.  The path to
+ * report exactly: one with a loss not yet told (`lossy`), else one whose
+ * send would have dragged the bound (a slow path), else -1 (the caller
+ * reports the path heard last: how far we have heard the peer, the
+ * sooner a black hole elsewhere is seen).
  */
 static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_rx_peer *peer,
 					       int lossy)
 {
-	__u64 heard, left, tx, first = ~0ULL, second = ~0ULL, newest = 0;
-	__u32 i, bit, oldest = 0, latest = 0, block, base;
+	__u64 heard = 0, slow;
+	__u32 i, block = 0;
 
 #pragma unroll
 	for (i = 0; i < MRC_MAX_PATHS / 64; i++) {
 		block = (peer->fb_block + i) & (MRC_MAX_PATHS / 64 - 1);
-		left = peer->heard[block];
-		if (left)
+		heard = peer->heard[block];
+		if (heard)
 			break;
 	}
-	if (!left)
-		return lossy;
-	base = block * 64;
-	heard = 0;
-#pragma unroll
-	for (i = 0; i < FB_PATHS_PER_REPORT; i++) {
-		if (!left)
-			break;
-		bit = feedback_lowest_bit(left);
-		left &= left - 1;
-		heard |= 1ULL << (bit & 63);
-		tx = peer->latest_tx[(base + bit) & (MRC_MAX_PATHS - 1)];
-		if (tx < first) {
-			second = first;
-			first = tx;
-			oldest = bit;
-		} else if (tx < second) {
-			second = tx;
-		}
-		if (tx > newest) {
-			newest = tx;
-			latest = bit;
-		}
+	if (heard) {
+		/* the bound after the bits: written before them (rx_track_heard) */
+		asm volatile("" ::: "memory");
+		tlv->fb_block = block;
+		tlv->fb_heard = mrc_htonll(heard);
+		tlv->fb_since_ns32 = bpf_htonl((__u32)peer->heard_since[block]);
+		/* a path that joined meanwhile stays for the next report */
+		if (!(__sync_fetch_and_and(&peer->heard[block], ~heard) & ~heard))
+			peer->fb_block = block + 1;
 	}
-	peer->heard[block] = left;
-	if (!left)
-		peer->fb_block = block + 1;
-	tlv->fb_block = block;
-	if (lossy < 0 && second != ~0ULL && second - first > FB_SLOW_PATH_NS) {
-		/* the slow one exactly; the others at or above the next oldest */
-		tlv->fb_heard = mrc_htonll(heard & ~(1ULL << (oldest & 63)));
-		tlv->fb_since_ns32 = bpf_htonl((__u32)second);
-		tlv->fb_path_tx32 = bpf_htonl((__u32)first);
-		return base + oldest;
-	}
-	tlv->fb_heard = mrc_htonll(heard);
-	tlv->fb_since_ns32 = bpf_htonl((__u32)first);
 	if (lossy >= 0)
 		return lossy;
-	tlv->fb_path_tx32 = bpf_htonl((__u32)newest);
-	return base + latest;
+#pragma unroll
+	for (i = 0; i < MRC_MAX_PATHS / 64; i++) {
+		slow = peer->heard_slow[i];
+		if (slow) {
+			slow &= -slow;
+			peer->heard_slow[i] &= ~slow;
+			return i * 64 + feedback_lowest_bit(slow);
+		}
+	}
+	return -1;
 }
 
 /* TX: fill fb_* with what we saw from the peer whose SID is `peer_sid`. */

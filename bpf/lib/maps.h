@@ -36,5 +36,10 @@ BPF_ARRAY(tx_flows, struct mrc_tx_flow, MRC_TX_FLOWS);
 BPF_ARRAY(peer_floor, struct mrc_peer_floor, MRC_MAX_PEERS);
 BPF_ARRAY(auth, struct mrc_auth, 1);	/* epoch and MAC keys (lib/auth.h) */
 BPF_PERCPU_ARRAY(tx_scratch, struct mrc_tx_scratch, 1);
+/* slot i: the XDP program that was on config.devices[i] before us, which
+ * mrc_rx hands on to (lib/xdp_chain.h); pinned apart from the maps above */
+BPF_PROG_ARRAY(mrc_xdp_chain, MRC_MAX_DEVICES);
+BPF_ARRAY(hops, struct mrc_hop, MRC_MAX_HOPS);	/* shared fate (lib/shared_fate.h) */
+BPF_ARRAY(path_fate, struct mrc_path_fate, MRC_MAX_PEERS * MRC_MAX_PATHS);
 
 #endif

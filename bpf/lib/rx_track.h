@@ -156,23 +156,65 @@ static __always_inline struct mrc_rx_peer *rx_track_sender(const __u8 *src_sid,
 	return peer;
 }
 
+/*
+ * A packet sent at `sent` arrived on `path_id`, whose newest send before
+ * it was `before`: the path joins its block's next report (`heard`), whose
+ * one lower bound for all its paths is the oldest of their sends
+ * (heard_since).  The bound acknowledges a path only if it is above the
+ * path's send before those (the sender's clock runs from its oldest
+ * unacknowledged send), so a path joins only if the bound stays above
+ * every member's earlier send (heard_need) and above its own; else it is
+ * reported exactly (heard_slow).  Kept here, per packet, so that a
+ * report costs the sender of the feedback O(1) however many paths there
+ * are, and every path heard is acknowledged by the next report.  Two
+ * CPUs may race here and in feedback_fill_heard: the bound is written
+ * before the bit, so a report that sees the bit has a bound at or below
+ * its send.
+ */
+static __always_inline void rx_track_heard(struct mrc_rx_peer *peer, __u16 path_id, __u64 sent,
+					   __u64 before)
+{
+	__u32 block = (path_id / 64) & (MRC_MAX_PATHS / 64 - 1);
+	__u64 bit = 1ULL << (path_id & 63);
+	__u64 members = peer->heard[block];
+
+	if (members & bit || sent <= before)
+		return;		/* a member (a newer send only raises its own bound),
+				 * or a packet overtaken on its path: nothing new */
+	if (!members) {
+		peer->heard_since[block] = sent;
+		peer->heard_need[block] = before;
+	} else if (sent > peer->heard_need[block] && before < peer->heard_since[block]) {
+		if (sent < peer->heard_since[block])
+			peer->heard_since[block] = sent;
+		if (before > peer->heard_need[block])
+			peer->heard_need[block] = before;
+	} else {
+		peer->heard_slow[block] |= bit;
+		return;
+	}
+	peer->heard_slow[block] &= ~bit;
+	__sync_fetch_and_or(&peer->heard[block], bit);
+}
+
 static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct mrc_tlv *tlv, int gap)
 {
 	__u32 peer_seq = bpf_ntohl(tlv->peer_seq);
-	__u64 *tx;
+	__u64 *tx, sent, before;
 
 	peer->packets++;
 	peer->last_path_id = bpf_ntohs(tlv->path_id);
-	peer->heard[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
-		1ULL << (peer->last_path_id & 63);
 	if (gap)
 		peer->loss_news[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
 			1ULL << (peer->last_path_id & 63);
 	/* the newest send, not the latest arrival: a packet overtaken on
 	 * its path (two CPUs) must not make the acknowledgement go back */
 	tx = &peer->latest_tx[peer->last_path_id & (MRC_MAX_PATHS - 1)];
-	if (*tx < mrc_ntohll(tlv->tx_ns))
-		*tx = mrc_ntohll(tlv->tx_ns);
+	sent = mrc_ntohll(tlv->tx_ns);
+	before = *tx;
+	if (before < sent)
+		*tx = sent;
+	rx_track_heard(peer, peer->last_path_id, sent, before);
 	if ((__s32)(peer_seq - peer->max_peer_seq) > 0) {
 		peer->max_peer_seq = peer_seq;
 	} else if (peer_seq != peer->max_peer_seq) {

@@ -167,6 +167,11 @@ def _path_events(env, fab, hosts, t_from: int, t_to: int) -> dict | None:
     return n
 
 
+
+def steps(p: dict) -> int:
+    """Rounds run(p) makes (the progress line's total)."""
+    return len(p["modes"]) * p["repeat"] * sum(p["rounds"].values())
+
 def run(p: dict, env) -> dict:
     from mrc_ebpf.lab import fabric as fab_mod
     from mrc_ebpf.lab.fabric import parse_rate
@@ -213,7 +218,8 @@ def run(p: dict, env) -> dict:
                         else:
                             tr = pairs
                             per_dir = H * H
-                        log(f"collisions: {mode} {kind} round {r + 1}/{n_rounds} ({len(tr)} messages)")
+                        log(f"collisions: {mode} {kind} round {r + 1}/{n_rounds} ({len(tr)} messages)",
+                            step=True)
                         times = _round(conns, tr, p["size"])
                         msgs += times
                         rounds.append(max(times))

@@ -237,6 +237,11 @@ def _flood(env, ns, seconds: float, port: int) -> dict:
             "seconds": dt}
 
 
+
+def steps(p: dict) -> int:
+    """Floods run(p) makes (the progress line's total; the BPF_PROG_TEST_RUN part is quick)."""
+    return p["repeat"] * len(p["setups"])
+
 def run(p: dict, env) -> dict:
     from mrc_ebpf.bench.runner import log, spread, namespaces
     log(f"cost: BPF_PROG_TEST_RUN, {p['runs']} runs per point")
@@ -275,7 +280,7 @@ def run(p: dict, env) -> dict:
             try:
                 for rep in range(p["repeat"]):
                     for setup in group:
-                        log(f"cost: flood {setup} (run {rep + 1}/{p['repeat']})")
+                        log(f"cost: flood {setup} (run {rep + 1}/{p['repeat']})", step=True)
                         if setup == "kernel":
                             _setup(env, ns, setup)
                         if setup in attached:

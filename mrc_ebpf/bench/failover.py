@@ -600,6 +600,12 @@ def _exclusion(evs, dead_path, t_fail, first_loss, end_ns):
 
 # --------------------------------------------------------------------------- run
 
+def steps(p: dict) -> int:
+    """Measurements run(p) makes (the progress line's total)."""
+    return sum(p["repeat"] * len([x for x in p["protocols"] if m not in contenders.CONTENDERS
+                                  or x in p["contender_protocols"]]) for m in p["modes"])
+
+
 def run(p: dict, env) -> dict:
     from mrc_ebpf.lab import fabric as fab_mod
     from mrc_ebpf.lab.fabric import parse_rate
@@ -676,7 +682,7 @@ def _runs(env, fab, fab_mod, p, runs, calib, dports, trigger, extra, armed):
 def _mode_runs(env, fab, p, runs, calib, dports, trigger, mode, protos, contender, armed):
     for rep in range(p["repeat"]):
         for proto in protos:
-            log(f"failover: {mode} {proto}, run {rep + 1}/{p['repeat']}")
+            log(f"failover: {mode} {proto}, run {rep + 1}/{p['repeat']}", step=True)
             c = calib[proto]
             a = _mrc_paths(env, fab) if mode == "mrc" else None
             # the contenders' hash ignores ports (flow label): no calibration

@@ -230,6 +230,11 @@ def _bg_up(env, fab, bgns):
 
 # --------------------------------------------------------------------------- run
 
+
+def steps(p: dict) -> int:
+    """Measurements run(p) makes (the progress line's total): every mode at every delay."""
+    return len(p["modes"]) * p["repeat"] * len(p["delays_ms"])
+
 def run(p: dict, env) -> dict:
     from mrc_ebpf.lab import fabric as fab_mod
     from mrc_ebpf.lab.fabric import parse_rate
@@ -258,7 +263,7 @@ def run(p: dict, env) -> dict:
                     c0 = contenders.counters(env, fab, [1, 2], contenders.MPTCP_KEYS + contenders.PLB_KEYS)
                     for rep in range(p["repeat"]):
                         for d in p["delays_ms"]:
-                            log(f"reorder: {m}, delay {d} ms, run {rep + 1}/{p['repeat']}")
+                            log(f"reorder: {m}, delay {d} ms, run {rep + 1}/{p['repeat']}", step=True)
                             clevels[m][str(d)].append(_level(env, fab, p, ctx, d))
                     if m in contenders.CONTENDERS:
                         c1 = contenders.counters(env, fab, [1, 2], contenders.MPTCP_KEYS + contenders.PLB_KEYS)
@@ -270,7 +275,7 @@ def run(p: dict, env) -> dict:
                 fab_mod.attach(fab.name, "h1,h2", p["policies"][0], [])
             for rep in range(p["repeat"]):
                 for pol, d in ((pol, d) for pol in p["policies"] for d in p["delays_ms"]):
-                    log(f"reorder: {pol}, delay {d} ms, run {rep + 1}/{p['repeat']}")
+                    log(f"reorder: {pol}, delay {d} ms, run {rep + 1}/{p['repeat']}", step=True)
                     env.mrcctl(fab.ns("h1"), "path", "policy", fab.prefix6(2), pol)
                     env.mrcctl(fab.ns("h2"), "path", "policy", fab.prefix6(1), pol)
                     levels[pol][str(d)].append(_level(env, fab, p, ctx, d))

@@ -40,15 +40,32 @@ from mrc_ebpf.lab import netns, procs
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "cost",
-             "collisions": "collisions", "reorder": "reorder"}
+             "collisions": "collisions", "reorder": "reorder", "shared-fate": "shared_fate"}
 VERSION = 1
 PY = sys.executable
 MADE: list[str] = []        # fabric / namespace-set names this process made (the JSON lists them)
 HASHED: dict[str, dict] = {}  # fabric -> its leaves' ECMP hash as read back after it was built
 
 
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+# The CLI's progress line (cli/progress.py) while a scenario runs, or None:
+# log lines then go through it (above the line), and each measurement a
+# scenario logs with step=True moves it on, out of the scenario's steps(p).
+PROGRESS = None
+STEPS = {"done": 0, "total": 0}
+
+
+def log(msg: str, step: bool = False) -> None:
+    line = f"[bench] {msg}"
+    if PROGRESS is not None:
+        PROGRESS.log(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+    if step:
+        STEPS["done"] += 1
+        if PROGRESS is not None:
+            total = max(STEPS["total"], STEPS["done"])
+            # measurements finished so far: this one has just begun
+            PROGRESS(STEPS["done"] - 1, total, f"{msg} [{STEPS['done']}/{total}]")
 
 
 def spread(values) -> dict:
@@ -174,7 +191,7 @@ def no_interrupt():
 @contextlib.contextmanager
 def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, rate: str | None = "100mbit",
            host_rate: str | None = None, mtu: int = 1500, host_sysctls=(), ecn_threshold: str | None = None,
-           ask_ecn: bool = True):
+           ask_ecn: bool = True, encoding: str = "srh"):
     """A fabric of its own (unique name), always removed on the way out.
     With ECN marking the hosts ask for ECN (net.ipv4.tcp_ecn=1) too, unless
     ask_ecn is False (marking only for a mode that asks by itself)."""
@@ -186,7 +203,7 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
     log(f"fabric {name}: {spines} spines x {leaves} leaves x {hosts_per_leaf} hosts, rate {rate}, "
         f"MTU {mtu}{f', ECN marking above {ecn_threshold}' if ecn_threshold else ''}"
         f"{''.join(', ' + kv for kv in host_sysctls)}")
-    fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, "srh", mtu, list(host_sysctls),
+    fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, encoding, mtu, list(host_sysctls),
                ecn_threshold)
     try:
         fab = fab_mod.Fabric(fab_mod.load(name)["spec"])
@@ -325,11 +342,16 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
         p["tcp_congestion"] = congestion
         p["host_sysctls"] = [] if hosts_default else check_sysctls(
             DEFAULT_HOST_SYSCTLS if host_sysctls is None else host_sysctls)
+    if hasattr(mod, "check"):
+        mod.check(p)        # parameters that depend on each other, before anything runs
     old = signal.signal(signal.SIGTERM, _sigterm)
     env = Env(p.get("repeat"), p.get("tcp_congestion"))
     del MADE[:]
     HASHED.clear()
     started, t0 = time.time(), time.monotonic()
+    STEPS.update(done=0, total=mod.steps(p) if hasattr(mod, "steps") else 0)
+    if PROGRESS is not None:
+        PROGRESS.restart()
     log(f"{scenario}: {mod.TITLE} ({'short' if short else 'full'}, repeat {p.get('repeat')})")
     try:
         results = mod.run(p, env)
@@ -353,6 +375,8 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
     fig.savefig(path_png, dpi=100)
     plt.close(fig)
     doc["files"] = {"json": str(path_json), "png": str(path_png)}
+    if PROGRESS is not None:
+        PROGRESS.close()            # the table goes where the line was
     if not quiet:
         from tabulate import tabulate
         headers, rows = mod.table(results)

@@ -18,7 +18,10 @@ Modes, all on one fabric (h1 under l1 sends to h2 under l2):
   prr, plb, mptcp  what Linux users run instead (bench/contenders.py):
             flow-label hashing leaves, and for mptcp every flow an MPTCP
             connection with K subflows; run before MRC is attached.
-Every run records l1's uplink counters per spine (which spines carried
+With `encoding` "ev" the fabric is `--encoding ev` (plain IPv6 spines,
+leaves hashing the flow label) and MRC sprays over `entropy` EVs per
+peer instead of the K spine paths (only the MRC modes apply; `single`
+keeps one EV).  Every run records l1's uplink counters per spine (which spines carried
 the flows) and, per contender, its proof (contenders.proof).
 Goodput is mrc-perf's receiver-side byte count over the test (-J, one
 interval), for 1..16 parallel TCP flows (-P).  The ACK direction is
@@ -37,6 +40,7 @@ from __future__ import annotations
 import json
 
 from mrc_ebpf.bench import contenders
+from mrc_ebpf.errors import MrcError
 from mrc_ebpf.bench.runner import fmt_spread, log, spread
 from mrc_ebpf.perf.iperf_json import read_result
 
@@ -53,7 +57,7 @@ def params(short: bool) -> dict:
             "seconds": 1.5 if short else 8.0,
             "repeat": 1 if short else 3, "modes": list(MODES), "src": "h1", "dst": "h2",
             "tool": "mrc-perf -P FLOWS -t SECONDS -i 0 (TCP, 128 KiB writes)",
-            "capacity": "spines x rate (one direction)"}
+            "capacity": "spines x rate (one direction)", "encoding": "srh", "entropy": 64}
 
 
 def set_mtu(p: dict, mtu: int) -> None:
@@ -68,6 +72,7 @@ def _both(env, fab, *args_for):
 
 
 def _configure(env, fab, mode: str, K: int) -> None:
+    """K: the paths each host has to the other (spines, or EVs)."""
     h1, h2 = fab.ns("h1"), fab.ns("h2")
     if mode in ("rr", "bytes", "adaptive"):
         _both(env, fab, (h1, ["path", "policy", fab.prefix6(2), mode]),
@@ -78,6 +83,24 @@ def _configure(env, fab, mode: str, K: int) -> None:
         for i in range(1, K):
             _both(env, fab, (h1, ["path", "del", fab.prefix6(2), "--id", str(i)]),
                   (h2, ["path", "del", fab.prefix6(1), "--id", str(i)]))
+
+
+def _path_events(env, fab) -> dict:
+    """h1's datapath events so far (their sequence numbers), to count a run's."""
+    doc = json.loads(env.mrcctl(fab.ns("h1"), "stats", "--events", "-j").stdout)
+    return {"seq": max((e["seq"] for e in doc["events"]), default=0)}
+
+
+def _events_since(env, fab, mark: dict) -> dict:
+    """h1's path events (down, late, up, ...) since `mark`, counted by type;
+    `mark` moves on."""
+    doc = json.loads(env.mrcctl(fab.ns("h1"), "stats", "--events", "-j").stdout)
+    counts: dict = {}
+    for e in doc["events"]:
+        if e["seq"] > mark["seq"]:
+            counts[e["type"]] = counts.get(e["type"], 0) + 1
+    mark["seq"] = max((e["seq"] for e in doc["events"]), default=mark["seq"])
+    return counts
 
 
 def _ceilings(env, fab, modes) -> dict:
@@ -93,8 +116,21 @@ def _ceilings(env, fab, modes) -> dict:
     return {m: round(payload["ecmp" if m in plain else "mrc"] / (link_mtu + 14), 4) for m in modes}
 
 
+def steps(p: dict) -> int:
+    """Measurements run(p) makes (the progress line's total)."""
+    return sum(len(p["modes"]) * p["repeat"] * len(p["flows"][str(mtu)]) for mtu in p["mtus"])
+
+
+def check(p: dict) -> None:
+    if p["encoding"] not in ("srh", "ev"):
+        raise MrcError(f"spray-vs-ecmp: bad encoding {p['encoding']!r}: srh or ev")
+    if p["encoding"] == "ev" and set(p["modes"]) - {"rr", "bytes", "adaptive", "single"}:
+        raise MrcError("spray-vs-ecmp with encoding ev runs only the MRC modes: rr, bytes, adaptive, single")
+
+
 def run(p: dict, env) -> dict:
     from mrc_ebpf.lab.fabric import parse_rate
+    check(p)
     capacity = p["spines"] * parse_rate(p["rate"])
     by_mtu = {str(mtu): _run_mtu(p, env, mtu, capacity) for mtu in p["mtus"]}
     notes = []
@@ -115,24 +151,32 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
     port = 5400 + mtu % 1000
     records, proofs = {}, {}
     plb = "plb" in p["modes"]
+    ev = p["encoding"] == "ev"
     with fabric("sve", spines=p["spines"], leaves=2, hosts_per_leaf=1, rate=p["rate"],
                 host_rate=p["host_rate"], mtu=mtu, host_sysctls=p["host_sysctls"],
-                ecn_threshold=contenders.PLB_ECN_THRESHOLD if plb else None, ask_ecn=False) as fab:
+                ecn_threshold=contenders.PLB_ECN_THRESHOLD if plb else None, ask_ecn=False,
+                encoding="ev" if ev else "srh") as fab:
         attached = False
         for mode in p["modes"]:
             if mode != "ecmp" and mode not in contenders.CONTENDERS and not attached:
                 log("spray-vs-ecmp: attaching MRC on h1, h2")
-                fab_mod.attach(fab.name, "h1,h2", None, [])
+                fab_mod.attach(fab.name, "h1,h2", None, [], entropy=p.get("entropy") if ev else None)
                 attached = True
-            _configure(env, fab, mode, p["spines"])
+            _configure(env, fab, mode, p["entropy"] if ev else p["spines"])
+            events0 = _path_events(env, fab) if ev else None
             with contenders.mode(env, fab, mode, [1, 2]) as rec:
+                if ev:
+                    # EVs are flow labels: the leaves hash them (mode() set the 5-tuple)
+                    rec["hash_read_back"] = fab_mod.set_hash(fab.name, "flowlabel")
+                    rec["hash_asked"] = "flowlabel"
                 records[mode] = rec
                 keys = contenders.MPTCP_KEYS + contenders.PLB_KEYS
                 c0 = contenders.counters(env, fab, [1, 2], keys)
                 for rep in range(p["repeat"]):
                     for n in flows:
                         port += 1
-                        log(f"spray-vs-ecmp: MTU {mtu}, {mode}, {n} flow(s), run {rep + 1}/{p['repeat']}")
+                        log(f"spray-vs-ecmp: MTU {mtu}, {mode}, {n} flow(s), run {rep + 1}/{p['repeat']}",
+                            step=True)
                         u0 = contenders.uplinks(env, fab)
                         doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
                                        ["-t", str(p["seconds"]), "-P", str(n)], p["seconds"])
@@ -140,6 +184,8 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
                         result = read_result(doc)
                         rx = result["received_bps"]
                         raw[mode][str(n)].append({"goodput_bps": rx, "fraction": rx / capacity,
+                                                  "path_events": (_events_since(env, fab, events0)
+                                                                  if ev else None),
                                                   "retransmits": result["retransmits"],
                                                   "sender_bps": result["sent_bps"],
                                                   "spines": used,

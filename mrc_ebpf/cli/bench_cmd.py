@@ -8,6 +8,7 @@ import json
 import click
 
 from mrc_ebpf.bench.runner import DEFAULT_CC, DEFAULT_HOST_SYSCTLS, SCENARIOS
+from mrc_ebpf.cli.progress import Progress, progress_option
 
 
 @click.command()
@@ -44,8 +45,9 @@ from mrc_ebpf.bench.runner import DEFAULT_CC, DEFAULT_HOST_SYSCTLS, SCENARIOS
               help="Set a scenario parameter (as stored in the JSON's params), e.g. seconds=4 or "
                    "'flows={\"1500\": [1, 4]}'.")
 @click.option("-j", "--json", "json_", is_flag=True, help="Print the JSON document(s) instead of tables.")
+@progress_option
 def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_threshold, hosts_default, modes,
-          params, json_):
+          params, json_, progress):
     """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):
     JSON + PNG under --out and a table of min/median/max."""
     from mrc_ebpf.bench import runner
@@ -63,10 +65,16 @@ def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_thres
     mode_list = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
     if modes is not None and not mode_list:
         raise MrcError("--modes: give at least one mode")
-    docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_,
-                          congestion=congestion,
-                          host_sysctls=list(host_sysctls) or None, mtu=mtu, ecn_threshold=ecn_threshold,
-                          hosts_default=hosts_default, modes=mode_list, overrides=overrides or None)
+    with Progress("bench", progress) as shown:
+        runner.PROGRESS = shown if shown.enabled else None
+        try:
+            docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_,
+                                  congestion=congestion,
+                                  host_sysctls=list(host_sysctls) or None, mtu=mtu,
+                                  ecn_threshold=ecn_threshold, hosts_default=hosts_default,
+                                  modes=mode_list, overrides=overrides or None)
+        finally:
+            runner.PROGRESS = None
     if json_:
         pretty = (click.get_current_context().obj or {}).get("pretty")
         click.echo(json.dumps(docs if scenario == "all" else docs[0], indent=2 if pretty else None,

@@ -12,6 +12,7 @@ import os
 import click
 from tabulate import tabulate
 
+from mrc_ebpf.cli.progress import Progress, progress_option
 from mrc_ebpf.lab import fabric as fab_mod
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.datapath.source import prefixed
@@ -57,6 +58,42 @@ def _name_arg(f):
     return click.argument("name", required=False)(with_name)
 
 
+def _fabric_of(ctx):
+    """The fabric a command line being completed is about (its state, read
+    without the lock: completion must not wait), or None."""
+    from mrc_ebpf.lab.fabric.state import state_path
+    name = ctx.params.get("name") or ctx.params.get("name_opt") or fab_mod.DEFAULT_NAME
+    try:
+        state = json.loads(state_path(name).read_text())
+        return state, fab_mod.Fabric(state["spec"])
+    except (OSError, ValueError, KeyError, MrcError):
+        return None
+
+
+def complete_nodes(ctx, param, incomplete):
+    """Node names of the fabric (h1, s1, l2, p1s1 ...)."""
+    found = _fabric_of(ctx)
+    return [n for n in (found[1].nodes() if found else []) if n.startswith(incomplete)]
+
+
+def complete_targets(ctx, param, incomplete):
+    """What fail takes: nodes and links (s1-l2, h1-l1)."""
+    found = _fabric_of(ctx)
+    if not found:
+        return []
+    names = [*found[1].nodes(), *(lk["name"] for lk in found[1].links())]
+    return [n for n in names if n.startswith(incomplete)]
+
+
+def complete_faults(ctx, param, incomplete):
+    """What heal takes: the targets that have faults, else every node and link."""
+    found = _fabric_of(ctx)
+    if not found:
+        return []
+    faulted = sorted({f["target"] for f in found[0].get("faults", []) if f.get("target")})
+    return [n for n in faulted if n.startswith(incomplete)] or complete_targets(ctx, param, incomplete)
+
+
 def _name_opt(f):
     return click.option("-n", "--name", default=fab_mod.DEFAULT_NAME, show_default=True,
                         help="Fabric name.")(f)
@@ -100,10 +137,11 @@ def fabric():
               help="Build the fabric a description file describes (shape, links, addresses, hosts' "
                    "attach options; see mrc_ebpf/lab/fabric/description.py); the options above are "
                    "its defaults and cannot be given with it.")
+@progress_option
 @_json_opt
 @click.pass_context
 def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
-       ecn_threshold, ecmp_hash, from_file, json_):
+       ecn_threshold, ecmp_hash, from_file, progress, json_):
     """Build fabric NAME (default mrc, or the description's name)."""
     if from_file:
         from click.core import ParameterSource
@@ -116,13 +154,15 @@ def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encod
         desc = description.load(from_file)
         explicit = ctx.params.get("name") or ctx.params.get("name_opt")
         s = desc.spec
-        r = fab_mod.up(name if explicit else s["name"], s["spines"], s["leaves"], s["hosts_per_leaf"],
-                       s["planes"], s["rate"], s["host_rate"], s["encoding"], s["mtu"], list(s["host_sysctls"]),
-                       s["ecn_threshold"], s["hash"], s["sid_block"], s["data_block"],
-                       description=desc.to_dict())
+        with Progress("fabric up", progress) as shown:
+            r = fab_mod.up(name if explicit else s["name"], s["spines"], s["leaves"], s["hosts_per_leaf"],
+                           s["planes"], s["rate"], s["host_rate"], s["encoding"], s["mtu"],
+                           list(s["host_sysctls"]), s["ecn_threshold"], s["hash"], progress=shown,
+                           sid_block=s["sid_block"], data_block=s["data_block"], description=desc.to_dict())
     else:
-        r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
-                       list(host_sysctls), ecn_threshold, ecmp_hash)
+        with Progress("fabric up", progress) as shown:
+            r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
+                           list(host_sysctls), ecn_threshold, ecmp_hash, progress=shown)
     _emit(json_, r, lambda r: click.echo(
         f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
         f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
@@ -224,7 +264,7 @@ def down(name, all_, json_):
 @fabric.command("exec", cls=_DashDash,
                 context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @_name_opt
-@click.argument("node")
+@click.argument("node", shell_complete=complete_nodes)
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def exec_(ctx, name, node, cmd):
@@ -249,9 +289,10 @@ def exec_(ctx, name, node, cmd):
               help="Attach each host from its rendered config (mrcctl render of the fabric's "
                    "description: the file of `fabric up --from`, or these defaults): its attach "
                    "options, policy and every chosen peer with all its paths.")
+@progress_option
 @_json_opt
 @click.pass_context
-def attach(ctx, name, hosts, policy, ipv4, entropy, rendered, json_):
+def attach(ctx, name, hosts, policy, ipv4, entropy, rendered, progress, json_):
     """Attach mrc-ebpf on the hosts' NICs (eth0.. one per plane, one datapath)
     and add every other chosen host's IPv6 prefix with all its paths.
 
@@ -265,8 +306,9 @@ def attach(ctx, name, hosts, policy, ipv4, entropy, rendered, json_):
             f"attached {', '.join(r['hosts'])} from rendered configs: {r['paths_per_peer']} paths per peer, "
             f"{r['attach_s']} s"))
         return
-    r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4,
-                       entropy=entropy)
+    with Progress("fabric attach", progress) as shown:
+        r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4,
+                           entropy=entropy, progress=shown)
     _emit(json_, r, lambda r: click.echo(
         f"attached {', '.join(r['hosts'])} on {' '.join(r['devices'])}: {r['paths_per_peer']} paths "
         f"per peer, policy {r['policy']}"))
@@ -283,7 +325,7 @@ def detach(name, hosts, json_):
 
 
 @fabric.command()
-@click.argument("targets", nargs=-1, required=True)
+@click.argument("targets", nargs=-1, required=True, shell_complete=complete_targets)
 @click.option("--mode", default="down", show_default=True,
               help="down (link down: the sender sees it), blackhole, or loss=P (gray: it does not).")
 @_name_opt
@@ -296,7 +338,7 @@ def fail(targets, mode, name, json_):
 
 
 @fabric.command()
-@click.argument("targets", nargs=-1)
+@click.argument("targets", nargs=-1, shell_complete=complete_faults)
 @click.option("--all", "all_", is_flag=True, help="Heal every fault.")
 @_name_opt
 @_json_opt

@@ -78,7 +78,7 @@ def cli(ctx, json_, pretty, netns_name):
 @cli.command()
 @click.argument("devices", metavar="DEVICE...", nargs=-1, required=True,
                 shell_complete=complete_devices)
-@click.option("--sid", required=True, help="This host's SRv6 SID (outer source; decapsulated here).")
+@click.option("--sid", help="This host's SRv6 SID (outer source; decapsulated here); required, except with --replace.")
 @click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
               show_default=True, help="XDP mode: native (driver) or skb (generic).")
 @click.option("--granularity", type=click.Choice(["packet", "burst"]), default="packet",
@@ -100,27 +100,53 @@ def cli(ctx, json_, pretty, netns_name):
 @click.option("--min-active", type=click.IntRange(0, 256), default=0, show_default=True,
               help="The datapath takes no path out that would leave a peer fewer than this many "
                    "usable ones (MRC's ev_min_active); each refusal is an event (kept).")
+@click.option("--shared-fate/--no-shared-fate", default=True, show_default=True,
+              help="A path taken out makes its first hop suspect: the other peers' paths through "
+                   "it are tested at once by probe copies and taken out if they go unanswered.")
 @click.option("--key-file", metavar="FILE",
               help="The fabric's shared key (32 hex digits): sign what we send, file only "
                    "authentic feedback (see `mrcctl key`).")
+@click.option("--replace", is_flag=True,
+              help="Upgrade the running datapath of DEVICE in place: build the installed "
+                   "sources, then swap the programs atomically, keeping every map and setting.")
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
-           fb_interval_us, reorder_max_us, retrans_steer, min_active, key_file):
+           fb_interval_us, reorder_max_us, retrans_steer, min_active, shared_fate, key_file, replace):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
-    by the device its first hop is on; the pins are named after the first."""
+    by the device its first hop is on; the pins are named after the first.
+    With --replace, DEVICE's running datapath gets the newly built programs
+    without a restart (docs/ops.md)."""
     from mrc_ebpf.datapath import loader
+    if replace:
+        given = [f"--{p.replace('_', '-')}" for p in ctx.params
+                 if p not in ("devices", "replace", "json_", "pretty_")
+                 and ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--replace keeps the running settings and takes no {given[0]} "
+                                   f"(detach and attach to change them)")
+        result = loader.attach(list(devices), None, replace=True)
+        emit(ctx, result, lambda r: click.echo(
+            f"replaced the programs of {' '.join(r['devices'])} ("
+            + ", ".join(f"{k} {v['old_id']} -> {v['new_id']}" for k, v in r["programs"].items())
+            + f"), keeping its {r['maps_kept']} maps: compiled in {r['compile_s']:.1f} s, loaded in "
+            f"{r['load_s']:.1f} s, swapped in {r['swap_ms']:.2f} ms"))
+        return
+    if not sid:
+        raise click.UsageError("Missing option '--sid'.")
     result = loader.attach(list(devices), sid, mode, granularity, retrans_steer=retrans_steer,
                              key_file=key_file, loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us,
-                             min_active=min_active)
+                             min_active=min_active, shared_fate=shared_fate)
     emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
         f"{r['granularity']}{'; feedback authenticated' if r['auth']['authenticated'] else ''}; "
-        f"pinned at {r['pins']}"))
+        f"pinned at {r['pins']}"
+        + "".join(f"; chained to {c['device']}'s XDP program {c['id']} {c['name']}"
+                  for c in r["xdp_chained"])))
 
 
 @cli.command()
@@ -141,7 +167,9 @@ def detach(ctx, device, all_):
         results = [loader.detach(device)]
     # a list, whether one device or --all was given
     emit(ctx, results, lambda r: click.echo(
-        "\n".join(f"detached {x['device']}" for x in r) or "nothing attached"))
+        "\n".join(f"detached {x['device']}" + "".join(
+            f"; XDP program {b['id']} is back on {b['device']}" for b in x["xdp_restored"])
+            for x in r) or "nothing attached"))
 
 
 @cli.command()
@@ -166,12 +194,18 @@ def status(ctx):
             for h in r["hooks"]:
                 items += [(f"{h['device']} XDP", f"{h['xdp_mode'] or 'none'} (prog {h['xdp_prog_id'] or '-'}"
                                                  f"{'' if h['xdp_ours'] else ', not ours'})"),
+                          *([(f"{h['device']} XDP chained",
+                               f"prog {h['xdp_chained']['id']} {h['xdp_chained']['name']} "
+                               f"(gets what MRC passes)")] if h.get("xdp_chained") else []),
                           (f"{h['device']} TC egress",
                            f"prog {h['tc_prog_id'] or '-'}{'' if h['tc_ours'] else ' (missing)'}")]
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
                      ("granularity", r["granularity"]), ("peers", r["peers"]), ("paths", r["paths"]),
                      ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
                      ("min active", r["min_active"] or "no floor"),
+                     ("programs", ", ".join(f"{k} {v['id']}" for k, v in r["programs"].items())
+                      + f"; loaded {max((v['loaded'] or '' for v in r['programs'].values()), default='') or '-'}"),
+                     ("shared fate", {True: "on", False: "off"}.get(r.get("shared_fate"), "-")),
                      ("pins", r["pins"])]
             for route in r["routes"]:
                 items.append(("route", f"{route['prefix']}: {fmt_metrics(route['route_metrics'])}"))
@@ -436,6 +470,12 @@ path.add_command(path_deny)
 path.add_command(path_allow)
 from mrc_ebpf.cli.key_cmd import key  # noqa: E402
 cli.add_command(key)
+from mrc_ebpf.cli import config_cmd  # noqa: E402
+cli.add_command(config_cmd.apply)
+cli.add_command(config_cmd.show_config)
+cli.add_command(config_cmd.save)
+from mrc_ebpf.cli.fate_cmd import shared_fate  # noqa: E402
+cli.add_command(shared_fate)
 from mrc_ebpf.cli.render_cmd import render  # noqa: E402
 cli.add_command(render)
 

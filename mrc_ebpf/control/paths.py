@@ -13,6 +13,7 @@ import zlib
 from pyroute2 import IPRoute
 
 from mrc_ebpf.control import classes
+from mrc_ebpf.control import shared_fate
 from mrc_ebpf.datapath import routes
 from mrc_ebpf.datapath import layout
 from mrc_ebpf.datapath.loader import Attachment
@@ -400,12 +401,17 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
     # rolled back by the attachment's journal (Attachment.transaction)
     resolved = []
     attached = att.ifindexes
+    hops: dict[str, tuple[int, str]] = {}     # paths often share a first hop: one lookup each
+    mtu = att.config.mtu
     with IPRoute() as ipr:
         for spec in fresh:
-            if att.config.mtu - spec.overhead < (1280 if prefix.version == 6 else 576):
+            if mtu - spec.overhead < (1280 if prefix.version == 6 else 576):
                 raise MrcError(f"{len(spec.segments)} segments leave less than the minimum MTU on "
-                               f"{att.device} (MTU {att.config.mtu}, overhead {spec.overhead})")
-            oif, gateway = routes.next_hop(ipr, str(spec.first_hop))
+                               f"{att.device} (MTU {mtu}, overhead {spec.overhead})")
+            first = str(spec.first_hop)
+            if first not in hops:
+                hops[first] = routes.next_hop(ipr, first)
+            oif, gateway = hops[first]
             if oif not in attached:
                 name = ipr.get_links(oif)[0].get_attr("IFLA_IFNAME") if oif else "?"
                 raise MrcError(f"first hop {spec.first_hop} is routed out of {name}, "
@@ -425,6 +431,7 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
         index = path_index(peer.peer_id, path_id)
         att.maps["paths"].update(index, path)
         _reset_path_state(att, index)
+        shared_fate.assign(att, index, path)
         peer.n_paths = max(peer.n_paths, path_id + 1)
         results.append({"prefix": str(prefix), "path_id": path_id, **spec.describe(), "flowlabel": label,
                         "weight": weight, "class": class_label,
@@ -626,3 +633,57 @@ def list_paths(att: Attachment) -> list[dict]:
 def _monotonic_ns() -> int:
     import time
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def set_attrs(att: Attachment, prefix_text: str, path_id: int, weight: int, tclass: int) -> dict:
+    """Change a path's weight and class in place: it keeps its id,
+    sequence numbers and counters (`mrcctl apply` of a changed file)."""
+    if not 1 <= weight <= MAX_WEIGHT:
+        raise MrcError(f"bad weight {weight}: 1..{MAX_WEIGHT}")
+    prefix = parse_prefix(prefix_text)
+    key, peer = _lookup_peer(att, prefix)
+    used = dict(_used(att, peer))
+    if path_id not in used:
+        raise MrcError(f"{prefix} has no path {path_id}")
+    path = used[path_id]
+    if (path.weight, path.tclass) != (weight, tclass):
+        path.weight, path.tclass = weight, tclass
+        att.maps["paths"].update(path_index(peer.peer_id, path_id), path)
+        _rebuild(att, peer)
+    return {"prefix": str(prefix), "path_id": path_id, "weight": weight, "tclass": tclass}
+
+
+def set_route_metrics(att: Attachment, prefix_text: str, metrics: dict[str, str | None]) -> dict:
+    """Make the peer route's TCP metrics exactly METRICS (parse_metric's
+    values; a key absent or None is removed)."""
+    prefix = parse_prefix(prefix_text)
+    _, peer = _lookup_peer(att, prefix)
+    overrides = {k: None for k in routes.DEFAULT_TCP_METRICS}
+    overrides.update({k: None for k in route_metrics(att, prefix)})
+    overrides.update(metrics)
+    _sync_route(att, prefix, peer, overrides)
+    return {"prefix": str(prefix), "route_metrics": route_metrics(att, prefix)}
+
+
+def configured(att: Attachment) -> list[dict]:
+    """What was configured, without the counters and learnt state
+    list_paths reads: per peer (by peer id) its prefix, policy, route
+    metrics and paths (by path id).  One route dump for every peer."""
+    names = classes.names(att)
+    with IPRoute() as ipr:
+        installed = {}
+        for family in (4, 6):
+            for route in routes.ours(ipr, family, att.ifindexes):
+                installed[(family, route.get_attr("RTA_DST"), route["dst_len"])] = route
+    out = []
+    for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
+        prefix = key_prefix(key)
+        route = installed.get((prefix.version, str(prefix.network_address), prefix.prefixlen))
+        out.append({"prefix": str(prefix), "peer_id": peer.peer_id,
+                    "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
+                    "route_metrics": routes.tcp_metrics_of(route) if route is not None else {},
+                    "paths": [{"path_id": i, "encoding": encoding_of(p), "segments": _segments_of(p),
+                               "peer_sid": _addr(p.peer_sid), "weight": p.weight,
+                               "class": names.get(p.tclass, str(p.tclass)), "denied": p.state == DENIED}
+                              for i, p in _used(att, peer)]})
+    return out

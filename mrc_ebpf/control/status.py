@@ -7,7 +7,7 @@ import time
 
 from pyroute2 import IPRoute
 
-from mrc_ebpf.datapath import hooks, layout, pins, stale
+from mrc_ebpf.datapath import hooks, layout, pins, replace, stale, xdp_chain
 from mrc_ebpf.control import paths
 from mrc_ebpf.datapath.loader import PROG_RX, PROG_TX, Attachment
 from mrc_ebpf.errors import MrcError
@@ -53,9 +53,10 @@ def _one(ipr: IPRoute, device: str) -> dict:
         att = Attachment.open(device)
     except MrcError as e:
         row.update(healthy=False, problems=[str(e)], sid=None, xdp_mode=None, xdp_prog_id=0,
+                   xdp_chained=None,
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
-                   routes=[], path_states={}, min_active=None)
+                   routes=[], path_states={}, min_active=None, programs={}, shared_fate=None)
         return row
     with att:
         cfg = att.config
@@ -67,19 +68,34 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    peers=len(peers), paths=sum(len(paths._used(att, p)) for p in peers), overhead=overhead,
                    devices=att.device_names(), fail_open=_fail_open(att),
                    ack_windows=_ack_windows(att), path_states=_path_states(att),
-                   min_active=cfg.min_active,
+                   min_active=cfg.min_active, programs=replace.programs(att.dir),
+                   shared_fate=bool(cfg.shared_fate),
                    routes=[{"prefix": p["prefix"], "route_metrics": p["route_metrics"]}
                            for p in paths.peers(att)])
+        chained = [_chained(att, cfg, i, row["problems"]) for i in range(len(row["devices"]))]
     for f in row["fail_open"]:
         row["problems"].append(f"every path to {f['prefix']} is down: sending on them anyway, "
                                f"probed (fail-open) for {f['for_ms']} ms")
     # what the kernel has on each device, against the pinned programs
     row["hooks"] = [_hooks(ipr, name, rx_id, tx_id, row["problems"]) for name in row["devices"]]
+    for hooked, other in zip(row["hooks"], chained):
+        hooked["xdp_chained"] = other
     first = row["hooks"][0]
-    row.update({k: first[k] for k in ("xdp_mode", "xdp_prog_id", "xdp_ours", "tc_prog_id",
-                                      "tc_ours", "granularity")})
+    row.update({k: first[k] for k in ("xdp_mode", "xdp_prog_id", "xdp_ours", "xdp_chained",
+                                      "tc_prog_id", "tc_ours", "granularity")})
     row["healthy"] = not row["problems"]
     return row
+
+
+def _chained(att: Attachment, cfg, slot: int, problems: list) -> dict | None:
+    """The XDP program mrc_rx hands on to on devices[SLOT] ({"id", "name"}), or None."""
+    if slot >= len(cfg.devices) or not cfg.devices[slot].flags & xdp_chain.CFG_XDP_CHAINED:
+        return None
+    other = xdp_chain.chained(att.dir, slot)
+    if other is None:
+        problems.append(f"the XDP program mrc_rx chained to on device {slot + 1} is gone "
+                        f"from {xdp_chain.CHAIN_MAP}: that device's other traffic only passes")
+    return other
 
 
 def _fail_open(att: Attachment) -> list[dict]:

@@ -16,6 +16,7 @@ from mrc_ebpf.datapath.mirrors import KERNEL_BPF_H, mirror
 _libc = ctypes.CDLL(None, use_errno=True)
 _NR_BPF = 321  # x86_64
 
+BPF_MAP_CREATE = 0
 BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
@@ -26,6 +27,7 @@ BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_TEST_RUN = 10
 
 BPF_ANY = 0
+BPF_MAP_TYPE_ARRAY = 2
 BPF_MAP_TYPE_LPM_TRIE = 11
 
 
@@ -38,6 +40,14 @@ class _MapElemAttr(ctypes.Structure):
     _fields_ = [("map_fd", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("key", ctypes.c_uint64), ("value", ctypes.c_uint64),
                 ("flags", ctypes.c_uint64)]
+
+
+@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
+class _MapCreateAttr(ctypes.Structure):
+    _fields_ = [("map_type", ctypes.c_uint32), ("key_size", ctypes.c_uint32),
+                ("value_size", ctypes.c_uint32), ("max_entries", ctypes.c_uint32),
+                ("map_flags", ctypes.c_uint32), ("inner_map_fd", ctypes.c_uint32),
+                ("numa_node", ctypes.c_uint32), ("map_name", ctypes.c_char * 16)]
 
 
 @mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
@@ -107,6 +117,14 @@ def obj_get(path: str) -> int:
     raw = path.encode()
     attr = _ObjAttr(pathname=ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value)
     return _bpf(BPF_OBJ_GET, attr)
+
+
+def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str) -> int:
+    """A new map (an fd): for state Python alone keeps beside the
+    datapath's maps, pinned with them (not something the programs read)."""
+    attr = _MapCreateAttr(map_type=map_type, key_size=key_size, value_size=value_size,
+                          max_entries=max_entries, map_name=name.encode()[:15])
+    return _bpf(BPF_MAP_CREATE, attr)
 
 
 def obj_pin(fd: int, path: str) -> None:

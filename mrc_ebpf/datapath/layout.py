@@ -76,7 +76,7 @@ class Config(ctypes.Structure):
     _fields_ = [("sid", Addr), ("mtu", u32), ("loss_hold_us", u32), ("ack_timeout_us", u32),
                 ("probe_us", u32), ("fb_interval_us", u32), ("reorder_max_us", u32),
                 ("retrans_steer", u32), ("n_devices", u32),
-                ("devices", Device * C["MRC_MAX_DEVICES"]), ("min_active", u32)]
+                ("devices", Device * C["MRC_MAX_DEVICES"]), ("min_active", u32), ("shared_fate", u32)]
 
 
 @mirror("struct mrc_tx_flow")
@@ -119,7 +119,10 @@ class RxPeer(ctypes.Structure):
     _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("loss_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("latest_tx", u64 * C["MRC_MAX_PATHS"]), ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
-                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32)]
+                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32),
+                ("heard_since", u64 * (C["MRC_MAX_PATHS"] // 64)),
+                ("heard_need", u64 * (C["MRC_MAX_PATHS"] // 64)),
+                ("heard_slow", u64 * (C["MRC_MAX_PATHS"] // 64))]
 
 
 @mirror("struct mrc_path_live")
@@ -163,6 +166,17 @@ class TxScratch(ctypes.Structure):
     _fields_ = [("bytes", u8 * 128)]
 
 
+@mirror("struct mrc_hop")
+class Hop(ctypes.Structure):
+    _fields_ = [("sid", Sid), ("suspect_ns", u64), ("until_ns", u64), ("suspects", u64),
+                ("shared_downs", u64)]
+
+
+@mirror("struct mrc_path_fate")
+class PathFate(ctypes.Structure):
+    _fields_ = [("probe_ns", u64), ("hop", u32), ("pad", u32)]
+
+
 Index = u32
 
 # name in lib/maps.h -> (key type, value type, per-CPU)
@@ -191,6 +205,8 @@ MAPS = {
     "peer_floor": (Index, PeerFloor, False),
     "auth": (Index, Auth, False),
     "tx_scratch": (Index, TxScratch, True),
+    "hops": (Index, Hop, False),
+    "path_fate": (Index, PathFate, False),
 }
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, offload, pins, source
-from mrc_ebpf.datapath import routes
+from mrc_ebpf.datapath import routes, xdp_chain
 from mrc_ebpf.datapath.journal import Journal
 from mrc_ebpf.errors import MrcError
 
@@ -43,8 +43,23 @@ def parse_sid(text: str) -> ipaddress.IPv6Address:
     return sid
 
 
-def compile_datapath():
-    """Compile and load the programs; returns (bcc module, tx, rx, fb)."""
+def compile_datapath(rx_attach_type: int = 0):
+    """Compile and load the programs; returns (bcc module, tx, rx, fb).
+    RX_ATTACH_TYPE: mrc_rx's expected_attach_type, which must be that of
+    the XDP program it tail-calls (xdp_chain.tail_call_profile)."""
+    module = build_datapath()
+    from bcc import BPF
+    try:
+        tx = module.load_func("mrc_tx", BPF.SCHED_CLS)
+        rx = module.load_func("mrc_rx", BPF.XDP, None, rx_attach_type or -1)
+        fb = module.load_func("mrc_fb", BPF.SCHED_CLS)
+    except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
+        raise MrcError(f"cannot load the datapath: {e}")
+    return module, tx, rx, fb
+
+
+def build_datapath():
+    """Compile bpf/mrc.c: a bcc module whose maps exist, nothing loaded yet."""
     try:
         from bcc import BPF
     except ImportError:
@@ -55,13 +70,9 @@ def compile_datapath():
         raise MrcError(f"kernel headers missing at {build}: apt-get install linux-headers-amd64 "
                        f"and link them there (`make setup` does this)")
     try:
-        module = BPF(text=source.expand().encode(), cflags=["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"])
-        tx = module.load_func("mrc_tx", BPF.SCHED_CLS)
-        rx = module.load_func("mrc_rx", BPF.XDP)
-        fb = module.load_func("mrc_fb", BPF.SCHED_CLS)
-    except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
+        return BPF(text=source.expand().encode(), cflags=["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"])
+    except Exception as e:  # bcc raises bare Exception; the compiler's messages went to stderr
         raise MrcError(f"cannot load the datapath: {e}")
-    return module, tx, rx, fb
 
 
 class Attachment:
@@ -254,8 +265,9 @@ def resolve_device(device: str | None) -> str:
 TIMERS = layout.TIMER_DEFAULTS
 
 
-def _check_free(ipr: IPRoute, devices: list[str]) -> list[int]:
-    """Every device exists, carries no XDP program and is not ours yet."""
+def _check_free(ipr: IPRoute, devices: list[str], mode: str = "auto") -> list[tuple[int, dict | None]]:
+    """Every device exists and is not ours yet; (ifindex, the XDP program
+    already there that mrc_rx will chain to, or None) for each."""
     if len(set(devices)) != len(devices):
         raise MrcError(f"a device is named twice: {' '.join(devices)}")
     if len(devices) > MAX_DEVICES:
@@ -266,10 +278,7 @@ def _check_free(ipr: IPRoute, devices: list[str]) -> list[int]:
         first = owner(device)
         if first:
             raise MrcError(f"{device} is already attached (mrcctl detach {first} first)")
-        xdp = hooks.device_info(ipr, index)["xdp_prog_id"]
-        if xdp:
-            raise MrcError(f"{device} already has an XDP program (id {xdp}); remove it first")
-        indexes.append(index)
+        indexes.append((index, xdp_chain.other_program(ipr, device, index, mode)))
     return indexes
 
 
@@ -283,12 +292,16 @@ def _check_sid_free(sid: ipaddress.IPv6Address) -> None:
 
 
 def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granularity: str,
-          undo: list) -> tuple[layout.Device, str]:
-    """Hook the programs to one device; what it changed goes on `undo`."""
+          undo: list, other: dict | None = None, chain_fd: int = -1,
+          slot: int = 0) -> tuple[layout.Device, str]:
+    """Hook the programs to one device; what it changed goes on `undo`.
+    OTHER: the XDP program already there, which mrc_rx takes the place
+    of and hands on to (xdp_chain.py)."""
     info = hooks.device_info(ipr, index)
     flags = 0
-    used_mode = hooks.xdp_attach(device, rx.fd, mode)
-    undo.append(lambda: hooks.xdp_detach(device, used_mode))
+    used_mode = _xdp_hook(device, index, rx.fd, mode, undo, other, chain_fd, slot)
+    if other:
+        flags |= xdp_chain.CFG_XDP_CHAINED
     if used_mode == "skb":
         flags |= CFG_XDP_SKB
     if not hooks.has_clsact(ipr, index):
@@ -307,14 +320,34 @@ def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granular
                          mtu=info["mtu"]), used_mode
 
 
+def _xdp_hook(device: str, index: int, rx_fd: int, mode: str, undo: list,
+              other: dict | None = None, chain_fd: int = -1, slot: int = 0) -> str:
+    """Put mrc_rx (RX_FD) on DEVICE's XDP hook; returns the mode used.
+    With OTHER there, mrc_rx takes its place atomically and chains to it
+    through slot SLOT of the chain map (CHAIN_FD)."""
+    if other is None:
+        used_mode = hooks.xdp_attach(device, rx_fd, mode)
+        undo.append(lambda: hooks.xdp_detach(device, used_mode))
+        return used_mode
+    xdp_chain.chain_and_replace(device, index, chain_fd, slot, other, rx_fd)
+    rx_id = bpfsys.prog_info(rx_fd).id
+    undo.append(lambda: xdp_chain.put_back(index, other["id"], other["mode"], rx_id))
+    return other["mode"]
+
+
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
            granularity: str = "packet", retrans_steer: bool = True, min_active: int = 0,
-           key_file: str | None = None, **timers: int) -> dict:
+           key_file: str | None = None, shared_fate: bool = True, replace: bool = False,
+           **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices).
     With KEY_FILE, the TLVs it sends are signed and only authentic ones
-    from peers are filed (datapath/auth.py)."""
+    from peers are filed (datapath/auth.py).  With REPLACE, upgrade the
+    running one of DEVICES in place instead (replace.py)."""
     from mrc_ebpf.datapath import auth
     require_root()
+    if replace:
+        from mrc_ebpf.datapath import replace as upgrade
+        return upgrade.replace([devices] if isinstance(devices, str) else list(devices))
     key = auth.read_key(key_file) if key_file else None
     devices = [devices] if isinstance(devices, str) else list(devices)
     if not devices:
@@ -328,11 +361,16 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
         raise MrcError(f"unknown timer(s): {', '.join(sorted(unknown))}")
     timers = {**TIMERS, **{k: v for k, v in timers.items() if v is not None}}
     with IPRoute() as ipr:
-        _check_free(ipr, devices)       # fail fast, before compiling
-    module, tx, rx, fb = compile_datapath()
+        found = _check_free(ipr, devices, mode)     # fail fast, before compiling
+    attach_types = {other["attach_type"] for _, other in found if other}
+    if len(attach_types) > 1:
+        raise MrcError("the devices' XDP programs were loaded with different attach types "
+                       "(bcc's and libbpf's): mrc_rx can chain to one kind only; attach them apart")
+    module, tx, rx, fb = compile_datapath(attach_types.pop() if attach_types else 0)
     undo: list = []
     with lock.writer(), IPRoute() as ipr:
-        indexes = _check_free(ipr, devices)     # again: another writer may have been first
+        found = _check_free(ipr, devices, mode)     # again: another writer may have been first
+        indexes = [index for index, _ in found]
         _check_sid_free(sid)
         try:
             directory.mkdir()
@@ -340,18 +378,20 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             for name in layout.MAPS:
                 bpfsys.obj_pin(module[name].map_fd, str(directory / name))
             bpfsys.obj_pin(module[EVENT_RING].map_fd, str(directory / EVENT_RING))
+            chain_fd = module[xdp_chain.CHAIN_MAP].map_fd
+            bpfsys.obj_pin(chain_fd, str(directory / xdp_chain.CHAIN_MAP))
             bpfsys.obj_pin(tx.fd, str(directory / PROG_TX))
             bpfsys.obj_pin(rx.fd, str(directory / PROG_RX))
             bpfsys.obj_pin(fb.fd, str(directory / PROG_FB))
 
             # min_active is MRC's ev_min_active: the floor of usable paths per peer
             cfg = layout.Config(n_devices=len(devices), retrans_steer=int(retrans_steer),
-                                min_active=min_active, **timers)
+                                min_active=min_active, shared_fate=int(shared_fate), **timers)
             ctypes.memmove(cfg.sid, sid.packed, 16)
             modes = []
-            for i, (device, index) in enumerate(zip(devices, indexes)):
+            for i, (device, (index, other)) in enumerate(zip(devices, found)):
                 cfg.devices[i], used_mode = _hook(ipr, device, index, tx, rx, fb, mode,
-                                                  granularity, undo)
+                                                  granularity, undo, other, chain_fd, i)
                 modes.append(used_mode)
             cfg.mtu = min(cfg.devices[i].mtu for i in range(len(devices)))
             auth_value = auth.initial(key)
@@ -369,12 +409,16 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             raise MrcError(f"attach {' '.join(devices)} failed: {e}")
     return {"device": devices[0], "devices": devices, "ifindex": indexes[0], "sid": str(sid),
             "xdp_mode": modes[0], "granularity": offload.granularity(devices[0]),
-            "timers": timers, "pins": str(directory), "auth": auth.describe(auth_value)}
+            "timers": timers, "pins": str(directory), "auth": auth.describe(auth_value),
+            "xdp_chained": [{"device": d, "id": o["id"], "name": o["name"]}
+                            for d, (_, o) in zip(devices, found) if o],
+            "shared_fate": bool(shared_fate)}
 
 
 def _unhook(ipr: IPRoute, member: layout.Device | None, device: str, ids: tuple[int, int, int],
-            removed: dict) -> None:
-    """Take our programs off one device; leave anything that is not ours."""
+            removed: dict, directory: Path | None = None, slot: int = 0) -> None:
+    """Take our programs off one device; leave anything that is not ours,
+    and put back the XDP program mrc_rx chained to (atomically)."""
     rx_id, tx_id, fb_id = ids
     found = ipr.link_lookup(ifname=device)
     if not found:
@@ -382,7 +426,14 @@ def _unhook(ipr: IPRoute, member: layout.Device | None, device: str, ids: tuple[
     index = found[0]
     flags = member.flags if member else 0
     info = hooks.device_info(ipr, index)
-    if info["xdp_prog_id"] and info["xdp_prog_id"] == rx_id:
+    restored = 0
+    if flags & xdp_chain.CFG_XDP_CHAINED and directory is not None:
+        mode = "skb" if flags & CFG_XDP_SKB else "native"
+        restored = xdp_chain.restore(directory, device, index, slot, mode, rx_id)
+        if restored:
+            removed["xdp"] = True
+            removed["xdp_restored"].append({"device": device, "id": restored})
+    if not restored and info["xdp_prog_id"] and info["xdp_prog_id"] == rx_id:
         hooks.xdp_detach(device, info["xdp_mode"])
         removed["xdp"] = True
     if hooks.tc_egress_prog_ids(index).get(hooks.TC_PRIO) == tx_id:
@@ -419,13 +470,13 @@ def _detach(first: str) -> dict:
     members = _members(directory)
     names = [_ifname(m.ifindex) for m in members] or [first]
     removed = {"device": first, "devices": [n for n in names if n], "xdp": False, "tc": False,
-               "clsact": False, "routes": 0}
+               "clsact": False, "routes": 0, "xdp_restored": []}
     with IPRoute() as ipr:
         if not members:     # unreadable config: at least the device it is named after
             _unhook(ipr, None, first, ids, removed)
-        for member, name in zip(members, names):
+        for slot, (member, name) in enumerate(zip(members, names)):
             if name:
-                _unhook(ipr, member, name, ids, removed)
+                _unhook(ipr, member, name, ids, removed, directory, slot)
     pins.remove_tree(directory)
     return removed
 

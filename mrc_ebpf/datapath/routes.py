@@ -246,3 +246,10 @@ def restore(prefix: ipaddress._BaseNetwork, saved: list[tuple[int, str, int]]) -
             remove(ipr, prefix, index)
         for index, gateway, mtu, tcp in saved:
             install(ipr, prefix, gateway, index, mtu, dict(tcp))
+
+
+def ours(ipr: IPRoute, version: int, indexes) -> list:
+    """mrcctl's routes of one IP version out of any of `indexes`."""
+    family = socket.AF_INET6 if version == 6 else socket.AF_INET
+    return [r for r in ipr.get_routes(family=family, proto=ROUTE_PROTO)
+            if r.get_attr("RTA_OIF") in indexes]

@@ -82,6 +82,7 @@ def _function_macros(path: Path = COMMON_HEADER) -> dict[str, tuple[list[str], s
     return {name: ([p.strip() for p in params.split(",")], body) for name, params, body in found}
 
 
+@functools.lru_cache(maxsize=4096)      # a pure function of the file: per-path callers
 def macro(name: str, *args: int, path: Path = COMMON_HEADER) -> int:
     """The value of the function-like macro NAME(ARGS...) of the C file (its
     body may use integer constants and other such macros):

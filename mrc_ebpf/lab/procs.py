@@ -119,16 +119,19 @@ class Procs:
             self.end(p)
 
 
-def run_parallel(jobs: list[list[str]], limit: int = 8, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+def run_parallel(jobs: list[list[str]], limit: int = 8, timeout: float = 300,
+                 finished=None) -> list[subprocess.CompletedProcess]:
     """Run commands a few at a time; results in order."""
-    return [r[0] for r in run_sequences([[cmd] for cmd in jobs], limit, timeout, stop=False)]
+    return [r[0] for r in run_sequences([[cmd] for cmd in jobs], limit, timeout, stop=False,
+                                        finished=finished)]
 
 
 def run_sequences(jobs: list[list[list[str]]], limit: int = 2, timeout: float = 300,
-                  stop: bool = True) -> list[list[subprocess.CompletedProcess]]:
+                  stop: bool = True, finished=None) -> list[list[subprocess.CompletedProcess]]:
     """Each job is a list of commands run in order; jobs run side by side,
     at most `limit` at once.  With `stop`, a job stops at its first failed
-    command (the results show it); others go on."""
+    command (the results show it); others go on.  finished(result), if
+    given, is called as each command ends (for progress)."""
     results: list[list] = [[] for _ in jobs]
     cursors = [0] * len(jobs)
     running: dict[int, subprocess.Popen] = {}
@@ -148,6 +151,8 @@ def run_sequences(jobs: list[list[list[str]]], limit: int = 2, timeout: float = 
             out, err = proc.communicate(timeout=timeout * timeout_scale())
             results[i].append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
             cursors[i] += 1
+            if finished:
+                finished(results[i][-1])
     finally:
         for proc in running.values():
             proc.kill()

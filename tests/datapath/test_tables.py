@@ -311,6 +311,72 @@ def test_received_packets_are_acknowledged_in_our_next_tlv(fresh):
     assert (tlv.fb_block, tlv.fb_heard, tlv.fb_path_id, tlv.fb_path_tx32) == (0, 1 << 5, 5, 123456789)
 
 
+def _hear(dp, path_id, tx_ns, seq=1):
+    """A packet from the peer on its path `path_id`, sent at `tx_ns`."""
+    dp.run_rx(F.frame(F.srh_packet(tlvs=[F.mrc_tlv(path_id=path_id, tx_ns=tx_ns, path_seq=seq)])))
+
+
+def _report(dp):
+    """The feedback in the TLV of our next packet to the peer."""
+    out = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::7") / Raw(b"x")))
+    return wire.mrc_tlv(Ether(out.out))
+
+
+def test_one_report_acknowledges_every_path_heard(fresh):
+    """64 paths heard since the last report, each sent once, are all
+    acknowledged by the next one, with the oldest of their sends as the
+    bound: no path waits for later reports however many there are."""
+    base = 1_000_000
+    for p in range(64):
+        _hear(fresh, p, base + 1000 * ((p * 37) % 64))
+    tlv = _report(fresh)
+    assert (tlv.fb_block, tlv.fb_heard) == (0, (1 << 64) - 1)
+    assert tlv.fb_since_ns32 == base
+    again = _report(fresh)
+    assert again.fb_heard == 0     # told once: cleared
+
+
+def test_a_path_that_would_drag_the_bound_is_reported_exactly(fresh):
+    """Path 0 was heard and acknowledged at 10 us; its next send (20 us)
+    starts a report whose bound must stay above 10 us to acknowledge it.
+    Path 1's send at 15 us keeps it there and joins; path 2's at 5 us
+    would not: it is left out of the bound and reported exactly."""
+    _hear(fresh, 0, 10_000, seq=1)
+    assert _report(fresh).fb_heard == 1
+    _hear(fresh, 0, 20_000, seq=2)
+    _hear(fresh, 1, 15_000)
+    _hear(fresh, 2, 5_000)
+    tlv = _report(fresh)
+    assert (tlv.fb_heard, tlv.fb_since_ns32) == (0b11, 15_000)
+    assert (tlv.fb_path_id, tlv.fb_path_tx32) == (2, 5_000)
+    tlv = _report(fresh)           # nothing new: the path heard last, exactly
+    assert (tlv.fb_heard, tlv.fb_path_id, tlv.fb_path_tx32) == (0, 2, 5_000)
+
+
+def test_an_overtaken_packet_does_not_lower_the_bound(fresh):
+    """A packet older than the path's newest send (overtaken on its path)
+    adds nothing: the bound stays at the newest sends."""
+    _hear(fresh, 4, 50_000, seq=2)
+    _hear(fresh, 4, 40_000, seq=1)
+    _hear(fresh, 5, 60_000)
+    tlv = _report(fresh)
+    assert (tlv.fb_heard, tlv.fb_since_ns32) == ((1 << 4) | (1 << 5), 50_000)
+
+
+def test_a_report_of_every_path_is_filed_for_each(fresh):
+    """The sender files a 64-path report as an acknowledgement of each
+    path named (peer_acks), the exact path at its own send."""
+    from mrc_ebpf.datapath import layout
+    now32 = time.monotonic_ns() & 0xFFFFFFFF
+    tlv = F.mrc_tlv(flags=C["MRC_F_FEEDBACK"], fb_path_id=0, fb_block=0, fb_heard=(1 << 64) - 1,
+                    fb_since_ns32=(now32 - 5000) & 0xFFFFFFFF, fb_path_tx32=(now32 - 1000) & 0xFFFFFFFF)
+    fresh.run_rx(F.frame(F.srh_packet(F.inner6(), tlvs=[tlv], src=F.PEER_SID)))
+    acks = fresh.att.maps["peer_acks"].lookup(layout.Index(0))
+    assert acks.ns[0] & 0xFFFFFFFF == (now32 - 1000) & 0xFFFFFFFF
+    assert all(acks.ns[i] & 0xFFFFFFFF == (now32 - 5000) & 0xFFFFFFFF for i in range(1, 64))
+    assert all(acks.ns[i] == 0 for i in range(64, 256))
+
+
 # --------------------------------------------------------------------------- TX
 
 def tx_expected(dp, inner, prefix: str, out: bytes, seq: int = 0) -> bytes:

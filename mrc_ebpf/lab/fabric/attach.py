@@ -27,8 +27,12 @@ def _pick_hosts(fab: Fabric, hosts: str | None) -> list[int]:
     return out
 
 
+ATTACH_WEIGHT = 20      # an attach (a bcc compile) against a path add, for the time left
+
+
 def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
-           ipv4: bool = False, entropy: int | None = None) -> dict:
+           ipv4: bool = False, entropy: int | None = None, progress=None) -> dict:
+    """PROGRESS: called as progress(done, total, text) as hosts attach and paths go in."""
     with locked(name) as state:
         fab = Fabric(state["spec"])
         if state["status"] != "up":
@@ -46,10 +50,29 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
             raise MrcError(f"already attached: {', '.join(already)} (mrcctl fabric detach first)")
         devs = [f"eth{p}" for p in range(fab.planes)]
         done = []
+        n = len(chosen)
+        per_peer = 1 + ipv4
+        n_cmds = n * (n - 1) * per_peer * (2 if policy else 1)
+        total = n * ATTACH_WEIGHT + n_cmds
+        count = {"attached": 0, "commands": 0}
+
+        def attached_one(_r):
+            count["attached"] += 1
+            if progress:
+                progress(count["attached"] * ATTACH_WEIGHT, total,
+                         f"{count['attached']}/{n} hosts attached")
+
+        def command_done(_r):
+            count["commands"] += 1
+            if progress:
+                progress(n * ATTACH_WEIGHT + count["commands"], total,
+                         f"{n}/{n} hosts attached, paths {count['commands']}/{n_cmds} commands")
         try:
+            if progress:
+                progress(0, total, f"0/{n} hosts attached")
             # attach in parallel (each loads the programs: a bcc compile)
             results = run_parallel([_mrcctl(fab.ns(fab.host(h)), "attach", *devs, "--sid", fab.host_sid(h),
-                                         *extra) for h in chosen], limit=2)
+                                         *extra) for h in chosen], limit=2, finished=attached_one)
             for h, r in zip(chosen, results):
                 if r.returncode == 0:
                     done.append(h)
@@ -68,7 +91,7 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
                         if policy:
                             cmds.append(_mrcctl(ns, "path", "policy", prefix, policy))
                 jobs.append(cmds)
-            for results in run_sequences(jobs):
+            for results in run_sequences(jobs, finished=command_done):
                 for r in results:    # the failed one, if any, is the last
                     mrcctl_result(r, f"{' '.join(r.args[6:9])} in {r.args[5]}")
         except BaseException:

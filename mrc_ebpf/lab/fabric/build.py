@@ -20,10 +20,11 @@ def _ns_sysctl(ns: str, keys: list[str]) -> None:
 def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1,
        rate: str | None = DEFAULT_RATE, host_rate: str | None = None, encoding: str = "srh",
        mtu: int = DEFAULT_MTU, host_sysctls: list[str] = (), ecn_threshold: str | None = None,
-       ecmp_hash: str = DEFAULT_HASH, sid_block: str = DEFAULT_SID_BLOCK,
+       ecmp_hash: str = DEFAULT_HASH, progress=None, sid_block: str = DEFAULT_SID_BLOCK,
        data_block: str = DEFAULT_DATA_BLOCK, description: dict | None = None) -> dict:
-    """Build fabric NAME; `description` (describe.Description.to_dict of the
-    file it was described in) is kept in its state for `fabric attach --render`."""
+    """PROGRESS: called as progress(done, total, text) while building.
+    DESCRIPTION (description.Description.to_dict of the file the fabric was
+    described in) is kept in its state for `fabric attach --render`."""
     check_name(name)
     check_hash(ecmp_hash)
     for what, v, hi in (("--spines", spines, MAX_SPINES), ("--leaves", leaves, MAX_LEAVES),
@@ -71,7 +72,7 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
         state["description"] = description
     with locked(name, create=state) as state:
         try:
-            _build(fab)
+            _build(fab, progress or (lambda done, total, text: None))
             if ecn_threshold is not None:
                 state["ecn_marking"] = ecn_marks.install(name, fab.marking_devices(),
                                                          ecn_marks.parse_threshold(ecn_threshold))
@@ -90,20 +91,36 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
             "build_s": state["build_s"], "state": str(state_path(name)), **spec}
 
 
-def _build(fab: Fabric) -> None:
+def _build(fab: Fabric, progress) -> None:
     nodes = fab.nodes()
+    n = len(nodes)
+    # steps: the two batches, then three passes over the namespaces
+    # (sysctls; devices, addresses, qdiscs; routes), the second the longest
+    total, done = 2 + 4 * n, 0
+
+    def step(weight: int, text: str) -> None:
+        nonlocal done
+        done += weight
+        progress(done, total, text)
+
+    progress(0, total, f"creating {n} namespaces")
     _batch(["ip"], [f"netns add {d['ns']}" for d in nodes.values()], "creating namespaces")
+    step(1, f"0/{n} namespaces configured")
     # defaults first, so devices made afterwards inherit them
-    for node, d in nodes.items():
+    for i, (node, d) in enumerate(nodes.items(), 1):
         _ns_sysctl(d["ns"], fab.sysctls(node))
+        step(1, f"sysctls {i}/{n} namespaces")
     _batch(["ip"], [f"link add {lk['a']['dev']} netns {lk['a']['ns']} type veth peer name "
                     f"{lk['b']['dev']} netns {lk['b']['ns']}" for lk in fab.links()], "creating links")
-    for node, d in nodes.items():
+    step(1, f"{len(fab.links())} links made")
+    for i, (node, d) in enumerate(nodes.items(), 1):
         _ns_sysctl(d["ns"], fab.sysctls(node) + fab.dev_sysctls(node))
         _batch(["ip", "-n", d["ns"]], fab.addr_cmds(node), f"addresses of {node}")
         _batch(["tc", "-n", d["ns"]], fab.tc_cmds(node), f"qdiscs of {node}")
-    for node, d in nodes.items():
+        step(2, f"addresses {i}/{n} namespaces")
+    for i, (node, d) in enumerate(nodes.items(), 1):
         _batch(["ip", "-n", d["ns"]], fab.route_cmds(node), f"routes of {node}")
+        step(1, f"routes {i}/{n} namespaces")
 
 
 def _teardown(fab: Fabric, state: dict, quiet: bool = False) -> list[str]:

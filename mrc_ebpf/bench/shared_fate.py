@@ -1,0 +1,208 @@
+"""Shared fate on and off, side by side: what a spine black hole costs 8
+hosts talking all-to-all.
+
+Fabric: 4 spines x 2 leaves x 4 hosts (8 hosts, one plane, SRH paths:
+each host has 4 paths to each of its 7 peers, one per spine), mrc-ebpf
+on every host, rr.  Load: every host sends `pps` 200-byte UDP packets a
+second to its peers (bench/alltoall_udp.py, one process per host, all
+started together) in one of two patterns:
+  * phased: in step k (phase_ms long) host i sends to peer (i + k) mod 7,
+    as all-to-all collectives schedule it, so a host talks to one peer at
+    a time and meets the others in turn;
+  * uniform: every host sends to all 7 peers all the time (packet k to
+    peer k mod 7).
+After warmup_s both of spine s1's downlinks are black-holed (the fault
+program on l1's and l2's ingress from s1, `fabric fail s1>l1 s1>l2`
+switched from an armed 1e-9 loss to blackhole with one map write) for
+fail_s, then healed the same way; the load goes on for after_s.
+
+Each (pattern, shared fate) run is measured on the same fabric and
+attachments, shared fate switched with `mrcctl shared-fate on|off` on
+every host; the order of on/off alternates between repetitions, and the
+fabric is given settle_s between runs for the paths taken out to be
+probed back.  Measured per run:
+  * lost: data packets sent and never received, summed over all 56
+    (sender, receiver) pairs (each receiver counts per sender: the
+    witness independent of the datapath);
+  * fault_drops: what the fault programs dropped (data, probe copies and
+    feedback-only packets);
+  * hop counters of every host's datapath (`mrcctl shared-fate -j`):
+    times s1's hop became suspect, paths taken out by an unanswered
+    probe; and `path list` downs summed.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import statistics
+import subprocess
+import time
+
+from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
+from mrc_ebpf.errors import MrcError
+
+TITLE = "Shared fate on/off: data lost by 8 hosts all-to-all when a spine's downlinks black-hole"
+USES_TCP = False
+TARGETS = ("s1>l1", "s1>l2")
+SPINE = "s1"
+
+
+def params(short: bool) -> dict:
+    return {"spines": 4, "leaves": 2, "hosts_per_leaf": 4, "rate": None, "mtu": 1500,
+            "pps": 2000, "size": 200, "phase_ms": 20.0,
+            "patterns": ["phased", "uniform"], "shared_fate": ["on", "off"],
+            "warmup_s": 1.0, "fail_s": 0.6 if short else 1.0, "after_s": 0.5, "settle_s": 1.0,
+            "repeat": 1 if short else 3, "policy": "rr", "port": 6100}
+
+
+def _fault_drops(fab) -> int:
+    from mrc_ebpf.lab import faults
+    total = 0
+    for t in TARGETS:
+        leaf = t.split(">")[1]
+        st = faults.status(fab.ns(leaf), SPINE)
+        total += st["dropped"] if st else 0
+    return total
+
+
+def _set_faults(fab, mode: str, loss: float = 1.0):
+    from mrc_ebpf.lab import faults
+    for t in TARGETS:
+        faults.rearm(fab.ns(t.split(">")[1]), SPINE, mode, loss)
+
+
+def _hops(env, fab, hosts) -> dict:
+    """Summed over the hosts: suspicions and shared downs of s1's hop, and
+    every path's downs (path list)."""
+    sid = fab.spine_sid(0, 1)
+    out = {"suspects": 0, "shared_downs": 0, "downs": 0}
+    for h in hosts:
+        r = env.mrcctl(fab.ns(h), "shared-fate", "-j")
+        for hop in json.loads(r.stdout)["hops"]:
+            if ipaddress.IPv6Address(hop["sid"]) == ipaddress.IPv6Address(sid):
+                out["suspects"] += hop["suspects"]
+                out["shared_downs"] += hop["shared_downs"]
+        r = env.mrcctl(fab.ns(h), "path", "list", "-j")
+        out["downs"] += sum(x.get("downs", 0) for x in json.loads(r.stdout))
+    return out
+
+
+def _one(env, fab, p, hosts, pattern: str, sf: str, port: int) -> dict:
+    for h in hosts:
+        env.mrcctl(fab.ns(h), "shared-fate", sf)
+    addrs = [fab.addr6(int(h[1:])) for h in hosts]
+    drops0, hops0 = _fault_drops(fab), _hops(env, fab, hosts)
+    seconds = p["warmup_s"] + p["fail_s"] + p["after_s"]
+    procs = []
+    for i, h in enumerate(hosts):
+        peers = [a for j, a in enumerate(addrs) if j != i]
+        procs.append(env.popen(fab.ns(h), [PY, "-m", "mrc_ebpf.bench.alltoall_udp", "--index", str(i),
+                                           "--peers", ",".join(peers), "--port", str(port),
+                                           "--pps", str(p["pps"]), "--seconds", str(seconds),
+                                           "--pattern", pattern, "--phase-ms", str(p["phase_ms"]),
+                                           "--size", str(p["size"])],
+                               stdin=subprocess.PIPE))
+    start = time.monotonic() + 1.5         # every generator up and waiting
+    for pr in procs:
+        pr.stdin.write(f"{start}\n")
+        pr.stdin.flush()
+    time.sleep(max(0.0, start + p["warmup_s"] - time.monotonic()))
+    _set_faults(fab, "blackhole")
+    t_fail = time.monotonic()
+    time.sleep(max(0.0, t_fail + p["fail_s"] - time.monotonic()))
+    _set_faults(fab, "loss", 1e-9)
+    docs = []
+    for pr in procs:
+        out, err = env.wait(pr, timeout=seconds + 30)
+        try:
+            docs.append(json.loads(out.strip().splitlines()[-1]))
+        except (ValueError, IndexError):
+            raise MrcError(f"all-to-all generator failed: {err.strip()[-300:]}")
+    sent = received = 0
+    pairs = {}          # "h1>h2": packets lost
+    for i, d in enumerate(docs):
+        sent += sum(d["sent"].values())
+        for j, dj in enumerate(docs):
+            if i != j:
+                got = dj["received"].get(str(i), 0)
+                received += got
+                pairs[f"{hosts[i]}>{hosts[j]}"] = d["sent"].get(addrs[j], 0) - got
+    hops1 = _hops(env, fab, hosts)
+    return {"pattern": pattern, "shared_fate": sf, "sent": sent, "received": received,
+            "lost": sent - received, "fault_drops": _fault_drops(fab) - drops0,
+            "send_errors": sum(d["send_errors"] for d in docs),
+            "pairs_with_loss": sum(1 for v in pairs.values() if v), "lost_by_pair": pairs,
+            "t_fail": t_fail,
+            **{k: hops1[k] - hops0[k] for k in hops0}}
+
+
+def run(p: dict, env) -> dict:
+    from mrc_ebpf.lab import fabric as fab_mod
+    from mrc_ebpf.bench.runner import fabric
+    runs = []
+    with fabric("sf", spines=p["spines"], leaves=p["leaves"], hosts_per_leaf=p["hosts_per_leaf"],
+                rate=p["rate"], mtu=p["mtu"]) as fab:
+        hosts = [fab.host(h) for h in fab.hosts()]
+        log(f"shared-fate: attaching mrc-ebpf on {len(hosts)} hosts ({p['policy']})")
+        fab_mod.attach(fab.name, None, p["policy"], [])
+        fab_mod.fail(fab.name, list(TARGETS), "loss=1e-9")     # armed: a map write switches it
+        try:
+            port = p["port"]
+            for rep in range(p["repeat"]):
+                for pattern in p["patterns"]:
+                    order = p["shared_fate"] if rep % 2 == 0 else list(reversed(p["shared_fate"]))
+                    for sf in order:
+                        time.sleep(p["settle_s"])
+                        r = _one(env, fab, p, hosts, pattern, sf, port)
+                        port += 1
+                        log(f"shared-fate: {pattern} {sf}: lost {r['lost']} of {r['sent']}, fault drops "
+                            f"{r['fault_drops']}, s1 suspect {r['suspects']}x, shared downs "
+                            f"{r['shared_downs']}, downs {r['downs']}")
+                        runs.append(r)
+        finally:
+            fab_mod.heal(fab.name, None)
+    return _summary(p, runs)
+
+
+def _summary(p, runs) -> dict:
+    out = {"runs": runs, "patterns": {}}
+    for pattern in p["patterns"]:
+        by = {}
+        for sf in p["shared_fate"]:
+            rs = [r for r in runs if r["pattern"] == pattern and r["shared_fate"] == sf]
+            by[sf] = {k: spread([r[k] for r in rs]) for k in
+                      ("lost", "fault_drops", "suspects", "shared_downs", "downs", "sent")}
+        on = [r["lost"] for r in runs if r["pattern"] == pattern and r["shared_fate"] == "on"]
+        off = [r["lost"] for r in runs if r["pattern"] == pattern and r["shared_fate"] == "off"]
+        if on and off and statistics.median(off):
+            by["lost_ratio_on_off"] = round(statistics.median(on) / statistics.median(off), 3)
+        out["patterns"][pattern] = by
+    return out
+
+
+def table(results: dict):
+    headers = ["pattern", "shared fate", "data lost", "fault drops", "s1 suspect (hosts x)",
+               "paths out by probe", "path downs", "lost on/off"]
+    rows = []
+    for pattern, by in results["patterns"].items():
+        for sf, s in by.items():
+            if sf == "lost_ratio_on_off":
+                continue
+            rows.append([pattern, sf, fmt_spread(s["lost"]), fmt_spread(s["fault_drops"]),
+                         fmt_spread(s["suspects"]), fmt_spread(s["shared_downs"]), fmt_spread(s["downs"]),
+                         by.get("lost_ratio_on_off", "") if sf == "on" else ""])
+    return headers, rows
+
+
+def plot(results: dict, plt):
+    fig, ax = plt.subplots(1, 1, figsize=(7, 3.5))
+    labels, values = [], []
+    for pattern, by in results["patterns"].items():
+        for sf, s in by.items():
+            if sf == "lost_ratio_on_off":
+                continue
+            labels.append(f"{pattern}\n{sf}")
+            values.append(s["lost"]["median"] if s["lost"] else 0)
+    ax.bar(labels, values, color=["tab:green" if "\non" in x else "tab:red" for x in labels])
+    ax.set_ylabel("data packets lost (median)")
+    return fig

@@ -1,0 +1,80 @@
+"""`mrcctl apply FILE`, `show-config` and `save`: a host's whole config
+as one YAML file (mrc_ebpf/control/config.py has the format; docs/ops.md
+the how-to)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from mrc_ebpf.cli.common import attached, dev_option, emit, json_option
+
+
+@click.command("apply")
+@click.argument("file", metavar="FILE")
+@click.option("--reattach", is_flag=True,
+              help="Allow a re-attach when the devices, SID or XDP mode differ (counters start "
+                   "over, traffic stops while the programs compile); refused without it.")
+@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
+@json_option
+@click.pass_context
+def apply(ctx, file, reattach, dry_run):
+    """Make this host's datapath what FILE (YAML; - for stdin) says.
+
+    Attaches it if it is not; otherwise changes only what differs: paths
+    are matched by what they are, so the ones that stay keep their ids
+    and counters.  An invalid file is refused with its line; a failure
+    midway undoes everything."""
+    from mrc_ebpf.control import config
+    cfg = config.load_file(file)
+    result = config.apply(cfg, reattach=reattach, dry_run=dry_run)
+
+    def human(r):
+        if not r["changed"]:
+            click.echo(f"{r['device']}: no change: the running config is {r['file']}'s")
+            return
+        verb = "would change" if r["dry_run"] else "changed"
+        click.echo(f"{r['device']}: {verb} {len(r['changes'])} thing(s)")
+        for c in r["changes"]:
+            if c["what"] == "attach" and c["key"] == "attach":
+                click.echo(f"  attach {c['to']}")
+            elif c["what"] == "attach" and c["key"] == "reattach":
+                click.echo(f"  re-attach: {'; '.join(c['reasons'])}")
+            else:
+                click.echo(f"  {config.describe(c)}")
+    emit(ctx, result, human)
+
+
+@click.command("show-config")
+@dev_option
+@click.option("--key-file", metavar="FILE",
+              help="The key file to name, where the attachment was made by `attach --key-file` "
+                   "(apply records it).")
+@json_option
+@click.pass_context
+def show_config(ctx, device, key_file):
+    """The running config in apply's format: `show-config | apply -` changes nothing."""
+    from mrc_ebpf.control import config
+    with attached(device) as att:
+        data = config.running(att, key_file)
+    emit(ctx, data, lambda d: click.echo(config.dump(d), nl=False))
+
+
+@click.command("save")
+@dev_option
+@click.option("--to", "target", metavar="FILE",
+              help="Where to write (default: /etc/mrc-ebpf/DEV.yaml, or $MRC_CONFIG_DIR/DEV.yaml: "
+                   "what the mrc-ebpf@DEV systemd unit applies at boot).")
+@click.option("--key-file", metavar="FILE", help="As for show-config.")
+@json_option
+@click.pass_context
+def save(ctx, device, target, key_file):
+    """Write the running config where the systemd unit finds it at boot."""
+    from mrc_ebpf.control import config
+    with attached(device) as att:
+        data = config.running(att, key_file)
+        name = att.device
+    path = Path(target) if target else config.save_path(name)
+    config.write_atomically(path, config.dump(data))
+    emit(ctx, {"device": name, "file": str(path)},
+         lambda r: click.echo(f"saved {r['device']}'s config to {r['file']}"))

@@ -1,0 +1,56 @@
+"""Shared fate's hops (bpf/lib/shared_fate.h): the loader gives each
+path's first hop a small id, the same for every path of every peer
+through it, so that the datapath can tell, in O(1), which paths share
+the hop of a path it has just taken out."""
+from __future__ import annotations
+
+import ipaddress
+
+from mrc_ebpf.datapath import layout
+from mrc_ebpf.datapath.source import C
+
+MAX_HOPS = C["MRC_MAX_HOPS"]
+
+
+def first_hop(path: layout.Path) -> ipaddress.IPv6Address | None:
+    """SRH: the first segment; uSID: the block and its first ID as a SID;
+    entropy paths: none (the fabric's hash picks their hops)."""
+    from mrc_ebpf.control.paths import hops_of
+    crossed = hops_of(path)
+    return crossed[0] if crossed else None
+
+
+def assign(att, index: layout.Index, path: layout.Path) -> int:
+    """Write the path's hop id (0: none, or all MAX_HOPS - 1 ids taken)."""
+    hop = first_hop(path)
+    ident = 0
+    if hop is not None:
+        table = att.maps["hops"]
+        free = None
+        for i in range(1, MAX_HOPS):
+            sid = bytes(table.lookup(layout.Index(i)).sid.addr)
+            if sid == hop.packed:
+                ident = i
+                break
+            if free is None and not any(sid):
+                free = i
+        else:
+            if free is not None:
+                entry = layout.Hop()
+                entry.sid.addr[:] = hop.packed
+                table.update(layout.Index(free), entry)
+                ident = free
+    att.maps["path_fate"].update(index, layout.PathFate(hop=ident))
+    return ident
+
+
+def hops(att) -> list[dict]:
+    """The hops in use: SID, times suspect, paths taken out by their probe."""
+    out = []
+    for i in range(1, MAX_HOPS):
+        h = att.maps["hops"].lookup(layout.Index(i))
+        if any(bytes(h.sid.addr)):
+            out.append({"hop": i, "sid": str(ipaddress.IPv6Address(bytes(h.sid.addr))),
+                        "suspect_ns": h.suspect_ns, "until_ns": h.until_ns, "suspects": h.suspects,
+                        "shared_downs": h.shared_downs})
+    return out

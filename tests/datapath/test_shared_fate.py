@@ -1,0 +1,213 @@
+"""Shared fate's state machine (bpf/lib/shared_fate.h), driven with
+BPF_PROG_TEST_RUN through the real TX program.
+
+Two peers, each with two SRH paths: path 0 through hop A, path 1 through
+hop B.  Peer X's path 0 is made overdue and the TX program takes it out;
+then peer Y's path 0, through the same hop, is tested at once: skipped
+for a probe copy, and taken out when acknowledgements of later sends on
+its other path arrive but not of the probe, or used again when the probe
+is acknowledged.  The acknowledgements are written to peer_acks as the
+RX program files them (tests/datapath/test_tables.py covers the filing).
+"""
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import time
+
+import pytest
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from mrc_ebpf.control import events as ev
+from mrc_ebpf.control import paths as cp
+from mrc_ebpf.control import shared_fate
+from mrc_ebpf.datapath import layout, wire
+from mrc_ebpf.datapath.source import C
+
+from . import frames as F
+
+pytestmark = pytest.mark.root
+
+HOP_A, HOP_B = "fc00:0:e1::", "fc00:0:e2::"
+X, Y = ("fd00:b::/64", "fc00:0:b::"), ("fd00:c::/64", "fc00:0:c::")
+WINDOW_NS = C["MRC_DEFAULT_ACK_TIMEOUT_US"] * 1000
+
+
+@pytest.fixture
+def two_peers(fresh):
+    """X = peer 0 and Y = peer 1, paths [A, B] each, rr, shared fate on,
+    both peers already heard from (their acknowledgement clocks run)."""
+    dp = fresh
+    att = dp.att
+    for key in list(att.maps["peers"].keys()):
+        att.maps["peers"].delete(key)
+    for i in range(C["MRC_MAX_HOPS"]):
+        att.maps["hops"].update(layout.Index(i), layout.Hop())
+    cfg = att.maps["config"].lookup(layout.Index(0))
+    cfg.shared_fate = 1
+    att.maps["config"].update(layout.Index(0), cfg)
+    now = time.monotonic_ns()
+    for peer_id, (prefix_text, sid) in enumerate((X, Y)):
+        prefix = cp.parse_prefix(prefix_text)
+        for path_id, hop in enumerate((HOP_A, HOP_B)):
+            spec = cp.PathSpec.via(f"{hop},{sid}")
+            path = layout.Path(n_segments=2, state=cp.UP, weight=1, oif=1,
+                               flowlabel=cp.flowlabel(prefix, path_id, spec.segments))
+            ctypes.memmove(path.nexthop, spec.first_hop.packed, 16)
+            ctypes.memmove(path.peer_sid.addr, spec.peer_sid.packed, 16)
+            for i, seg in enumerate(reversed(spec.segments)):
+                ctypes.memmove(path.segments[i].addr, seg.packed, 16)
+            index = cp.path_index(peer_id, path_id)
+            att.maps["paths"].update(index, path)
+            cp._reset_path_state(att, index)
+            shared_fate.assign(att, index, path)
+        peer = layout.Peer(peer_id=peer_id, n_paths=2, policy=cp.POLICIES["rr"])
+        att.maps["peer_tx"].update(layout.Index(peer_id), layout.PeerTx())
+        cp._rebuild(att, peer)
+        att.maps["peers"].update(cp.peer_key(prefix), peer)
+        # heard from, but none of these paths yet
+        acks = layout.PeerAcks(max_ns=now - 10 * WINDOW_NS, last_ns=now)
+        att.maps["peer_acks"].update(layout.Index(peer_id), acks)
+    return dp
+
+
+def send(dp, peer_id: int, turn: int):
+    """One packet to the peer whose rr turn is path `turn`: (path id it
+    took, counter deltas)."""
+    att = dp.att
+    ptx = att.maps["peer_tx"].lookup(layout.Index(peer_id))
+    ptx.seq = turn
+    att.maps["peer_tx"].update(layout.Index(peer_id), ptx)
+    dst = "fd00:b::2" if peer_id == 0 else "fd00:c::2"
+    r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst=dst) / Raw(b"data")))
+    assert r.verdict in ("TC_ACT_OK", "TC_ACT_REDIRECT"), r
+    return wire.mrc_tlv(Ether(r.out)).path_id, r.delta
+
+
+def live(dp, peer_id, path_id):
+    return dp.att.maps["path_live"].lookup(cp.path_index(peer_id, path_id))
+
+
+def fate(dp, peer_id, path_id):
+    return dp.att.maps["path_fate"].lookup(cp.path_index(peer_id, path_id))
+
+
+def set_acks(dp, peer_id, **fields):
+    acks = dp.att.maps["peer_acks"].lookup(layout.Index(peer_id))
+    for k, v in fields.items():
+        if k.startswith("ns"):
+            acks.ns[int(k[2:])] = v
+        else:
+            setattr(acks, k, v)
+    dp.att.maps["peer_acks"].update(layout.Index(peer_id), acks)
+
+
+def take_out_x0(dp):
+    """X's path 0 has an unacknowledged send while later sends on path 1
+    are acknowledged: the next packet whose turn it is takes it out."""
+    took, _ = send(dp, 0, 0)
+    assert took == 0
+    sent = live(dp, 0, 0).unacked_since_ns
+    assert sent
+    set_acks(dp, 0, ns1=sent + 2 * WINDOW_NS, max_ns=sent + 2 * WINDOW_NS)
+    took, _ = send(dp, 0, 0)
+    assert took == 1 and live(dp, 0, 0).down_ns
+
+
+def hop(dp, sid):
+    ident = fate(dp, 0, 0 if sid == HOP_A else 1).hop
+    return dp.att.maps["hops"].lookup(layout.Index(ident))
+
+
+def test_paths_through_one_first_hop_share_a_hop_id(two_peers):
+    dp = two_peers
+    a, b = fate(dp, 0, 0).hop, fate(dp, 0, 1).hop
+    assert a and b and a != b
+    assert (fate(dp, 1, 0).hop, fate(dp, 1, 1).hop) == (a, b)
+    assert ipaddress.IPv6Address(bytes(hop(dp, HOP_A).sid.addr)) == ipaddress.IPv6Address(HOP_A)
+
+
+def test_a_path_out_makes_its_hop_suspect_and_the_other_peers_path_is_probed_then_out(two_peers):
+    dp = two_peers
+    before = time.monotonic_ns()
+    take_out_x0(dp)
+    a = hop(dp, HOP_A)
+    assert a.suspects == 1 and before <= a.suspect_ns <= time.monotonic_ns()
+    assert hop(dp, HOP_B).suspects == 0
+    # Y's turn on path 0 (through A, not heard since): the packet takes
+    # path 1 and a probe copy tests path 0
+    took, delta = send(dp, 1, 0)
+    assert took == 1
+    assert delta.get("tx_probe") == 1
+    probe = fate(dp, 1, 0).probe_ns
+    assert probe >= a.suspect_ns
+    assert not live(dp, 1, 0).down_ns
+    # while the probe is out the path is skipped, and no second probe goes
+    took, delta = send(dp, 1, 0)
+    assert took == 1 and "tx_probe" not in delta
+    assert fate(dp, 1, 0).probe_ns == probe
+    # Y's path 1 (through B) is untouched: its own turn takes it
+    assert send(dp, 1, 1)[0] == 1
+    # later sends on path 1 are acknowledged, the probe is not: out
+    set_acks(dp, 1, ns1=probe + 2 * WINDOW_NS, max_ns=probe + 2 * WINDOW_NS)
+    took, _ = send(dp, 1, 0)
+    assert took == 1
+    assert live(dp, 1, 0).down_ns
+    assert hop(dp, HOP_A).shared_downs == 1
+    kinds = [(e["peer_id"], e["path_id"], e["type"]) for e in ev.read(dp.att)]
+    assert kinds[-2:] == [(0, 0, "down"), (1, 0, "shared-down")]
+
+
+def test_an_answered_probe_clears_the_path(two_peers):
+    dp = two_peers
+    take_out_x0(dp)
+    took, delta = send(dp, 1, 0)
+    assert took == 1 and delta.get("tx_probe") == 1
+    probe = fate(dp, 1, 0).probe_ns
+    set_acks(dp, 1, ns0=probe, max_ns=probe)        # the probe was heard
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta
+    assert not live(dp, 1, 0).down_ns and hop(dp, HOP_A).shared_downs == 0
+
+
+def test_a_path_heard_since_the_suspicion_is_not_probed(two_peers):
+    dp = two_peers
+    take_out_x0(dp)
+    set_acks(dp, 1, ns0=hop(dp, HOP_A).suspect_ns + 1)
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta
+    assert fate(dp, 1, 0).probe_ns == 0
+
+
+def test_shared_fate_off(two_peers):
+    dp = two_peers
+    cfg = dp.att.maps["config"].lookup(layout.Index(0))
+    cfg.shared_fate = 0
+    dp.att.maps["config"].update(layout.Index(0), cfg)
+    take_out_x0(dp)
+    assert hop(dp, HOP_A).suspects == 0
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta
+
+
+def test_a_probe_carries_no_feedback(two_peers):
+    """A probe may well be lost, and the acknowledgements a report carries
+    are not sent again: a probe leaves them for the next packet that is
+    not one (lib/outer.h)."""
+    dp = two_peers
+    dp.run_rx(F.frame(F.srh_packet(tlvs=[F.mrc_tlv(path_id=1, tx_ns=123456789)], src=X[1])))
+    for path_id in (0, 1):          # both of X's paths down and due a probe
+        index = cp.path_index(0, path_id)
+        state = layout.PathLive(down_ns=1, next_probe_ns=0, down_after_ns=1 << 62)
+        dp.att.maps["path_live"].update(index, state)
+    r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::2") / Raw(b"data")))
+    tlv = wire.mrc_tlv(Ether(r.out))
+    assert tlv.flags & C["MRC_F_PROBE"] and not tlv.flags & C["MRC_F_FEEDBACK"]
+    for path_id in (0, 1):
+        dp.att.maps["path_live"].update(cp.path_index(0, path_id), layout.PathLive())
+    tlv = wire.mrc_tlv(Ether(dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::2") /
+                                             Raw(b"data"))).out))
+    assert not tlv.flags & C["MRC_F_PROBE"] and tlv.flags & C["MRC_F_FEEDBACK"]
+    assert (tlv.fb_heard, tlv.fb_path_tx32) == (1 << 1, 123456789)
