@@ -25,7 +25,8 @@ PAGE = 4096
 # and the ring buffer's own structs; per element the kernel rounds values
 # (and hash keys) up to 8 bytes.
 ARRAY_BASE, HTAB_BASE, HTAB_ELEM, HTAB_BUCKET, LPM_NODE, RINGBUF_BASE = 312, 896, 48, 16, 24, 4392
-MAP_TYPES = {"array": 2, "percpu_array": 6, "hash": 1, "lru_hash": 9, "lpm_trie": 11, "ringbuf": 27}
+MAP_TYPES = {"array": 2, "percpu_array": 6, "prog_array": 3, "hash": 1, "lru_hash": 9, "lpm_trie": 11,
+             "ringbuf": 27}
 
 
 def _round8(n: int) -> int:
@@ -62,6 +63,10 @@ def map_specs() -> list[dict]:
         elif macro in ("BPF_TABLE", "BPF_F_TABLE"):
             kind, name, entries = args[0].strip('"'), args[3], value(args[4])
             flags = 1 if macro == "BPF_F_TABLE" and "NO_PREALLOC" in args[5] else 0
+        elif macro == "BPF_PROG_ARRAY":      # program fds: a u32 key and value
+            specs.append({"name": args[0], "type": "prog_array", "key_size": 4, "value_size": 4,
+                          "max_entries": value(args[1]), "flags": 0})
+            continue
         elif macro == "BPF_RINGBUF_OUTPUT":
             specs.append({"name": args[0], "type": "ringbuf", "key_size": 0, "value_size": 0,
                           "max_entries": value(args[1]) * PAGE, "flags": 0})
@@ -80,7 +85,7 @@ def map_memlock(spec: dict, cpus: int, used: int = 0) -> int:
     account; arrays and preallocated hashes account max_entries)."""
     n, val = spec["max_entries"], _round8(spec["value_size"])
     kind = spec["type"]
-    if kind == "array":
+    if kind in ("array", "prog_array"):
         return ARRAY_BASE + n * val
     if kind == "percpu_array":
         return ARRAY_BASE + n * 8 + n * val * cpus
