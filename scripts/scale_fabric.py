@@ -64,9 +64,11 @@ def main():
         out["attach"] = {"seconds": round(time.monotonic() - t, 1), "paths_per_peer": r["paths_per_peer"],
                          "peers_per_host": max(h["peers"] for h in per),
                          "paths_per_host": max(h["paths"] for h in per),
-                         "host_attach_s_max": max(h["attach_s"] for h in per),
-                         "host_paths_s_max": max(h["paths_s"] for h in per),
-                         "host_paths_s_mean": round(sum(h["paths_s"] for h in per) / len(r["per_host"]), 3),
+                         "applied_by": sorted({h["by"] for h in per}),
+                         **({"host_attach_s_max": max(h["attach_s"] for h in per),
+                             "host_paths_s_max": max(h["paths_s"] for h in per),
+                             "host_paths_s_mean": round(sum(h["paths_s"] for h in per) / len(r["per_host"]), 3)}
+                            if all("paths_s" in h for h in per) else {}),
                          "config_bytes": max(r["config_bytes"].values())}
         print(json.dumps(out["attach"]), flush=True)
         fab = Fabric(load(name)["spec"])

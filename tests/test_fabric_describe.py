@@ -204,7 +204,7 @@ def test_file_built_fabric_carries_all_to_all(described, encoding):
     r = procs.run([*procs.MRCCTL, "fabric", "attach", name, "--render", "-j"], timeout=1200)
     r = json.loads(r.stdout)
     assert r["hosts"] == ["h1", "h2", "h3", "h4"] and r["paths_per_peer"] == 4
-    assert all(h["peers"] == 3 and h["paths"] == 12 for h in r["per_host"].values())
+    assert all(h["peers"] == 3 and h["paths"] == 12 and h["by"] == "mrcctl apply" for h in r["per_host"].values())
     # what the rendered config asked for is what the datapath has
     desc = description.load(f)
     desc.spec["name"] = name

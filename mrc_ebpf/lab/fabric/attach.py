@@ -126,7 +126,8 @@ def attach_rendered(name: str, hosts: str | None = None) -> dict:
     """Attach the hosts from their rendered configs (render.host_config of
     the fabric's description: the file `fabric up --from` read, or the
     defaults for a fabric built from options), each applied in its
-    namespace by apply_rendered (one process per host, two at a time)."""
+    namespace by `mrcctl apply` (apply_rendered where there is none), one
+    process per host, two at a time."""
     from .description import Description
     from .render import dump, host_config
     with locked(name) as state:
@@ -148,14 +149,13 @@ def attach_rendered(name: str, hosts: str | None = None) -> dict:
             for h, cfg in configs.items():
                 files[h] = Path(tmp) / f"{fab.host(h)}.yaml"
                 files[h].write_text(dump(cfg))
-            results = run_parallel([in_netns(fab.ns(fab.host(h)), [PY, "-m", "mrc_ebpf.lab.fabric.apply_rendered",
-                                                                  str(files[h])]) for h in chosen],
+            results = run_parallel([_apply_cmd(fab.ns(fab.host(h)), files[h]) for h in chosen],
                                    limit=2, timeout=1800)
         done = [h for h, r in zip(chosen, results) if r.returncode == 0]
         per_host = {}
         try:
             for h, r in zip(chosen, results):
-                per_host[fab.host(h)] = _applied(r, fab.host(h))
+                per_host[fab.host(h)] = _applied(r, fab.host(h), configs[h])
         except BaseException:
             run_parallel([_mrcctl(fab.ns(fab.host(h)), "detach", "--all") for h in done], limit=4)
             raise
@@ -170,7 +170,22 @@ def attach_rendered(name: str, hosts: str | None = None) -> dict:
             "paths_per_peer": len(configs[chosen[0]]["peers"][0]["paths"])}
 
 
-def _applied(r, host: str) -> dict:
+def _has_apply() -> bool:
+    try:
+        from mrc_ebpf.control import config
+    except ImportError:
+        return False
+    return hasattr(config, "apply")
+
+
+def _apply_cmd(ns: str, path: Path) -> list[str]:
+    """`mrcctl apply FILE` in NS where it exists, else apply_rendered."""
+    if _has_apply():
+        return _mrcctl(ns, "apply", str(path))
+    return in_netns(ns, [PY, "-m", "mrc_ebpf.lab.fabric.apply_rendered", str(path)])
+
+
+def _applied(r, host: str, cfg: dict) -> dict:
     try:
         doc = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
     except ValueError:
@@ -178,4 +193,7 @@ def _applied(r, host: str) -> dict:
     if r.returncode != 0 or "error" in doc:
         err = doc.get("error") or " ".join((r.stderr or "").split())[-300:] or f"exit {r.returncode}"
         raise MrcError(f"applying the rendered config of {host}: {err}")
-    return doc
+    if "changes" in doc:         # mrcctl apply's report
+        return {"peers": len(cfg.get("peers", [])), "paths": sum(len(p["paths"]) for p in cfg.get("peers", [])),
+                "changes": len(doc["changes"]), "by": "mrcctl apply"}
+    return {**doc, "by": "apply_rendered"}
