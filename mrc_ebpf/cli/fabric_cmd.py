@@ -133,20 +133,47 @@ def fabric():
               help="How the leaves hash flows onto spines: l4, the 5-tuple (a flow stays on its "
                    "spine); flowlabel, the kernel's IPv6 default (addresses + flow label: Linux TCP "
                    "moves a connection by drawing a new label on an RTO).")
+@click.option("--from", "from_file", metavar="FILE",
+              help="Build the fabric a description file describes (shape, links, addresses, hosts' "
+                   "attach options; see mrc_ebpf/lab/fabric/description.py); the options above are "
+                   "its defaults and cannot be given with it.")
 @progress_option
 @_json_opt
-def up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
-       ecn_threshold, ecmp_hash, progress, json_):
-    """Build fabric NAME (default mrc)."""
-    with Progress("fabric up", progress) as shown:
-        r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
-                       list(host_sysctls), ecn_threshold, ecmp_hash, progress=shown)
+@click.pass_context
+def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
+       ecn_threshold, ecmp_hash, from_file, progress, json_):
+    """Build fabric NAME (default mrc, or the description's name)."""
+    if from_file:
+        from click.core import ParameterSource
+        given = [f"--{p.replace('_', '-')}" for p in SHAPE_OPTIONS
+                 if ctx.get_parameter_source(p) not in (ParameterSource.DEFAULT, None)]
+        if given:
+            raise MrcError(f"--from {from_file} describes the fabric: give {', '.join(given)} in the file, "
+                           f"not as an option")
+        from mrc_ebpf.lab.fabric import description
+        desc = description.load(from_file)
+        explicit = ctx.params.get("name") or ctx.params.get("name_opt")
+        s = desc.spec
+        with Progress("fabric up", progress) as shown:
+            r = fab_mod.up(name if explicit else s["name"], s["spines"], s["leaves"], s["hosts_per_leaf"],
+                           s["planes"], s["rate"], s["host_rate"], s["encoding"], s["mtu"],
+                           list(s["host_sysctls"]), s["ecn_threshold"], s["hash"], progress=shown,
+                           sid_block=s["sid_block"], data_block=s["data_block"], description=desc.to_dict())
+    else:
+        with Progress("fabric up", progress) as shown:
+            r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
+                           list(host_sysctls), ecn_threshold, ecmp_hash, progress=shown)
     _emit(json_, r, lambda r: click.echo(
         f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
         f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
         f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']}, ECMP hash {r['hash']}"
         + (f", ECN marking above {r['ecn_threshold']}" if r.get("ecn_threshold") else "")
         + f" ({r['build_s']} s)"))
+
+
+# the shape options of `fabric up` that a description file (--from) gives instead
+SHAPE_OPTIONS = ("spines", "leaves", "hosts_per_leaf", "planes", "rate", "host_rate", "encoding", "mtu",
+                 "host_sysctls", "ecn_threshold", "ecmp_hash")
 
 
 def _marks_text(lk: dict) -> str:
@@ -258,14 +285,27 @@ def exec_(ctx, name, node, cmd):
                    "peer's feedback then names one of the two prefixes).")
 @click.option("--entropy", type=int, metavar="N",
               help=f"--encoding ev: entropy paths per peer (default {fab_mod.DEFAULT_ENTROPY}).")
+@click.option("--render", "rendered", is_flag=True,
+              help="Attach each host from its rendered config (mrcctl render of the fabric's "
+                   "description: the file of `fabric up --from`, or these defaults): its attach "
+                   "options, policy and every chosen peer with all its paths.")
 @progress_option
 @_json_opt
 @click.pass_context
-def attach(ctx, name, hosts, policy, ipv4, entropy, progress, json_):
+def attach(ctx, name, hosts, policy, ipv4, entropy, rendered, progress, json_):
     """Attach mrc-ebpf on the hosts' NICs (eth0.. one per plane, one datapath)
     and add every other chosen host's IPv6 prefix with all its paths.
 
     Options after `--` go to `mrcctl attach` (e.g. -- --granularity burst)."""
+    if rendered:
+        if policy or ipv4 or entropy is not None or ctx.meta.get("after"):
+            raise MrcError("--render takes the policy, ipv4, entropy and attach options from the "
+                           "fabric's description: give them there")
+        r = fab_mod.attach_rendered(name, hosts)
+        _emit(json_, r, lambda r: click.echo(
+            f"attached {', '.join(r['hosts'])} from rendered configs: {r['paths_per_peer']} paths per peer, "
+            f"{r['attach_s']} s"))
+        return
     with Progress("fabric attach", progress) as shown:
         r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4,
                            entropy=entropy, progress=shown)
@@ -310,3 +350,66 @@ def heal(targets, all_, name, json_):
     _emit(json_, r, lambda r: click.echo(
         "\n".join(f"healed {f['mode']} on {f['ns']}/{f['dev']} ({f['target']})" for f in r["healed"])
         or "no faults matched"))
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+@fabric.command()
+@click.option("--nics", type=int, required=True, help="NICs (hosts); each has one port in every plane.")
+@click.option("--planes", type=int, default=1, show_default=True, help="Independent two-tier planes.")
+@click.option("--radix", type=int, required=True, help="Ports per switch (leaf: half down, half up).")
+@click.option("--cpus", type=int, help="CPUs of a host, for its per-CPU maps (default: this machine's).")
+@click.option("--paths", "paths", type=int, help="Paths per peer (default: all, at most 256).")
+@click.option("--encoding", type=click.Choice(["srh", "usid"]), default="srh", show_default=True,
+              help="How the rendered config writes paths (its size).")
+@click.option("--measure", is_flag=True,
+              help="Measure apply time here (root: attaches in a namespace of its own, ~20 s) and "
+                   "extrapolate it to the plan's peers and paths.")
+@click.option("--measure-peers", type=int, default=64, show_default=True, help="Peers --measure applies.")
+@click.option("--measure-paths", type=int, default=64, show_default=True, help="Paths per peer --measure applies.")
+@_json_opt
+def plan(nics, planes, radix, cpus, paths, encoding, measure, measure_peers, measure_paths, json_):
+    """The two-tier shape of NICS NICs in PLANES planes of radix-R switches,
+    and per host: config size, kernel memory (today's maps) and apply time."""
+    from mrc_ebpf.lab.fabric import sizing
+    if cpus is not None and not 1 <= cpus <= 8192:
+        raise MrcError(f"--cpus {cpus}: 1..8192")
+    if paths is not None and not 1 <= paths <= 256:
+        raise MrcError(f"--paths {paths}: 1..256 (a peer's path ids are 0..255)")
+    rate = sizing.measure_apply(measure_peers, measure_paths) if measure else None
+    r = sizing.plan(nics, planes, radix, cpus or sizing.possible_cpus(), paths, encoding, rate)
+
+    def human(r):
+        click.echo(f"{r['nics']} NICs, {r['planes']} plane(s) of radix-{r['radix']} switches, two tiers:")
+        click.echo(tabulate([("leaves per plane", r["leaves_per_plane"]),
+                             ("spines per plane", r["spines_per_plane"]),
+                             ("hosts per leaf", r["hosts_per_leaf"]),
+                             ("switches", r["switches"]),
+                             ("paths per peer", f"{r['paths_per_peer']} of {r['paths_available']} "
+                                                f"(planes x spines)"),
+                             ("path lists (one per destination leaf)", r["path_lists"])], tablefmt="plain"))
+        c, m = r["config"], r["memory"]
+        click.echo("\nper host:")
+        rows = [("config", f"{_size(c['bytes'])}: {c['peers']} peers, {c['paths']} paths "
+                           f"({_size(c['bytes_per_peer'])} a peer)"),
+                ("kernel memory", f"{_size(m['bytes'])} on {m['cpus']} CPUs ({_size(m['fixed_bytes'])} + "
+                                  f"{_size(m['per_cpu_bytes'])} a CPU), today's maps: {m['peers_held']} "
+                                  f"of {c['peers']} peers held")]
+        if "apply" in r:
+            a = r["apply"]
+            rows.append(("apply time", f"{a['seconds']} s, extrapolated from {a['measured']['peers']} peers x "
+                                       f"{a['measured']['paths_per_peer']} paths here "
+                                       f"({a['measured']['per_path_s'] * 1e3:.2f} ms a path, "
+                                       f"{a['measured']['per_peer_s'] * 1e3:.1f} ms a peer, attach "
+                                       f"{a['measured']['fixed_s']} s)"))
+        else:
+            rows.append(("apply time", "not measured (--measure)"))
+        click.echo(tabulate(rows, tablefmt="plain"))
+        click.echo(f"\nmemory: {m['how']}")
+    _emit(json_, r, human)

@@ -502,6 +502,8 @@ cli.add_command(shared_fate)
 from mrc_ebpf.cli.template_cmd import template as path_template, bulk as path_bulk  # noqa: E402
 path.add_command(path_template)
 path.add_command(path_bulk)
+from mrc_ebpf.cli.render_cmd import render  # noqa: E402
+cli.add_command(render)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,12 @@ addresses + flow label), under which Linux TCP moves a connection by drawing
 a new flow label (PRR on an RTO, PLB on congestion).
 Spines route every host SID/prefix to the host's leaf in their plane.
 
+A fabric can also be described in a file (description.py: `fabric up
+--from FILE`), from which render.py renders each host's config (`mrcctl
+render FILE --host NAME`, `fabric attach --render`); sizing.py is `fabric
+plan`.  The address plan's two /32s (fc00:0::/32 for SIDs, fd00:0::/32 for
+data prefixes, below) are the spec's sid_block and data_block.
+
 --encoding ev: no SRv6 in the fabric (seg6 off on every switch, no SIDs on
 the spines), leaves hash the flow label (fib_multipath_hash_policy 0), one
 plane; `attach` gives each host entropy paths (--entropy N, default 64).
@@ -54,5 +60,5 @@ from .state import check_name, existing_namespaces, list_names, load, locked, st
 from .build import down, up  # noqa: F401
 from .show import describe, node_ns  # noqa: F401
 from .failures import fail, heal  # noqa: F401
-from .attach import attach, detach  # noqa: F401
+from .attach import attach, attach_rendered, detach  # noqa: F401
 from .hashing import read as read_hash, set_hash  # noqa: F401

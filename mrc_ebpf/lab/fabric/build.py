@@ -9,7 +9,7 @@ from mrc_ebpf.lab import ecn_marks, faults, netns
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab.procs import batch as _batch, run
 
-from .plan import DEFAULT_HASH, check_hash, DEFAULT_MTU, DEFAULT_RATE, ENCODINGS, Fabric, MAX_HOSTS, MAX_LEAVES, MAX_MTU, MAX_PLANES, MAX_SPINES, MIN_MTU, SYSCTL_RE, parse_rate
+from .plan import DEFAULT_DATA_BLOCK, DEFAULT_HASH, DEFAULT_SID_BLOCK, check_hash, DEFAULT_MTU, DEFAULT_RATE, ENCODINGS, Fabric, MAX_HOSTS, MAX_LEAVES, MAX_MTU, MAX_PLANES, MAX_SPINES, MIN_MTU, SYSCTL_RE, parse_rate
 from .state import check_name, existing_namespaces, locked, state_path
 
 
@@ -20,8 +20,11 @@ def _ns_sysctl(ns: str, keys: list[str]) -> None:
 def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1,
        rate: str | None = DEFAULT_RATE, host_rate: str | None = None, encoding: str = "srh",
        mtu: int = DEFAULT_MTU, host_sysctls: list[str] = (), ecn_threshold: str | None = None,
-       ecmp_hash: str = DEFAULT_HASH, progress=None) -> dict:
-    """PROGRESS: called as progress(done, total, text) while building."""
+       ecmp_hash: str = DEFAULT_HASH, progress=None, sid_block: str = DEFAULT_SID_BLOCK,
+       data_block: str = DEFAULT_DATA_BLOCK, description: dict | None = None) -> dict:
+    """PROGRESS: called as progress(done, total, text) while building.
+    DESCRIPTION (description.Description.to_dict of the file the fabric was
+    described in) is kept in its state for `fabric attach --render`."""
     check_name(name)
     check_hash(ecmp_hash)
     for what, v, hi in (("--spines", spines, MAX_SPINES), ("--leaves", leaves, MAX_LEAVES),
@@ -50,6 +53,8 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
             "rate": rate if rate_bits else None, "host_rate": host_rate if host_bits else None,
             "mtu": mtu, "host_sysctls": list(host_sysctls), "ecn_threshold": ecn_threshold,
             "hash": ecmp_hash}
+    if (sid_block, data_block) != (DEFAULT_SID_BLOCK, DEFAULT_DATA_BLOCK):
+        spec.update(sid_block=sid_block, data_block=data_block)
     fab = Fabric(spec)
     planned = fab.namespaces()
     if state_path(name).exists():
@@ -63,6 +68,8 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
     started = time.monotonic()
     state = {"spec": spec, "status": "building", "namespaces": planned, "faults": [],
              "attached": {}, "created": time.time()}
+    if description is not None:
+        state["description"] = description
     with locked(name, create=state) as state:
         try:
             _build(fab, progress or (lambda done, total, text: None))

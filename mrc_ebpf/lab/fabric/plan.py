@@ -1,6 +1,7 @@
 """The fabric's shape, names and address plan, from its spec alone (no kernel state)."""
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -15,6 +16,10 @@ ENCODINGS = ("srh", "usid", "ev")
 DEFAULT_ENTROPY = 64
 QUEUE_LATENCY = "20ms"
 DEFAULT_MTU = 1500
+# The address plan's two /32s (a fabric description may move them within
+# fc00::/16 and fd00::/16, which the hosts' and leaves' broad routes cover):
+# the uSID block of every SID, and the block of the hosts' data prefixes.
+DEFAULT_SID_BLOCK, DEFAULT_DATA_BLOCK = "fc00::/32", "fd00::/32"
 # Jumbo frames as datacenter fabrics run them.  Above 3506 (a page less
 # XDP headroom and skb_shared_info) a veth takes no native XDP program
 # without multi-buffer support, and `mrcctl attach` falls back to generic
@@ -91,6 +96,15 @@ def parse_mode(text: str) -> tuple[str, float]:
 
 
 
+def _block32(block: str) -> str:
+    """"fc00:0" of "fc00::/32": the two hextets every address of the plan starts with."""
+    net = ipaddress.IPv6Network(block)
+    if net.prefixlen != 32:
+        raise MrcError(f"address block {block}: a /32")
+    v = int(net.network_address) >> 96
+    return f"{v >> 16:x}:{v & 0xffff:x}"
+
+
 class Fabric:
     """The plan of a fabric: every name, address, link and route, computed
     from its spec alone (so `down` and `heal` need nothing else)."""
@@ -105,6 +119,8 @@ class Fabric:
         self.mtu = spec.get("mtu", DEFAULT_MTU)
         self.host_sysctls = spec.get("host_sysctls", [])
         self.hash = spec.get("hash", DEFAULT_HASH)
+        self.sid32 = _block32(spec.get("sid_block", DEFAULT_SID_BLOCK))      # "fc00:0"
+        self.data32 = _block32(spec.get("data_block", DEFAULT_DATA_BLOCK))   # "fd00:0"
 
     # -- names
     @staticmethod
@@ -154,9 +170,8 @@ class Fabric:
     def host_id(h: int) -> int:
         return 0xE000 + h
 
-    @staticmethod
-    def sid(ident: int) -> str:
-        return f"fc00:0:{ident:x}::"
+    def sid(self, ident: int) -> str:
+        return f"{self.sid32}:{ident:x}::"
 
     def host_sid(self, h: int) -> str:
         return self.sid(self.host_id(h))
@@ -164,13 +179,11 @@ class Fabric:
     def spine_sid(self, p: int, s: int) -> str:
         return self.sid(self.spine_id(p, s))
 
-    @staticmethod
-    def addr6(h: int) -> str:
-        return f"fd00:0:{h:x}::1"
+    def addr6(self, h: int) -> str:
+        return f"{self.data32}:{h:x}::1"
 
-    @staticmethod
-    def prefix6(h: int) -> str:
-        return f"fd00:0:{h:x}::/64"
+    def prefix6(self, h: int) -> str:
+        return f"{self.data32}:{h:x}::/64"
 
     @staticmethod
     def addr4(h: int) -> str:
@@ -221,7 +234,7 @@ class Fabric:
                 sid = self.spine_id(p, s)
                 path = {"plane": p, "spine": self.spine(p, s)}
                 if self.encoding == "usid":
-                    path["usid"] = f"fc00:0:{sid:x}:{dst:x}::"
+                    path["usid"] = f"{self.sid32}:{sid:x}:{dst:x}::"
                     path["args"] = ["--usid", path["usid"]]
                 else:
                     path["via"] = f"{self.sid(sid)},{self.sid(dst)}"
@@ -314,7 +327,7 @@ class Fabric:
         if kind == "host":
             h = info["index"]
             for q in range(self.planes):
-                cmds.append(f"route replace fc00:0:{0x100 * (q + 1):x}::/40 via fe80::1 dev eth{q}")
+                cmds.append(f"route replace {self.sid32}:{0x100 * (q + 1):x}::/40 via fe80::1 dev eth{q}")
             cmds += ["route replace fc00::/16 via fe80::1 dev eth0",
                      "route replace fd00::/16 via fe80::1 dev eth0",
                      f"route replace 198.18.0.0/15 via inet6 fe80::1 dev eth0 src {self.addr4(h)}"]
@@ -327,7 +340,7 @@ class Fabric:
             ecmp6 = " ".join(f"nexthop via {gw} dev {dev}" for dev, gw in ups)
             ecmp4 = " ".join(f"nexthop via inet6 {gw} dev {dev}" for dev, gw in ups)
             # remote hosts: kernel ECMP over the plane's spines (the baseline)
-            cmds += [f"route replace fc00:0:e000::/35 {ecmp6}",
+            cmds += [f"route replace {self.sid32}:e000::/35 {ecmp6}",
                      f"route replace fd00::/16 {ecmp6}",
                      f"route replace 198.18.0.0/15 {ecmp4}"]
             for h in self.hosts():

@@ -86,8 +86,8 @@ def describe(name: str) -> dict:
                                 "h1-p1l1); a>b is one direction (fault on b's ingress); a node name "
                                 "means all its links",
                        "devices": "host eth<plane>; leaf s<spine>, h<host>; spine l<leaf>",
-                       "sids": "spine fc00:0:<0x100*(plane+1)+s>::, host fc00:0:<0xe000+h>::",
-                       "data": "host h: fd00:0:<h>::1 (fd00:0:<h>::/64), 198.18.<h/256>.<h%256>"}}
+                       "sids": f"spine {fab.sid32}:<0x100*(plane+1)+s>::, host {fab.sid32}:<0xe000+h>::",
+                       "data": f"host h: {fab.data32}:<h>::1 ({fab.data32}:<h>::/64), 198.18.<h/256>.<h%256>"}}
 
 
 

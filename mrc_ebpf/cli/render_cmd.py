@@ -1,0 +1,41 @@
+"""`mrcctl render FILE --host NAME`: one host's config from a fabric description.
+
+Registered at the end of cli/mrcctl.py.  The config is the host config
+format (`mrcctl apply` reads it); the description's format is
+mrc_ebpf/lab/fabric/description.py.
+"""
+from __future__ import annotations
+
+import click
+
+from mrc_ebpf.cli.common import emit, json_option
+
+
+@click.command()
+@click.argument("file", metavar="FABRIC_FILE")
+@click.option("--host", "host", required=True, metavar="NAME",
+              help="The host (h1, h2, ...) whose config to print.")
+@click.option("-o", "--output", metavar="FILE", help="Write the config to FILE instead of printing it.")
+@json_option
+@click.pass_context
+def render(ctx, file, host, output):
+    """Print host NAME's config from fabric description FABRIC_FILE: its
+    attach section (plane NICs, SID, attach options) and every other host
+    as a peer with all its paths."""
+    from mrc_ebpf.errors import MrcError
+    from mrc_ebpf.lab.fabric import description, render as render_mod
+    desc = description.load(file)
+    cfg = render_mod.host_config(desc, host)
+    if output:
+        text = render_mod.dump(cfg)
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise MrcError(f"cannot write {output}: {e.strerror or e}")
+        emit(ctx, {"host": host, "file": output, "bytes": len(text.encode()), "peers": len(cfg["peers"]),
+                   "paths": sum(len(p["paths"]) for p in cfg["peers"])},
+             lambda r: click.echo(f"{r['host']}: {r['peers']} peers, {r['paths']} paths, {r['bytes']} bytes "
+                                  f"in {r['file']}"))
+        return
+    emit(ctx, cfg, lambda c: click.echo(render_mod.dump(c), nl=False))
