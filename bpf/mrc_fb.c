@@ -38,7 +38,7 @@ int mrc_fb(struct __sk_buff *skb)
 	} else {
 		return TC_ACT_OK;
 	}
-	peer = peers.lookup(&key);
+	peer = mrc_peers.lookup(&key);
 	if (!peer)
 		return TC_ACT_OK;
 	st = peer_state_find(peer->peer_id);

@@ -174,7 +174,7 @@ int mrc_rx(struct xdp_md *ctx)
 
 	count(MRC_RX_SEEN);
 
-	cfg = config.lookup(&zero);
+	cfg = mrc_config.lookup(&zero);
 	if (!cfg)
 		return rx_pass();
 	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IPV6))

@@ -89,7 +89,7 @@ static __always_inline int tx_classify(struct __sk_buff *skb, const struct mrc_c
 static __always_inline __u8 tx_class(__u8 tos)
 {
 	__u32 dscp = tos >> 2;
-	__u32 *tclass = dscp_class.lookup(&dscp);
+	__u32 *tclass = mrc_dscp_class.lookup(&dscp);
 
 	return tclass && *tclass < MRC_MAX_CLASSES ? *tclass : 0;
 }
@@ -108,7 +108,7 @@ int mrc_tx(struct __sk_buff *skb)
 
 	count(MRC_TX_SEEN);
 
-	cfg = config.lookup(&zero);
+	cfg = mrc_config.lookup(&zero);
 	if (!cfg)
 		return tx_pass();
 	if (mark == MRC_FB_MARK ||
@@ -122,7 +122,7 @@ int mrc_tx(struct __sk_buff *skb)
 	if (tx_classify(skb, cfg, &key, &inner))
 		return tx_pass();
 
-	peer = peers.lookup(&key);
+	peer = mrc_peers.lookup(&key);
 	if (!peer)
 		return tx_pass();
 	if (!control && !(mark & MRC_PROBE_MARK_MASK) && cfg->retrans_steer &&
@@ -146,7 +146,7 @@ int mrc_tx(struct __sk_buff *skb)
 	if (retrans)
 		tcp_steer_pick(peer, &choice);
 	choice.control = control;
-	path = paths.lookup(&choice.path_index);
+	path = mrc_paths.lookup(&choice.path_index);
 	if (!path || path->state != MRC_PATH_UP)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
 	path = template_path(peer, path);

@@ -49,9 +49,9 @@ module, tx, rx, _ = compile_datapath()
 packet = bytes(Ether() / IPv6(src="fd00:a::a", dst="fd00:b::b") / UDP(dport=9) / bytes(64))
 for keyed in (False, True):
     cost._configure(module, 1, "rr")
-    path = layout.Path.from_buffer_copy(bytes(module["paths"][ctypes.c_int(0)]))
+    path = layout.Path.from_buffer_copy(bytes(module["mrc_paths"][ctypes.c_int(0)]))
     ctypes.memmove(path.peer_sid.addr, ipaddress.IPv6Address(cost.PEER_SID).packed, 16)
-    module["paths"][ctypes.c_int(0)] = module["paths"].Leaf.from_buffer_copy(bytes(path))
+    module["mrc_paths"][ctypes.c_int(0)] = module["mrc_paths"].Leaf.from_buffer_copy(bytes(path))
     cost._set_key(module, keyed)
     _, _, out = bpfsys.prog_test_run(tx.fd, packet, 1)
     frames = []

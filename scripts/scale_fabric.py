@@ -20,8 +20,8 @@ from mrc_ebpf.lab.fabric import Fabric, alltoall, description, load  # noqa: E40
 from mrc_ebpf.lab.fabric.sizing import possible_cpus  # noqa: E402
 from mrc_ebpf.lab.procs import MRCCTL, PY, in_netns, run_parallel  # noqa: E402
 
-MEMLOCK = ("import json; from mrc_ebpf.lab.fabric import sizing; from mrc_ebpf.datapath import pins; "
-           "print(json.dumps(sum(m['memlock'] for m in sizing.measured_memlock(pins.netns_dir()).values())))")
+MEMLOCK = ("import json; from mrc_ebpf.datapath import memory, pins; "
+           "print(json.dumps(sum(m['memlock'] for m in memory.measured(pins.netns_dir()).values())))")
 
 
 def mrcctl(*args, timeout=7200):

@@ -52,10 +52,10 @@ def dp():
     module, tx, rx, _ = compile_datapath()
     cfg = layout.Config(mtu=1500)
     ctypes.memmove(cfg.sid, ipaddress.IPv6Address(SID).packed, 16)
-    module["config"][ctypes.c_int(0)] = module["config"].Leaf.from_buffer_copy(bytes(cfg))
+    module["mrc_config"][ctypes.c_int(0)] = module["mrc_config"].Leaf.from_buffer_copy(bytes(cfg))
     sid = layout.Sid()
     ctypes.memmove(sid.addr, ipaddress.IPv6Address(PEER_SID).packed, 16)
-    module["peer_by_sid"][module["peer_by_sid"].Key.from_buffer_copy(bytes(sid))] = ctypes.c_uint32(0)
+    module["mrc_peer_by_sid"][module["mrc_peer_by_sid"].Key.from_buffer_copy(bytes(sid))] = ctypes.c_uint32(0)
     yield module, tx, rx
     module.cleanup()
 
@@ -64,24 +64,24 @@ def set_keys(module, keys, signing=1, epoch=77):
     value = layout.Auth(epoch=epoch, tx_slot=signing if keys else 0)
     for i, k in enumerate(keys):
         value.keys[i] = auth.auth_key(k)
-    module["auth"][ctypes.c_int(0)] = module["auth"].Leaf.from_buffer_copy(bytes(value))
+    module["mrc_auth"][ctypes.c_int(0)] = module["mrc_auth"].Leaf.from_buffer_copy(bytes(value))
 
 
 def counters(module) -> dict[str, int]:
-    table = module["counters"]
+    table = module["mrc_counters"]
     return {name: table.sum(ctypes.c_int(i)).value for i, name in enumerate(counter_names())}
 
 
 def rx_path(module, path_id=0):
-    for k, v in module["rx_paths"].items():
+    for k, v in module["mrc_rx_paths"].items():
         if bytes(k.sid) == ipaddress.IPv6Address(PEER_SID).packed and k.path_id == path_id:
             return layout.RxPath.from_buffer_copy(bytes(v))
     return None
 
 
 def clear_rx(module):
-    module["rx_paths"].clear()
-    module["rx_peers"].clear()
+    module["mrc_rx_paths"].clear()
+    module["mrc_rx_peers"].clear()
 
 
 def feedback(seq, key=None, epoch=EPOCH, key_id=None, qdelay=123, mac=None, src=PEER_SID):
@@ -108,7 +108,7 @@ def run_rx(module, rx, frame):
 
 def health_qdelay(module, path_id=3):
     try:
-        state = module["peer_state"][ctypes.c_uint32(0)]
+        state = module["mrc_peer_state"][ctypes.c_uint32(0)]
     except KeyError:
         return 0        # no learnt state yet: nothing filed
     return state.paths[path_id].health.qdelay_us
@@ -195,13 +195,13 @@ def configure_peer(module, usid=False):
     for j, seg in enumerate(segs):
         ctypes.memmove(path.segments[j].addr, ipaddress.IPv6Address(seg).packed, 16)
     ctypes.memmove(path.peer_sid.addr, ipaddress.IPv6Address("fc00:1:e00b::" if usid else PEER_SID).packed, 16)
-    module["paths"][ctypes.c_int(0)] = module["paths"].Leaf.from_buffer_copy(bytes(path))
+    module["mrc_paths"][ctypes.c_int(0)] = module["mrc_paths"].Leaf.from_buffer_copy(bytes(path))
     spray = layout.Spray(n=1)
     for tclass in range(MAX_CLASSES):
-        module["spray"][ctypes.c_int(tclass)] = module["spray"].Leaf.from_buffer_copy(bytes(spray))
+        module["mrc_spray"][ctypes.c_int(tclass)] = module["mrc_spray"].Leaf.from_buffer_copy(bytes(spray))
     prefix = ipaddress.ip_network("fd00:b::/64")
-    key = module["peers"].Key.from_buffer_copy(bytes(peer_key(prefix)))
-    module["peers"][key] = module["peers"].Leaf.from_buffer_copy(
+    key = module["mrc_peers"].Key.from_buffer_copy(bytes(peer_key(prefix)))
+    module["mrc_peers"][key] = module["mrc_peers"].Leaf.from_buffer_copy(
         bytes(layout.Peer(peer_id=0, n_paths=1, policy=POLICIES["rr"])))
     return "fc00:1:e00b::" if usid else PEER_SID
 
@@ -233,7 +233,7 @@ def test_sender_signs_what_it_sends(dp, usid):
 
 
 def peer_state(module, peer_id=0) -> layout.PeerState:
-    return layout.PeerState.from_buffer_copy(bytes(module["peer_state"][ctypes.c_uint32(peer_id)]))
+    return layout.PeerState.from_buffer_copy(bytes(module["mrc_peer_state"][ctypes.c_uint32(peer_id)]))
 
 
 def tx_prefix(module, peer_id=0) -> layout.MacPrefix:
@@ -249,7 +249,7 @@ def test_sender_kept_state_signs_as_python_does(dp, usid):
     Python's SipHash-2-4 of the whole message (auth.mac_message)."""
     module, tx, rx = dp
     final = configure_peer(module, usid)
-    module["peer_state"].clear()
+    module["mrc_peer_state"].clear()
     fb = C["MRC_F_FEEDBACK"]
     steps = [("KEY1, no feedback yet", [KEY1], 77, False), ("same, kept state", [KEY1], 77, False),
              ("the peer heard: feedback", [KEY1], 77, True), ("feedback, kept state", [KEY1], 77, True),
@@ -263,15 +263,15 @@ def test_sender_kept_state_signs_as_python_does(dp, usid):
         if name == "a spoiled entry":   # its words no longer add up: made again
             state = peer_state(module)
             state.tx_mac.v[0] ^= 1
-            module["peer_state"][ctypes.c_uint32(0)] = module["peer_state"].Leaf.from_buffer_copy(bytes(state))
+            module["mrc_peer_state"][ctypes.c_uint32(0)] = module["mrc_peer_state"].Leaf.from_buffer_copy(bytes(state))
         for _ in range(3):
             # the peer's made-up feedback must not take the one path down
             # (a probe carries no feedback): no acknowledgement clock
-            if module["peer_state"].get(ctypes.c_uint32(0)) is not None:
+            if module["mrc_peer_state"].get(ctypes.c_uint32(0)) is not None:
                 state = peer_state(module)
                 state.acks, state.paths[0].live = layout.PeerAcks(), layout.PathLive()
-                module["peer_state"][ctypes.c_uint32(0)] = \
-                    module["peer_state"].Leaf.from_buffer_copy(bytes(state))
+                module["mrc_peer_state"][ctypes.c_uint32(0)] = \
+                    module["mrc_peer_state"].Leaf.from_buffer_copy(bytes(state))
             ret, _, out = bpfsys.prog_test_run(tx.fd, tx_frame(), 1)
             assert ret == 0
             tlv = wire.mrc_tlv(Ether(out))
@@ -336,7 +336,7 @@ def test_receiver_verifies_what_the_mac_covers(dp):
          signed_data(17, KEY2, edit=setf(key_id=auth.key_id(KEY1))), "rx_auth_bad_mac"),
     ]
     clear_rx(module)
-    module["auth_rx_prefix"].clear()
+    module["mrc_auth_rx_prefix"].clear()
     for name, keys, frame, reason in rows:
         set_keys(module, keys)
         if name == "source moved":      # a MAC made for the peer's source, sent from another
@@ -406,7 +406,7 @@ def test_senders_sharing_a_kept_state_slot_both_verify(dp):
     module, _, rx = dp
     set_keys(module, [KEY1])
     clear_rx(module)
-    module["auth_rx_prefix"].clear()
+    module["mrc_auth_rx_prefix"].clear()
     # senders of a fabric differ anywhere in their SIDs: all of it counts
     assert len({rx_slot(f"fc00:{i:x}::1") for i in range(64)}) > 48
     assert len({rx_slot(f"fc00:0:{i:x}::") for i in range(64)}) > 48
@@ -417,7 +417,7 @@ def test_senders_sharing_a_kept_state_slot_both_verify(dp):
             ret, d = run_rx(module, rx, signed_data(seq, KEY1, src=src))
             assert d.get("rx_decap") == 1 and not any(k.startswith("rx_auth") for k in d), (src, seq, d)
             slot = layout.MacPrefix.from_buffer_copy(
-                bytes(module["auth_rx_prefix"][ctypes.c_int(rx_slot(src))]))
+                bytes(module["mrc_auth_rx_prefix"][ctypes.c_int(rx_slot(src))]))
             assert bytes(slot.words[0].to_bytes(8, "little") + slot.words[1].to_bytes(8, "little")) == \
                 ipaddress.IPv6Address(src).packed     # the slot is the latest sender's
         ret, d = run_rx(module, rx, signed_data(100 + seq, KEY1, src=other, edit=lambda t: setattr(t, "tx_ns", 1)))

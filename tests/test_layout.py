@@ -172,7 +172,7 @@ def compiled(datapath):
 @pytest.mark.parametrize("name", sorted(layout.MAPS))
 def test_map_layouts_match_c(compiled, name):
     key, value, percpu = layout.MAPS[name]
-    table = compiled[name]
+    table = compiled[layout.symbol(name)]
     leaf = table.Leaf._type_ if percpu else table.Leaf   # bcc gives per-CPU leaves as arrays
     assert ctypes.sizeof(table.Key) == ctypes.sizeof(key)
     assert ctypes.sizeof(leaf) == ctypes.sizeof(value)
@@ -210,3 +210,13 @@ def test_timer_defaults_are_the_headers():
     for name, value in layout.TIMER_DEFAULTS.items():
         assert params[name] == value == source.C[f"MRC_DEFAULT_{name.upper()}"]
     assert CliRunner().invoke(mrcctl.cli, ["attach", "--help"]).exit_code == 0
+
+
+def test_every_datapath_map_is_named_mrc():
+    """`bpftool map` lists everyone's maps: ours say whose they are."""
+    import re
+    text = (source.BPF_DIR / "lib" / "maps.h").read_text()
+    names = [m.group(2) for m in re.finditer(r"^BPF_(?:F_)?TABLE\((?:[^,]+,){3}\s*(\w+)|^BPF_\w+\((\w+)",
+                                             text, flags=re.M) if m.group(2)]
+    names += [m.group(1) for m in re.finditer(r"^BPF_(?:F_)?TABLE\((?:[^,]+,){3}\s*(\w+)", text, flags=re.M)]
+    assert len(names) >= len(layout.MAPS) and all(n.startswith("mrc_") for n in names), names

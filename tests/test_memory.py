@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import mrcctl
-from mrc_ebpf.datapath import memory
+from mrc_ebpf.datapath import layout, memory
 
 
 def test_model_reads_every_map_of_maps_h():
@@ -64,7 +64,8 @@ def test_model_matches_kernel_for_an_attachment(interop):
     for m in shown:
         by_name.setdefault(m.get("name", ""), []).append(m["bytes_memlock"])
     for name, nbytes in mem["maps"].items():
-        assert nbytes in by_name.get(name[:15], []), name   # the kernel keeps 15 characters
+        # the kernel keeps 15 characters of the C name (mrc_ + name)
+        assert nbytes in by_name.get(layout.symbol(name)[:15], []), name
     human = mrcctl("status", netns=interop.A).stdout
     assert "kernel memory" in human and f"on {mem['scaled_cpus']}" in human
 

@@ -108,7 +108,7 @@ static __always_inline void auth_sign(struct mrc_tlv *tlv, const __u8 *src, cons
 	__u32 zero = 0, slot;
 	__u64 d0, d1, epoch_word, mac;
 
-	a = auth.lookup(&zero);
+	a = mrc_auth.lookup(&zero);
 	if (!a)
 		return;
 	tlv->epoch = bpf_htonl(a->epoch);
@@ -165,7 +165,7 @@ static __always_inline __u32 auth_verify(const struct ipv6hdr *ip6, const struct
 	__u8 id;
 
 	*keyed = 0;
-	a = auth.lookup(&zero);
+	a = mrc_auth.lookup(&zero);
 	if (!a || (!a->keys[0].id && !a->keys[1].id))
 		return 0;
 	*keyed = 1;
@@ -182,7 +182,7 @@ static __always_inline __u32 auth_verify(const struct ipv6hdr *ip6, const struct
 	s1 = siphash_load(ip6->saddr.s6_addr + 8);
 	epoch_word = siphash_load((void *)tlv + MRC_TLV_EPOCH_OFF);
 	slot = auth_rx_slot(s0, s1);
-	cache = auth_rx_prefix.lookup(&slot);
+	cache = mrc_auth_rx_prefix.lookup(&slot);
 	if (!cache)
 		return MRC_RX_AUTH_BAD_MAC;
 	if (auth_prefix_get(cache, key, s0, s1, epoch_word, &s)) {

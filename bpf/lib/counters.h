@@ -7,7 +7,7 @@
 
 static __always_inline void count_add(__u32 counter, __u64 n)
 {
-	__u64 *value = counters.lookup(&counter);
+	__u64 *value = mrc_counters.lookup(&counter);
 
 	if (value)
 		*value += n;

@@ -18,14 +18,14 @@ static __always_inline void failover_event_log(__u32 peer_id, __u16 path_id, __u
 				      __u64 since)
 {
 	__u32 zero = 0, slot;
-	__u64 *seq = event_seq.lookup(&zero), n;
+	__u64 *seq = mrc_event_seq.lookup(&zero), n;
 	struct mrc_event *ev;
 
 	if (!seq)
 		return;
 	n = __sync_fetch_and_add(seq, 1) + 1;
 	slot = n % MRC_EVENTS;
-	ev = events.lookup(&slot);
+	ev = mrc_events.lookup(&slot);
 	if (!ev)
 		return;
 	ev->ns = now;

@@ -33,10 +33,10 @@ static __always_inline void feedback_due(const __u8 *src_sid, const struct mrc_c
 	__u32 *peer_id;
 
 	__builtin_memcpy(sid.addr, src_sid, 16);
-	peer = rx_peers.lookup(&sid);
+	peer = mrc_rx_peers.lookup(&sid);
 	if (!peer || now - peer->fb_sent_ns < (__u64)cfg->fb_interval_us * 1000)
 		return;
-	peer_id = peer_by_sid.lookup(&sid);
+	peer_id = mrc_peer_by_sid.lookup(&sid);
 	if (!peer_id)
 		return;		/* not a configured peer: we have no path to answer on */
 	st = peer_state_get(*peer_id);
@@ -132,7 +132,7 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 	__u64 lost;
 	int exact;
 
-	peer = rx_peers.lookup((struct mrc_sid *)peer_sid);
+	peer = mrc_rx_peers.lookup((struct mrc_sid *)peer_sid);
 	if (!peer)
 		return;
 	tlv->flags |= MRC_F_FEEDBACK;
@@ -143,7 +143,7 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 		tlv->fb_path_tx32 = bpf_htonl((__u32)peer->latest_tx[key.path_id & (MRC_MAX_PATHS - 1)]);
 	peer->fb_sent_ns = bpf_ktime_get_ns();
 	tlv->fb_path_id = bpf_htons(key.path_id);
-	path = rx_paths.lookup(&key);
+	path = mrc_rx_paths.lookup(&key);
 	if (!path)
 		return;		/* forgotten (LRU): no qdelay or loss to tell */
 	tlv->fb_qdelay_us = bpf_htons(path->qdelay_us > 0xffff ? 0xffff : path->qdelay_us);
@@ -224,7 +224,7 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 	if (!(tlv->flags & MRC_F_FEEDBACK))
 		return;
 	__builtin_memcpy(sid.addr, src_sid, 16);
-	peer_id = peer_by_sid.lookup(&sid);
+	peer_id = mrc_peer_by_sid.lookup(&sid);
 	path_id = bpf_ntohs(tlv->fb_path_id);
 	if (!peer_id || path_id >= MRC_MAX_PATHS)
 		return;

@@ -19,7 +19,7 @@
 static __always_inline int floor_take_out(const struct mrc_config *cfg, __u32 template_id,
 					  struct mrc_peer_state *st)
 {
-	struct mrc_peer_floor *f = peer_floor.lookup(&template_id);
+	struct mrc_peer_floor *f = mrc_peer_floor.lookup(&template_id);
 	__u64 min = cfg->min_active, before;
 
 	if (!f)

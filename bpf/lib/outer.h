@@ -59,7 +59,7 @@ static __always_inline void outer_tlv_init(struct mrc_tlv *tlv, __u8 type, const
 static __always_inline void *outer_scratch(void)
 {
 	__u32 zero = 0;
-	struct mrc_tx_scratch *room = tx_scratch.lookup(&zero);
+	struct mrc_tx_scratch *room = mrc_tx_scratch.lookup(&zero);
 
 	if (room)
 		__builtin_memset(room, 0, sizeof(*room));

@@ -230,7 +230,7 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	if (row >= MRC_MAX_PEERS || tclass >= MRC_MAX_CLASSES)
 		return -1;
 	list_index = row * MRC_MAX_CLASSES + tclass;
-	list = spray.lookup(&list_index);
+	list = mrc_spray.lookup(&list_index);
 	if (!list)
 		return -1;
 	st = peer_state_get(peer->peer_id);

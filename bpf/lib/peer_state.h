@@ -15,24 +15,24 @@
  * nothing). */
 static __always_inline struct mrc_peer_state *peer_state_find(__u32 peer_id)
 {
-	return peer_state.lookup(&peer_id);
+	return mrc_peer_state.lookup(&peer_id);
 }
 
 /* The peer's state, created zeroed by its first packet either way: sent
  * to it (TX), or feedback or data from it (RX; configured peers only). */
 static __always_inline struct mrc_peer_state *peer_state_get(__u32 peer_id)
 {
-	struct mrc_peer_state *st = peer_state.lookup(&peer_id);
+	struct mrc_peer_state *st = mrc_peer_state.lookup(&peer_id);
 	__u32 zero = 0;
 
 	if (st)
 		return st;
-	st = peer_state_zero.lookup(&zero);
+	st = mrc_peer_state_zero.lookup(&zero);
 	if (!st)
 		return NULL;
 	/* NOEXIST: another CPU may have created it meanwhile; keep that one */
-	peer_state.insert(&peer_id, st);
-	return peer_state.lookup(&peer_id);
+	mrc_peer_state.insert(&peer_id, st);
+	return mrc_peer_state.lookup(&peer_id);
 }
 
 static __always_inline struct mrc_path_state *peer_path(struct mrc_peer_state *st, __u32 path_id)

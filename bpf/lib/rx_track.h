@@ -71,12 +71,12 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 
 	__builtin_memcpy(key.sid, src_sid, 16);
 	key.path_id = bpf_ntohs(tlv->path_id);
-	p = rx_paths.lookup(&key);
+	p = mrc_rx_paths.lookup(&key);
 	if (!p) {
 		struct mrc_rx_path fresh = { .next_seq = seq, .min_owd_ns = owd, .epoch = epoch };
 
-		rx_paths.update(&key, &fresh);
-		p = rx_paths.lookup(&key);
+		mrc_rx_paths.update(&key, &fresh);
+		p = mrc_rx_paths.lookup(&key);
 		if (!p)
 			return 0;
 		first = 1;
@@ -128,16 +128,16 @@ static __always_inline struct mrc_rx_peer *rx_track_sender(const __u8 *src_sid,
 	__u32 epoch = bpf_ntohl(tlv->epoch);
 
 	__builtin_memcpy(sid.addr, src_sid, 16);
-	peer = rx_peers.lookup(&sid);
+	peer = mrc_rx_peers.lookup(&sid);
 	if (!peer) {
 		/* too big for the stack: start from the never-written zero entry */
 		__u32 zero = 0;
-		struct mrc_rx_peer *fresh = rx_peer_zero.lookup(&zero);
+		struct mrc_rx_peer *fresh = mrc_rx_peer_zero.lookup(&zero);
 
 		if (!fresh)
 			return NULL;
-		rx_peers.update(&sid, fresh);
-		peer = rx_peers.lookup(&sid);
+		mrc_rx_peers.update(&sid, fresh);
+		peer = mrc_rx_peers.lookup(&sid);
 		if (!peer)
 			return NULL;
 		peer->max_peer_seq = bpf_ntohl(tlv->peer_seq);

@@ -29,7 +29,7 @@ static __always_inline struct mrc_hop *shared_fate_hop(struct mrc_path_fate *pf)
 	hop = pf->hop;
 	barrier_var(hop);
 	hop &= MRC_MAX_HOPS - 1;
-	return hops.lookup(&hop);
+	return mrc_hops.lookup(&hop);
 }
 
 /* `index`: the path's place in its row (path_fate), which names its hop.
@@ -49,7 +49,7 @@ static __always_inline void shared_fate_path_down(const struct mrc_config *cfg, 
 
 	if (!cfg->shared_fate)
 		return;
-	pf = path_fate.lookup(&index);
+	pf = mrc_path_fate.lookup(&index);
 	h = shared_fate_hop(pf);
 	if (!h)
 		return;
@@ -81,7 +81,7 @@ static __always_inline __u64 shared_fate_check(const struct mrc_config *cfg, __u
 
 	if (!cfg->shared_fate)
 		return 0;
-	pf = path_fate.lookup(&index);
+	pf = mrc_path_fate.lookup(&index);
 	h = shared_fate_hop(pf);
 	if (!h || !pf)
 		return 0;

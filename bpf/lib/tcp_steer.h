@@ -70,7 +70,7 @@ static __always_inline int tcp_steer_is_retrans(struct __sk_buff *skb, __u32 l4,
 
 	hash = bpf_get_hash_recalc(skb);
 	slot = hash & (MRC_TX_FLOWS - 1);
-	flow = tx_flows.lookup(&slot);
+	flow = mrc_tx_flows.lookup(&slot);
 	if (!flow)
 		return 0;
 	if (flow->hash != hash || (flags & TCP_FLAG_SYN)) {
@@ -173,8 +173,8 @@ static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, struct p
 	/* still a path of the packet's own set: up, and of the class of the
 	 * path the spray gave it (a path may have been deleted, or be another
 	 * class's reserve, since it was heard) */
-	path = paths.lookup(&index);
-	given = paths.lookup(&choice->path_index);
+	path = mrc_paths.lookup(&index);
+	given = mrc_paths.lookup(&choice->path_index);
 	if (!path || !given || path->state != MRC_PATH_UP || path->tclass != given->tclass)
 		return;
 	live = peer_path_live(choice->st, id);

@@ -21,7 +21,7 @@ static __always_inline struct mrc_path *template_path(const struct mrc_peer *pee
 
 	if (!(peer->flags & MRC_PEER_F_LAST_HOP))
 		return path;
-	mine = tx_path.lookup(&zero);
+	mine = mrc_tx_path.lookup(&zero);
 	if (!mine)
 		return NULL;
 	__builtin_memcpy(mine, path, sizeof(*mine));

@@ -36,7 +36,6 @@ import argparse
 import ctypes
 import ipaddress
 import json
-import statistics
 import time
 
 from scapy.layers.inet import UDP
@@ -54,23 +53,23 @@ SID, PEER_SID = "fc00:a::1", "fc00:b::1"
 def _configure(module, n_paths: int, policy: str) -> None:
     cfg = layout.Config(mtu=1500, loss_hold_us=20000)
     ctypes.memmove(cfg.sid, ipaddress.IPv6Address(SID).packed, 16)
-    module["config"][ctypes.c_int(0)] = module["config"].Leaf.from_buffer_copy(bytes(cfg))
+    module["mrc_config"][ctypes.c_int(0)] = module["mrc_config"].Leaf.from_buffer_copy(bytes(cfg))
     prefix = ipaddress.ip_network("fd00:b::/64")
     for i in range(n_paths):
         path = layout.Path(n_segments=2, state=layout.C["MRC_PATH_UP"], weight=1,
                            flowlabel=flowlabel(prefix, i, []))
         for j, seg in enumerate((PEER_SID, f"fc00:1:{i % 4 + 1:x}::")):   # wire order
             ctypes.memmove(path.segments[j].addr, ipaddress.IPv6Address(seg).packed, 16)
-        module["paths"][ctypes.c_int(i)] = module["paths"].Leaf.from_buffer_copy(bytes(path))
+        module["mrc_paths"][ctypes.c_int(i)] = module["mrc_paths"].Leaf.from_buffer_copy(bytes(path))
     spray = layout.Spray(n=n_paths)
     spray.ids[:n_paths] = list(range(n_paths))
     for tclass in range(MAX_CLASSES):
-        module["spray"][ctypes.c_int(tclass)] = module["spray"].Leaf.from_buffer_copy(bytes(spray))
-    key = module["peers"].Key.from_buffer_copy(bytes(peer_key(prefix)))
-    module["peers"][key] = module["peers"].Leaf.from_buffer_copy(
+        module["mrc_spray"][ctypes.c_int(tclass)] = module["mrc_spray"].Leaf.from_buffer_copy(bytes(spray))
+    key = module["mrc_peers"].Key.from_buffer_copy(bytes(peer_key(prefix)))
+    module["mrc_peers"][key] = module["mrc_peers"].Leaf.from_buffer_copy(
         bytes(layout.Peer(peer_id=0, n_paths=n_paths, policy=POLICIES[policy])))
     # its SID, as `path add` files it: what the peer sends is filed under it
-    by_sid = module["peer_by_sid"]
+    by_sid = module["mrc_peer_by_sid"]
     by_sid[by_sid.Key.from_buffer_copy(ipaddress.IPv6Address(PEER_SID).packed)] = by_sid.Leaf(0)
 
 
@@ -99,9 +98,9 @@ def measure(runs: int = 20000, policies=("rr", "bytes", "adaptive"), repeat: int
 def _set_key(module, keyed: bool) -> None:
     from mrc_ebpf.datapath import auth
     value = auth.initial(BENCH_KEY if keyed else None)
-    module["auth"][ctypes.c_int(0)] = module["auth"].Leaf.from_buffer_copy(bytes(value))
-    module["rx_paths"].clear()
-    module["rx_peers"].clear()
+    module["mrc_auth"][ctypes.c_int(0)] = module["mrc_auth"].Leaf.from_buffer_copy(bytes(value))
+    module["mrc_rx_paths"].clear()
+    module["mrc_rx_peers"].clear()
 
 
 def _inbound(out: bytes, runs: int, keyed: bool) -> list[bytes]:
@@ -160,10 +159,10 @@ def _fill_peers(module, n: int, n_paths: int, policy: str, active: int) -> None:
     the measured one (PEER_PREFIX, PEER_SID) among them; `active` of them
     with learnt state, as after a packet to each."""
     for name in ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers"):
-        module[name].clear()
+        module[layout.symbol(name)].clear()
     _configure(module, n_paths, policy)          # row 0: the paths
-    module["peers"].clear()                      # ... and no own-path peer
-    peers, by_sid = module["peers"], module["peer_by_sid"]
+    module["mrc_peers"].clear()                      # ... and no own-path peer
+    peers, by_sid = module["mrc_peers"], module["mrc_peer_by_sid"]
     last_hop = layout.C["MRC_PEER_F_LAST_HOP"]
     base = layout.C["MRC_MAX_PEERS"]
 
@@ -181,8 +180,8 @@ def _fill_peers(module, n: int, n_paths: int, policy: str, active: int) -> None:
         add(base + i, f"fd00:1:{i // 256:x}:{i % 256:x}::/64", f"fc00:1:{i // 256:x}:{i % 256:x}::1")
     zero = layout.PeerState()
     for i in range(1, min(active, n)):
-        module["peer_state"][ctypes.c_uint32(base + i)] = \
-            module["peer_state"].Leaf.from_buffer_copy(bytes(zero))
+        module["mrc_peer_state"][ctypes.c_uint32(base + i)] = \
+            module["mrc_peer_state"].Leaf.from_buffer_copy(bytes(zero))
 
 
 def maps_memlock(module) -> dict[str, int]:
@@ -190,7 +189,7 @@ def maps_memlock(module) -> dict[str, int]:
     from mrc_ebpf.datapath import memory
     out = {}
     for spec in memory.specs():
-        fd = module.get_table(spec.name).map_fd
+        fd = module.get_table(layout.symbol(spec.name)).map_fd
         out[spec.name] = int(memory.fdinfo(fd)["memlock"])
     return out
 
@@ -214,7 +213,7 @@ def measure_peers(runs: int = 20000, peer_counts=PEERS_AT, n_paths: int = 256, p
             for n in (None, *peer_counts):
                 if n is None:
                     for name in ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers"):
-                        module[name].clear()
+                        module[layout.symbol(name)].clear()
                     _configure(module, n_paths, policy)
                 else:
                     _fill_peers(module, n, n_paths, policy, active)

@@ -221,6 +221,17 @@ MAPS = {
 }
 
 
+def symbol(name: str) -> str:
+    """The C and kernel name of map NAME of MAPS (its pin keeps NAME):
+    prefixed, so that `bpftool map` tells the datapath's maps apart."""
+    return name if name.startswith("mrc_") else f"mrc_{name}"
+
+
+def logical(sym: str) -> str:
+    """symbol()'s inverse: the name in MAPS of the map called SYM in C."""
+    return sym[4:] if sym.startswith("mrc_") and sym[4:] in MAPS else sym
+
+
 def srh_len(n_segments: int) -> int:
     """MRC_SRH_LEN(n_segments) of mrc_common.h: SRH fixed part, segments, TLV."""
     return source.macro("MRC_SRH_LEN", n_segments)

@@ -376,7 +376,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             directory.mkdir()
             undo.append(lambda: pins.remove_tree(directory))
             for name in layout.MAPS:
-                bpfsys.obj_pin(module[name].map_fd, str(directory / name))
+                bpfsys.obj_pin(module[layout.symbol(name)].map_fd, str(directory / name))
             bpfsys.obj_pin(module[EVENT_RING].map_fd, str(directory / EVENT_RING))
             chain_fd = module[xdp_chain.CHAIN_MAP].map_fd
             bpfsys.obj_pin(chain_fd, str(directory / xdp_chain.CHAIN_MAP))

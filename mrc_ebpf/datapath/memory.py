@@ -95,7 +95,12 @@ def specs(sizes: dict[str, int] | None = None) -> list[MapSpec]:
     out = []
     for macro, args in re.findall(r"\b(BPF_\w+)\s*\(([^;]*?)\)\s*;", text, flags=re.S):
         parts = [a.strip() for a in args.split(",")]
-        if macro in ("BPF_ARRAY", "BPF_PERCPU_ARRAY"):
+        at = 3 if macro in ("BPF_TABLE", "BPF_F_TABLE") else 0     # where the name is
+        parts[at] = layout.logical(parts[at])
+        if macro == "BPF_PROG_ARRAY":     # program fds: the kernel keeps a pointer each
+            name, n = parts
+            out.append(MapSpec(name, "array", 4, 4, _eval(n, values), False))
+        elif macro in ("BPF_ARRAY", "BPF_PERCPU_ARRAY"):
             name, _, n = parts
             kind, percpu = _KINDS[macro]
             out.append(MapSpec(name, kind, *_sizes(name), _eval(n, values), percpu))

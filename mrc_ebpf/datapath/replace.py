@@ -69,7 +69,7 @@ def check_layout(module, directory: Path, old_fds: dict[str, int]) -> dict[int, 
     relocation = {}
     for name in map_names():
         try:
-            new_fd = module[name].map_fd
+            new_fd = module[layout.symbol(name)].map_fd
         except KeyError:
             raise MrcError(f"{LAYOUT_CHANGED} (the new build has no map {name})")
         if name not in old_fds:

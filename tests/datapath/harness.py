@@ -70,7 +70,7 @@ class Datapath:
         self.module, self.tx, self.rx, self.fb = loader.compile_datapath()
         self.att = loader.Attachment("test-run", None)
         for name, (key, value, percpu) in layout.MAPS.items():
-            self.att.maps[name] = bpfsys.PinnedMap.from_fd(self.module[name.encode()].map_fd, key, value,
+            self.att.maps[name] = bpfsys.PinnedMap.from_fd(self.module[layout.symbol(name).encode()].map_fd, key, value,
                                                            percpu, name)
         self.sid = ipaddress.IPv6Address(SID)
         self._ncpu = bpfsys.possible_cpus()

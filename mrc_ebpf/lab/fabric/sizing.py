@@ -2,161 +2,24 @@
 and switch radix, and per host what its datapath would hold: config size,
 kernel memory for a CPU count, and the time to apply the config.
 
-Kernel memory here is a model of TODAY's maps (bpf/lib/maps.h: arrays sized
-MRC_MAX_PEERS x MRC_MAX_PATHS whatever is used), computed from the map
-declarations and the kernel's own accounting (map_mem_usage in 6.x:
-the memlock `bpftool map show` and /proc/PID/fdinfo report);
-tests/test_fabric_plan.py checks it against a real attachment's memlock.
-When the datapath's maps follow use (issue 19; mrc_ebpf/datapath/memory.py),
-its memory model replaces `todays_memory`.
+Kernel memory is the datapath's own model of its maps
+(mrc_ebpf/datapath/memory.py: every map of bpf/lib/maps.h under the
+kernel's accounting, checked against a real attachment by
+tests/test_memory.py), with every other NIC of the fabric a peer in the
+maps (a template's peer: a prefix and a SID).
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import os
-import re
 
+from mrc_ebpf.datapath import bpfsys, memory
 from mrc_ebpf.errors import MrcError
-
-PAGE = 4096
-# Fixed parts of the kernel's accounting (6.x, 64-bit): struct bpf_array,
-# struct bpf_htab, struct htab_elem, struct lpm_trie_node, a hash bucket,
-# and the ring buffer's own structs; per element the kernel rounds values
-# (and hash keys) up to 8 bytes.
-ARRAY_BASE, HTAB_BASE, HTAB_ELEM, HTAB_BUCKET, LPM_NODE, RINGBUF_BASE = 312, 896, 48, 16, 24, 4392
-MAP_TYPES = {"array": 2, "percpu_array": 6, "prog_array": 3, "hash": 1, "lru_hash": 9, "lpm_trie": 11,
-             "ringbuf": 27}
-
-
-def _round8(n: int) -> int:
-    return (n + 7) & ~7
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def map_specs() -> list[dict]:
-    """Every map of bpf/lib/maps.h: name, type, key and value size, max
-    entries and whether it preallocates (the sizes from the C header via
-    datapath.layout, whose mirrors tests/test_layout.py checks)."""
-    from mrc_ebpf.datapath import layout, source
-    text = (source.BPF_DIR / "lib" / "maps.h").read_text()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    consts = dict(source.C)
-    consts["MRC_COUNTER_MAX"] = len(source.counter_names())
-
-    def value(expr: str) -> int:
-        e = re.sub(r"\b[A-Za-z_]\w*\b", lambda m: str(consts[m.group(0)]), expr)
-        if not re.fullmatch(r"[0-9 *+()]+", e):
-            raise ValueError(f"cannot evaluate {expr!r}")
-        return int(eval(e, {"__builtins__": {}}))  # noqa: S307 - digits and operators only
-
-    specs = []
-    for m in re.finditer(r"^(BPF_\w+)\((.*)\);", text, flags=re.M):
-        macro, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
-        if macro in ("BPF_ARRAY", "BPF_PERCPU_ARRAY"):
-            name, entries, kind, flags = args[0], value(args[2]), macro[4:].lower(), 0
-        elif macro == "BPF_LPM_TRIE":
-            name, entries, kind, flags = args[0], value(args[3]), "lpm_trie", 1
-        elif macro in ("BPF_TABLE", "BPF_F_TABLE"):
-            kind, name, entries = args[0].strip('"'), args[3], value(args[4])
-            flags = 1 if macro == "BPF_F_TABLE" and "NO_PREALLOC" in args[5] else 0
-        elif macro == "BPF_PROG_ARRAY":      # program fds: a u32 key and value
-            specs.append({"name": args[0], "type": "prog_array", "key_size": 4, "value_size": 4,
-                          "max_entries": value(args[1]), "flags": 0})
-            continue
-        elif macro == "BPF_RINGBUF_OUTPUT":
-            specs.append({"name": args[0], "type": "ringbuf", "key_size": 0, "value_size": 0,
-                          "max_entries": value(args[1]) * PAGE, "flags": 0})
-            continue
-        else:
-            raise ValueError(f"maps.h: unknown map macro {macro}")
-        key, val, _ = layout.MAPS[name]
-        specs.append({"name": name, "type": kind, "key_size": ctypes.sizeof(key),
-                      "value_size": ctypes.sizeof(val), "max_entries": entries, "flags": flags})
-    return specs
-
-
-def map_memlock(spec: dict, cpus: int, used: int = 0) -> int:
-    """The kernel's memlock of one map with CPUS possible CPUs; USED is
-    the entries in use (what an LPM trie and a hash without preallocation
-    account; arrays and preallocated hashes account max_entries)."""
-    n, val = spec["max_entries"], _round8(spec["value_size"])
-    kind = spec["type"]
-    if kind in ("array", "prog_array"):
-        return ARRAY_BASE + n * val
-    if kind == "percpu_array":
-        return ARRAY_BASE + n * 8 + n * val * cpus
-    if kind in ("hash", "lru_hash"):
-        elem = HTAB_ELEM + _round8(spec["key_size"]) + val
-        usage = HTAB_BASE + HTAB_BUCKET * _pow2(n)
-        if spec["flags"] & 1:            # BPF_F_NO_PREALLOC: what is in it, and a list node each
-            return usage + (elem + 8) * used
-        return usage + elem * n
-    if kind == "lpm_trie":
-        return used * (LPM_NODE + spec["key_size"] - 4 + spec["value_size"])
-    if kind == "ringbuf":
-        pages = n // PAGE
-        return RINGBUF_BASE + (pages + 2) * PAGE + (pages + 2) * 2 * 8
-    raise ValueError(f"no memory model for map type {kind}")
-
-
-def todays_memory(cpus: int, peers: int = 0, peer_sids: int = 0) -> dict:
-    """Kernel memory of one attachment with today's maps: per map and in
-    total, split into what is fixed and what grows with the CPU count.
-    peers / peer_sids: entries in the peer trie and the SID hash."""
-    used = {"peers": peers, "peer_by_sid": peer_sids}
-    maps = {s["name"]: map_memlock(s, cpus, used.get(s["name"], 0)) for s in map_specs()}
-    one = {s["name"]: map_memlock(s, 1, used.get(s["name"], 0)) for s in map_specs()}
-    zero = {s["name"]: map_memlock(s, 0, used.get(s["name"], 0)) for s in map_specs()}
-    per_cpu = sum(one.values()) - sum(zero.values())
-    return {"cpus": cpus, "total_bytes": sum(maps.values()), "fixed_bytes": sum(zero.values()),
-            "per_cpu_bytes": per_cpu, "maps": maps}
-
-
-def measured_memlock(directory) -> dict[str, dict]:
-    """What the kernel accounts for each map pinned under DIRECTORY (an
-    attachment's pins): name -> {type, key_size, value_size, max_entries,
-    flags, memlock}, from /proc/self/fdinfo."""
-    from pathlib import Path
-    from mrc_ebpf.datapath import bpfsys
-    types = {v: k for k, v in MAP_TYPES.items()}
-    out = {}
-    for path in sorted(Path(directory).rglob("*")):
-        if path.is_dir():
-            continue
-        try:
-            fd = bpfsys.obj_get(str(path))
-        except OSError:
-            continue
-        try:
-            info = dict(line.split(":", 1) for line in open(f"/proc/self/fdinfo/{fd}").read().splitlines()
-                        if ":" in line)
-        finally:
-            os.close(fd)
-        if "map_id" not in info:
-            continue
-        info = {k: v.strip() for k, v in info.items()}
-        out[path.name] = {"type": types.get(int(info["map_type"]), info["map_type"]),
-                          "key_size": int(info["key_size"]), "value_size": int(info["value_size"]),
-                          "max_entries": int(info["max_entries"]), "flags": int(info["map_flags"], 16),
-                          "memlock": int(info["memlock"])}
-    return out
 
 
 def possible_cpus() -> int:
     """CPUs the kernel sizes per-CPU maps for (num_possible_cpus)."""
-    try:
-        text = open("/sys/devices/system/cpu/possible").read().strip()
-    except OSError:
-        return os.cpu_count() or 1
-    n = 0
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        n += int(hi or lo) - int(lo) + 1
-    return n
+    return bpfsys.possible_cpus()
 
 
 # ---- the plan ----------------------------------------------------------------
@@ -202,7 +65,7 @@ def _entry_bytes(encoding: str, planes: int, spines: int, paths: int) -> tuple[i
 def plan(nics: int, planes: int, radix: int, cpus: int, paths: int | None = None,
          encoding: str = "srh", apply_rate: dict | None = None) -> dict:
     """The shape, and per host: config size (peers form), kernel memory of
-    today's maps for CPUS, and (given a measured apply_rate) apply time."""
+    the maps for CPUS, and (given a measured apply_rate) apply time."""
     from mrc_ebpf.datapath.source import C
     s = shape(nics, planes, radix)
     per_peer = min(paths or C["MRC_MAX_PATHS"], s["paths_available"])
@@ -213,14 +76,15 @@ def plan(nics: int, planes: int, radix: int, cpus: int, paths: int | None = None
     config = {"peers": peers, "paths": peers * per_peer, "bytes": head + peers * one,
               "bytes_per_peer": one, "how": f"rendered bytes of one peer entry ({per_peer} {encoding} paths) "
                                           f"x {peers} peers + the attach section"}
-    mem = todays_memory(cpus, min(peers, C["MRC_MAX_PEERS"]), min(peers, C["MRC_MAX_PEERS"]))
-    memory = {"cpus": cpus, "bytes": mem["total_bytes"], "fixed_bytes": mem["fixed_bytes"],
-              "per_cpu_bytes": mem["per_cpu_bytes"], "peers_held": min(peers, C["MRC_MAX_PEERS"]),
-              "how": "today's maps (bpf/lib/maps.h, arrays of MRC_MAX_PEERS x MRC_MAX_PATHS) under the "
-                     "kernel's accounting; they hold at most "
-                     f"{C['MRC_MAX_PEERS']} peers whatever the fabric"}
+    held = min(peers, C["MRC_MAX_PEER_PREFIXES"])
+    total = memory.host_bytes(held, cpus)
+    memory_row = {"cpus": cpus, "bytes": total, "per_cpu_bytes": memory.per_cpu_bytes(),
+                  "fixed_bytes": total - cpus * memory.per_cpu_bytes(), "peers_held": held,
+                  "how": "the datapath's maps (datapath/memory.py) with every other NIC a template's "
+                         f"peer (prefix and SID); learnt state for {C['MRC_MAX_ACTIVE_PEERS']} "
+                         "peers in use at once"}
     out = {**s, "paths_per_peer": per_peer, "encoding": encoding, "path_lists": s["leaves_per_plane"],
-           "config": config, "memory": memory}
+           "config": config, "memory": memory_row}
     if apply_rate:
         t = apply_rate["fixed_s"] + peers * apply_rate["per_peer_s"] + peers * per_peer * apply_rate["per_path_s"]
         out["apply"] = {"seconds": round(t, 1), "measured": apply_rate,
