@@ -85,7 +85,7 @@ def test_defaults_are_fabric_ups():
     ("version: 1\nhosts:\n  h1:\n    attach: {sid: 'fc00::1'}\n", 4, "unknown key hosts.h1.attach.sid"),
     ("version: 1\nhosts:\n  h1: {entropy: 8}\n", 3, "entropy is for an encoding ev"),
     ("version: 1\naddresses:\n  sid_block: 'fd00:1::/32'\n", 3, "inside fc00::/16"),
-    ("version: 1\nfabric: [1, 2\n", 3, "not YAML"),
+    ("version: 1\nfabric: [1, 2\n", 3, "not valid YAML"),
     ("version: 1\nfabric:\n  ecn_threshold: 1ms\n  rate: none\n", 3, "ecn_threshold needs a rate"),
 ])
 def test_errors_name_file_line_and_reason(text, line, words):

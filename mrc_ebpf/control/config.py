@@ -134,17 +134,24 @@ class _Reader:
             self.fail(node, str(e))
 
 
-def load(text: str, source: str = "<stdin>", base: Path | None = None) -> Config:
-    """Parse and validate a config; ConfigError names the line of the first problem."""
-    r = _Reader(source, base or Path.cwd())
+def compose(text: str, source: str, error=None):
+    """The YAML node tree of TEXT (marks give every node's line), or
+    ERROR (ConfigError by default) naming the line YAML stopped at."""
+    error = error or ConfigError
     try:
-        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 1
-        raise ConfigError(f"{source}:{line}: not valid YAML: {e.problem or e.context}")
+        raise error(f"{source}:{line}: not valid YAML: {e.problem or e.context}")
     except yaml.YAMLError as e:
-        raise ConfigError(f"{source}:1: not valid YAML: {e}")
+        raise error(f"{source}:1: not valid YAML: {e}")
+
+
+def load(text: str, source: str = "<stdin>", base: Path | None = None) -> Config:
+    """Parse and validate a config; ConfigError names the line of the first problem."""
+    r = _Reader(source, base or Path.cwd())
+    root = compose(text, source)
     if root is None:
         raise ConfigError(f"{source}:1: empty: expected a mapping with version: {VERSION} and attach:")
     top = r.mapping(root, "the config", required=("version", "attach"), optional=("classes", "peers"))

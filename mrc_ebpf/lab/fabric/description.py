@@ -83,18 +83,12 @@ class _Doc:
     def __init__(self, text: str, where: str):
         self.where = where
         self.lines: dict[tuple, int] = {}
-        loader = yaml.SafeLoader(text)
+        from mrc_ebpf.control.config import compose
+        node = compose(text, where, DescriptionError)
+        if node is None:
+            raise DescriptionError(f"{where}:1: empty file: a fabric description starts with version: 1")
+        loader = yaml.SafeLoader("")       # its constructor makes the scalars
         try:
-            try:
-                node = loader.get_single_node()
-            except yaml.MarkedYAMLError as e:
-                mark = e.problem_mark or e.context_mark
-                line = mark.line + 1 if mark else 1
-                raise DescriptionError(f"{where}:{line}: not YAML: {e.problem or e.context}")
-            except yaml.YAMLError as e:
-                raise DescriptionError(f"{where}:1: not YAML: {e}")
-            if node is None:
-                raise DescriptionError(f"{where}:1: empty file: a fabric description starts with version: 1")
             self.data = self._convert(loader, node, ())
         finally:
             loader.dispose()
