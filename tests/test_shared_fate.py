@@ -152,10 +152,11 @@ def test_draining_a_spine_on_every_host_under_tcp_loses_nothing(fabric4):
 
 def test_shared_fate_switch_and_hops(fabric4):
     """Every path's first hop has an id (4 spines: 4 hops); the switch
-    is on by default and `mrcctl shared-fate off|on` flips it."""
+    is off by default and `mrcctl shared-fate on|off` flips it."""
     ns = fabric4.ns("h1")
     r = json.loads(mrcctl("shared-fate", "-j", netns=ns).stdout)
-    assert r["shared_fate"] is True
+    assert r["shared_fate"] is False
+    assert json.loads(mrcctl("shared-fate", "on", "-j", netns=ns).stdout)["shared_fate"] is True
     assert sorted(h["sid"] for h in r["hops"]) == [f"fc00:0:10{s}::" for s in range(1, 5)]
     assert json.loads(mrcctl("shared-fate", "off", "-j", netns=ns).stdout)["shared_fate"] is False
     assert json.loads(mrcctl("status", "-j", netns=ns).stdout)[0]["shared_fate"] is False

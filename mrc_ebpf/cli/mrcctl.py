@@ -100,9 +100,10 @@ def cli(ctx, json_, pretty, netns_name):
 @click.option("--min-active", type=click.IntRange(0, 256), default=0, show_default=True,
               help="The datapath takes no path out that would leave a peer fewer than this many "
                    "usable ones (MRC's ev_min_active); each refusal is an event (kept).")
-@click.option("--shared-fate/--no-shared-fate", default=True, show_default=True,
+@click.option("--shared-fate/--no-shared-fate", default=False, show_default=True,
               help="A path taken out makes its first hop suspect: the other peers' paths through "
-                   "it are tested at once by probe copies and taken out if they go unanswered.")
+                   "it are tested at once by probe copies and taken out if they go unanswered "
+                   "(off by default: what it saves depends on the load, docs/performance/shared-fate.md).")
 @click.option("--key-file", metavar="FILE",
               help="The fabric's shared key (32 hex digits): sign what we send, file only "
                    "authentic feedback (see `mrcctl key`).")

@@ -212,7 +212,7 @@ def _attach(r: _Reader, node) -> dict:
     out["retrans_steer"] = r.scalar(m["retrans_steer"][1], bool, "retrans_steer") \
         if "retrans_steer" in m else True
     out["shared_fate"] = r.scalar(m["shared_fate"][1], bool, "shared_fate") \
-        if "shared_fate" in m else True
+        if "shared_fate" in m else False
     out["min_active"] = r.integer(m["min_active"][1], "min_active", *MIN_ACTIVE_RANGE) \
         if "min_active" in m else 0
     if "key_file" in m:

@@ -337,7 +337,7 @@ def _xdp_hook(device: str, index: int, rx_fd: int, mode: str, undo: list,
 
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
            granularity: str = "packet", retrans_steer: bool = True, min_active: int = 0,
-           key_file: str | None = None, shared_fate: bool = True, replace: bool = False,
+           key_file: str | None = None, shared_fate: bool = False, replace: bool = False,
            **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices).
     With KEY_FILE, the TLVs it sends are signed and only authentic ones
