@@ -184,6 +184,11 @@ class PinnedMap:
         self.map_type = info.type
         self.name = os.path.basename(path)
         self.fd = fd
+        # an LPM trie's exact keys, once walked: its lookup answers the
+        # longest match, and walking it for every journaled write made a
+        # bulk add quadratic (kept up to date by our own writes; the
+        # datapath never writes a trie, and one writer holds the lock)
+        self._exact: set[bytes] | None = None
 
     @classmethod
     def from_fd(cls, fd: int, key_type, value_type, percpu: bool = False, name: str = "map"):
@@ -220,10 +225,9 @@ class PinnedMap:
         answers the longest matching prefix instead)."""
         if self.map_type != BPF_MAP_TYPE_LPM_TRIE:
             return self.lookup(key)
-        raw = bytes(key)
-        if any(bytes(k) == raw for k in self.keys()):
-            return self.lookup(key)
-        return None
+        if self._exact is None:
+            self._exact = {bytes(k) for k in self.keys()}
+        return self.lookup(key) if bytes(key) in self._exact else None
 
     def _journal(self, key, what: str) -> None:
         self.journal.before_write(f"{what} {self.name}")
@@ -243,10 +247,14 @@ class PinnedMap:
             if e.errno == errno.E2BIG:
                 raise BpfError(e.errno, f"map {self.name} is full ({self.max_entries} entries)")
             raise BpfError(e.errno, f"map {self.name}: update: {e.strerror}")
+        if self._exact is not None:
+            self._exact.add(bytes(key))
 
     def delete(self, key) -> bool:
         if self.journal is not None:
             self._journal(key, "delete")
+        if self._exact is not None:
+            self._exact.discard(bytes(key))
         try:
             self._elem(BPF_MAP_DELETE_ELEM, key)
         except BpfError as e:
