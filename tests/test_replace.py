@@ -16,7 +16,7 @@ import pytest
 
 from conftest import MRCCTL, ROOT, XFER, mrcctl
 from mrc_ebpf.bench.flowtool import read_log
-from mrc_ebpf.datapath import replace, source
+from mrc_ebpf.datapath import layout, replace, source
 from mrc_ebpf.errors import MrcError
 
 PY = sys.executable
@@ -148,7 +148,8 @@ def test_replace_refuses_a_changed_layout_and_changes_nothing(interop, tmp_path)
     r = _mrcctl_with_sources(changed, "--netns", A, "attach", "a0", "--replace")
     assert r.returncode == 1, r
     assert r.stderr.strip().splitlines()[-1].startswith("mrcctl: error: layout changed: detach and attach"), r.stderr
-    assert f"map {name}: running" in r.stderr and f"{entries} entries" in r.stderr \
+    # the error names the map as its pin does (layout.MAPS), not its C name
+    assert f"map {layout.logical(name)}: running" in r.stderr and f"{entries} entries" in r.stderr \
         and f"{entries + 1} entries" in r.stderr, r.stderr
     assert (status(A)["programs"], hooked_ids(t, A, "a0"), pin_names(A)) == before
     # the same sources unchanged: replaced

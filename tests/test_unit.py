@@ -57,7 +57,7 @@ def test_peer_keys_ipv4_mapped_and_back():
 def test_source_expansion_inlines_each_header_once():
     text = source.expand()
     assert "int mrc_tx(struct __sk_buff *skb)" in text and "int mrc_rx(struct xdp_md *ctx)" in text
-    assert text.count("BPF_ARRAY(config,") == 1
+    assert text.count("BPF_ARRAY(mrc_config,") == 1
     assert '#include "' not in text
 
 
