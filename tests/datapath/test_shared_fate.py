@@ -83,7 +83,6 @@ def put(dp, peer_id, st):
 def send(dp, peer_id: int, turn: int):
     """One packet to the peer whose rr turn is path `turn`: (path id it
     took, counter deltas)."""
-    att = dp.att
     st = state(dp, peer_id)
     st.tx.seq = turn
     put(dp, peer_id, st)
@@ -204,26 +203,3 @@ def test_shared_fate_off(two_peers):
     assert hop(dp, HOP_A).suspects == 0
     took, delta = send(dp, 1, 0)
     assert took == 0 and "tx_probe" not in delta
-
-
-def test_a_probe_carries_no_feedback(two_peers):
-    """A probe may well be lost, and the acknowledgements a report carries
-    are not sent again: a probe leaves them for the next packet that is
-    not one (lib/outer.h)."""
-    dp = two_peers
-    dp.run_rx(F.frame(F.srh_packet(tlvs=[F.mrc_tlv(path_id=1, tx_ns=123456789)], src=X[1])))
-    for path_id in (0, 1):          # both of X's paths down and due a probe
-        st = state(dp, 0)
-        st.paths[path_id].live = layout.PathLive(down_ns=1, next_probe_ns=0, down_after_ns=1 << 62)
-        put(dp, 0, st)
-    r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::2") / Raw(b"data")))
-    tlv = wire.mrc_tlv(Ether(r.out))
-    assert tlv.flags & C["MRC_F_PROBE"] and not tlv.flags & C["MRC_F_FEEDBACK"]
-    for path_id in (0, 1):
-        st = state(dp, 0)
-        st.paths[path_id].live = layout.PathLive()
-        put(dp, 0, st)
-    tlv = wire.mrc_tlv(Ether(dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::2") /
-                                             Raw(b"data"))).out))
-    assert not tlv.flags & C["MRC_F_PROBE"] and tlv.flags & C["MRC_F_FEEDBACK"]
-    assert (tlv.fb_heard, tlv.fb_path_tx32) == (1 << 1, 123456789)
