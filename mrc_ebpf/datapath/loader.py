@@ -384,6 +384,17 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             bpfsys.obj_pin(rx.fd, str(directory / PROG_RX))
             bpfsys.obj_pin(fb.fd, str(directory / PROG_FB))
 
+            # mrc_rx finds a device's chain slot in the config: written
+            # before the hooks, so a chained program gets every packet
+            # from the swap on (the rest of the config follows them)
+            early = layout.Config(n_devices=len(devices))
+            for i, (index, other) in enumerate(found):
+                early.devices[i].ifindex = index
+                early.devices[i].flags = xdp_chain.CFG_XDP_CHAINED if other else 0
+            config = bpfsys.PinnedMap(str(directory / "config"), *layout.MAPS["config"])
+            config.update(layout.Index(0), early)
+            config.close()
+
             # min_active is MRC's ev_min_active: the floor of usable paths per peer
             cfg = layout.Config(n_devices=len(devices), retrans_steer=int(retrans_steer),
                                 min_active=min_active, shared_fate=int(shared_fate), **timers)
