@@ -59,7 +59,10 @@ def test_bulk_adds_many_peers_all_or_nothing(interop, tmp_path):
     good = tmp_path / "peers.txt"
     good.write_text("# prefix template sid\n" + "\n".join(lines) + "\n")
     out = json.loads(mrcctl("path", "bulk", str(good), "--no-route", "-j", netns=net.A).stdout)
-    assert out == {"added": n, "updated": 0, "peers": n}
+    assert out == {"added": n, "updated": 0, "unchanged": 0, "peers": n}
+    # the same file again changes nothing (batch writes only what differs)
+    again = json.loads(mrcctl("path", "bulk", str(good), "--no-route", "-j", netns=net.A).stdout)
+    assert again == {"added": 0, "updated": 0, "unchanged": n, "peers": n}
     s = _status(net.A)
     assert (s["peers"], s["templated_peers"], s["active_peers"]) == (n, n, 0)
     # the maps' memory follows the peers: the LPM trie and SID hash grew by

@@ -18,7 +18,7 @@ import ipaddress
 
 from pyroute2 import IPRoute
 
-from mrc_ebpf.control import classes, shared_fate
+from mrc_ebpf.control import bulk, classes, shared_fate
 from mrc_ebpf.control import paths as cp
 from mrc_ebpf.datapath import layout, routes
 from mrc_ebpf.datapath.loader import Attachment
@@ -123,12 +123,15 @@ def _rebuild(att: Attachment, tpl: layout.Peer) -> None:
 
 def _refresh_peers(att: Attachment, tpl: layout.Peer) -> None:
     """The template's peers carry its path count and policy: keep them equal."""
-    peers = att.maps["peers"]
-    for key, peer in list(peers.items()):
-        if peer.flags & LAST_HOP and peer.template_id == tpl.template_id and \
-                (peer.n_paths, peer.policy) != (tpl.n_paths, tpl.policy):
-            peer.n_paths, peer.policy = tpl.n_paths, tpl.policy
-            peers.update(key, peer)
+    bulk.refresh(att, tpl)
+
+
+def peer_counts(att: Attachment) -> dict[int, int]:
+    """template row -> how many peers use it."""
+    counts: dict[int, int] = {}
+    for t in bulk.Peers(att).templated().values():
+        counts[t[4]] = counts.get(t[4], 0) + 1
+    return counts
 
 
 def set_policy(att: Attachment, name: str, policy: str) -> dict:
@@ -144,8 +147,7 @@ def set_policy(att: Attachment, name: str, policy: str) -> dict:
 
 def delete(att: Attachment, name: str) -> dict:
     tpl = get(att, name)
-    users = sum(1 for _, p in att.maps["peers"].items()
-                if p.flags & LAST_HOP and p.template_id == tpl.template_id)
+    users = peer_counts(att).get(tpl.template_id, 0)
     if users:
         raise MrcError(f"template {name} still has {users} peers: `mrcctl path del PREFIX` them first")
     for i, _ in cp._used(att, tpl):
@@ -157,10 +159,7 @@ def delete(att: Attachment, name: str) -> dict:
 
 
 def list_templates(att: Attachment) -> list[dict]:
-    counts: dict[int, int] = {}
-    for _, p in att.maps["peers"].items():
-        if p.flags & LAST_HOP:
-            counts[p.template_id] = counts.get(p.template_id, 0) + 1
+    counts = peer_counts(att)
     out = []
     for key, tpl in sorted(att.maps["templates"].items(), key=lambda kv: kv[1].template_id):
         used = cp._used(att, tpl)
@@ -188,72 +187,42 @@ def parse_line(line: str, number: int) -> tuple[str, str, str]:
 
 def add_peers(att: Attachment, entries: list[tuple[str, str, str]], route: bool = True) -> dict:
     """Add (prefix, template, SID) peers, all or nothing: checked first,
-    then written.  `route`: install each prefix's kernel route (else the
-    operator routes an aggregate out of the attached device)."""
-    peers, by_sid = att.maps["peers"], att.maps["peer_by_sid"]
+    then written in batches (control/bulk.py); a peer already there as
+    given is left alone.  `route`: install each prefix's kernel route
+    (else the operator routes an aggregate out of the attached device)."""
     tpls: dict[str, layout.Peer] = {}
-    planned = []
-    seen_prefix, seen_sid = set(), set()
+    wanted = []
     for prefix_text, name, sid_text in entries:
-        prefix = cp.parse_prefix(prefix_text)
-        sid = cp.parse_peer_sid(sid_text)
-        if name not in tpls:
-            tpls[name] = get(att, name)
-        tpl = tpls[name]
-        if not tpl.n_paths:
-            raise MrcError(f"template {name} has no paths")
-        key = cp.peer_key(prefix)
-        ident = (key.prefixlen, bytes(key.addr))
-        if ident in seen_prefix:
-            raise MrcError(f"{prefix} is given twice")
-        if sid.packed in seen_sid:
-            raise MrcError(f"SID {sid} is given twice")
-        seen_prefix.add(ident)
-        seen_sid.add(sid.packed)
-        planned.append((prefix, key, tpl, sid))
-    existing = {(k.prefixlen, bytes(k.addr)): p for k, p in peers.items()}
-    known_sids = {bytes(k.addr): v.value for k, v in by_sid.items()}
-    for prefix, key, tpl, sid in planned:
-        have = existing.get((key.prefixlen, bytes(key.addr)))
-        if have is not None and not have.flags & LAST_HOP:
-            raise MrcError(f"{prefix} has paths of its own: `mrcctl path del {prefix}` first")
-        owner = known_sids.get(sid.packed)
-        if owner is not None and (have is None or owner != have.peer_id):
-            raise MrcError(f"SID {sid} is another peer's already")
-    new = sum(1 for _, key, _, _ in planned if (key.prefixlen, bytes(key.addr)) not in existing)
-    if len(existing) + new > MAX_PEER_PREFIXES:
-        raise MrcError(f"the peers map holds {MAX_PEER_PREFIXES} prefixes; "
-                       f"{len(existing)} + {new} would not fit")
-    next_id = _next_peer_id(att)
+        length, value = bulk.prefix_int(prefix_text)
+        sid = bulk.sid_int(sid_text)
+        tpl = tpls.get(name)
+        if tpl is None:
+            tpl = tpls[name] = get(att, name)
+            if not tpl.n_paths:
+                raise MrcError(f"template {name} has no paths")
+        wanted.append((bulk.KEY.pack(length, value.to_bytes(16, "big")), sid.to_bytes(16, "big"), tpl))
+    result = bulk.sync(att, wanted)
+    if route and result["written"]:
+        by_key = {w[0]: w[2] for w in wanted}
+        _routes(att, [(cp.key_prefix(layout.PeerKey.from_buffer_copy(k)), by_key[k]) for k in result["written"]])
+    return {"added": result["added"], "updated": result["updated"], "unchanged": result["unchanged"],
+            "peers": att.maps["peers"].dump()[2]}
+
+
+def _routes(att: Attachment, items: list[tuple[object, layout.Peer]]) -> None:
+    """A kernel route per prefix, out of the template's first path (about
+    1 ms each: left out for large sets, which an aggregate route covers)."""
     mtus = {}
-    ipr = IPRoute() if route else None
-    try:
-        for prefix, key, tpl, sid in planned:
-            have = existing.get((key.prefixlen, bytes(key.addr)))
-            if have is not None:
-                peer_id = have.peer_id
-                by_sid.delete(have.sid)
-                cp._forget_peer(att, peer_id)
-            else:
-                peer_id, next_id = next_id, next_id + 1
-            peer = layout.Peer(peer_id=peer_id, n_paths=tpl.n_paths, policy=tpl.policy, flags=LAST_HOP,
-                               template_id=tpl.template_id)
-            ctypes.memmove(peer.sid.addr, sid.packed, 16)
-            by_sid.update(layout.Sid.from_buffer_copy(sid.packed), layout.u32(peer_id))
-            peers.update(key, peer)
-            if route:
-                if tpl.template_id not in mtus:
-                    used = cp._used(att, tpl)
-                    mtus[tpl.template_id] = (cp._route_mtu(att, tpl), used[0][1])
-                mtu, first = mtus[tpl.template_id]
-                att.route_change(ipr, prefix)
-                current = routes.find(ipr, prefix, att.ifindexes)
-                tcp = dict(routes.DEFAULT_TCP_METRICS) if current is None else routes.tcp_metrics_of(current)
-                routes.install(ipr, prefix, cp._addr(first.nexthop), first.oif, mtu, tcp)
-    finally:
-        if ipr is not None:
-            ipr.close()
-    return {"added": new, "updated": len(planned) - new, "peers": len(existing) + new}
+    with IPRoute() as ipr:
+        for prefix, tpl in items:
+            if tpl.template_id not in mtus:
+                used = cp._used(att, tpl)
+                mtus[tpl.template_id] = (cp._route_mtu(att, tpl), used[0][1])
+            mtu, first = mtus[tpl.template_id]
+            att.route_change(ipr, prefix)
+            current = routes.find(ipr, prefix, att.ifindexes)
+            tcp = dict(routes.DEFAULT_TCP_METRICS) if current is None else routes.tcp_metrics_of(current)
+            routes.install(ipr, prefix, cp._addr(first.nexthop), first.oif, mtu, tcp)
 
 
 def delete_peer(att: Attachment, key: layout.PeerKey, peer: layout.Peer, prefix) -> dict:

@@ -25,6 +25,9 @@ BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_PROG_TEST_RUN = 10
+BPF_MAP_LOOKUP_BATCH = 24
+BPF_MAP_UPDATE_BATCH = 26
+BPF_MAP_DELETE_BATCH = 27
 
 BPF_ANY = 0
 BPF_MAP_TYPE_ARRAY = 2
@@ -40,6 +43,14 @@ class _MapElemAttr(ctypes.Structure):
     _fields_ = [("map_fd", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("key", ctypes.c_uint64), ("value", ctypes.c_uint64),
                 ("flags", ctypes.c_uint64)]
+
+
+@mirror("union bpf_attr", KERNEL_BPF_H, kind="member", member="batch")
+class _BatchAttr(ctypes.Structure):
+    _fields_ = [("in_batch", ctypes.c_uint64), ("out_batch", ctypes.c_uint64),
+                ("keys", ctypes.c_uint64), ("values", ctypes.c_uint64),
+                ("count", ctypes.c_uint32), ("map_fd", ctypes.c_uint32),
+                ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
 
 
 @mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
@@ -262,6 +273,133 @@ class PinnedMap:
                 return False
             raise
         return True
+
+    # ---- many elements in one bpf(2) call (hash maps since 5.6, LPM tries
+    # since 5.13: both kernels this runs on).  Keys and values are packed
+    # bytes, one after the other.  They bypass the journal: callers that
+    # need all-or-nothing record their own (cheap) undo (control/bulk.py).
+
+    def _batch(self, cmd: int, keys: bytes, values: bytes | None, count: int, flags=BPF_ANY) -> int:
+        """One batch call; returns how many elements were done before an
+        error (raised as BpfError with `.done` set)."""
+        kbuf = ctypes.create_string_buffer(keys, len(keys))
+        vbuf = ctypes.create_string_buffer(values, len(values)) if values is not None else None
+        attr = _BatchAttr(keys=ctypes.addressof(kbuf), values=ctypes.addressof(vbuf) if vbuf else 0,
+                          count=count, map_fd=self.fd, elem_flags=flags)
+        try:
+            _bpf(cmd, attr)
+        except BpfError as e:
+            e.done = attr.count
+            raise
+        return attr.count
+
+    def update_batch(self, keys: bytes, values: bytes, count: int, flags=BPF_ANY) -> None:
+        """Write COUNT packed keys and values; on an error the first
+        `e.done` of them are written.  Falls back to one call per element
+        where the kernel has no batch update for the map type (EINVAL /
+        ENOTSUPP before anything was written)."""
+        if not count:
+            return
+        ks, vs = ctypes.sizeof(self.key_type), ctypes.sizeof(self.value_type)
+        try:
+            self._batch(BPF_MAP_UPDATE_BATCH, keys, values, count, flags)
+        except BpfError as e:
+            if e.errno in (errno.EINVAL, errno.ENOTSUP, 524) and not e.done:   # 524: ENOTSUPP
+                self._each(BPF_MAP_UPDATE_ELEM, keys, values, count, ks, vs, flags)
+            elif e.errno == errno.E2BIG:
+                raise self._full(e)
+            else:
+                raise
+        if self._exact is not None:
+            self._exact.update(keys[i * ks:(i + 1) * ks] for i in range(count))
+
+    def _full(self, e: BpfError) -> BpfError:
+        full = BpfError(e.errno, f"map {self.name} is full ({self.max_entries} entries)")
+        full.done = getattr(e, "done", 0)
+        return full
+
+    def delete_batch(self, keys: bytes, count: int, missing_ok: bool = True) -> None:
+        """Delete COUNT packed keys; keys not in the map are skipped
+        (MISSING_OK) or an error."""
+        ks = ctypes.sizeof(self.key_type)
+        start = 0
+        while start < count:
+            try:
+                self._batch(BPF_MAP_DELETE_BATCH, keys[start * ks:count * ks], None, count - start)
+                break
+            except BpfError as e:
+                if e.errno in (errno.EINVAL, errno.ENOTSUP, 524) and not e.done:
+                    for i in range(start, count):
+                        self._delete_raw(keys[i * ks:(i + 1) * ks], missing_ok)
+                    break
+                if e.errno != errno.ENOENT or not missing_ok:
+                    raise
+                start += e.done + 1         # the missing one is skipped
+        if self._exact is not None:
+            self._exact.difference_update(keys[i * ks:(i + 1) * ks] for i in range(count))
+
+    def _delete_raw(self, key: bytes, missing_ok: bool) -> None:
+        k = ctypes.create_string_buffer(key, len(key))
+        try:
+            _bpf(BPF_MAP_DELETE_ELEM, _MapElemAttr(map_fd=self.fd, key=ctypes.addressof(k)))
+        except BpfError as e:
+            if e.errno != errno.ENOENT or not missing_ok:
+                raise
+
+    def _each(self, cmd, keys: bytes, values: bytes, count: int, ks: int, vs: int, flags) -> None:
+        kbuf = ctypes.create_string_buffer(keys, len(keys))
+        vbuf = ctypes.create_string_buffer(values, len(values))
+        k0, v0 = ctypes.addressof(kbuf), ctypes.addressof(vbuf)
+        attr = _MapElemAttr(map_fd=self.fd, flags=flags)
+        for i in range(count):
+            attr.key, attr.value = k0 + i * ks, v0 + i * vs
+            try:
+                _bpf(cmd, attr)
+            except BpfError as e:
+                e.done = i
+                if e.errno == errno.E2BIG:
+                    raise self._full(e)
+                raise
+
+    def dump(self, chunk: int = 8192) -> tuple[bytes, bytes, int]:
+        """Every key and value, packed (BPF_MAP_LOOKUP_BATCH; the key
+        walk where the kernel has none)."""
+        ks, vs = ctypes.sizeof(self.key_type), ctypes.sizeof(self.value_type)
+        keys, values, total = [], [], 0
+        kbuf = ctypes.create_string_buffer(ks * chunk)
+        vbuf = ctypes.create_string_buffer(vs * chunk)
+        token_in = ctypes.create_string_buffer(max(ks, 8))
+        token_out = ctypes.create_string_buffer(max(ks, 8))
+        first = True
+        while True:
+            attr = _BatchAttr(in_batch=0 if first else ctypes.addressof(token_in),
+                              out_batch=ctypes.addressof(token_out), keys=ctypes.addressof(kbuf),
+                              values=ctypes.addressof(vbuf), count=chunk, map_fd=self.fd)
+            done = False
+            try:
+                _bpf(BPF_MAP_LOOKUP_BATCH, attr)
+            except BpfError as e:
+                if e.errno == errno.ENOENT:
+                    done = True
+                elif e.errno in (errno.EINVAL, errno.ENOTSUP, 524) and first:
+                    return self._dump_walk()
+                else:
+                    raise
+            n = attr.count
+            keys.append(kbuf.raw[:n * ks])
+            values.append(vbuf.raw[:n * vs])
+            total += n
+            if done:
+                return b"".join(keys), b"".join(values), total
+            ctypes.memmove(token_in, token_out, len(token_out))
+            first = False
+
+    def _dump_walk(self) -> tuple[bytes, bytes, int]:
+        keys, values = [], []
+        for k, v in self.items():
+            keys.append(bytes(k))
+            values.append(bytes(v))
+        return b"".join(keys), b"".join(values), len(keys)
 
     def keys(self):
         key, nxt = None, self.key_type()

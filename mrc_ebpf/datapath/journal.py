@@ -34,6 +34,17 @@ class Journal:
         if self.writes == self._fail_at:
             raise InjectedFailure(f"failure injected at write {self.writes} ({what}) by MRC_FAIL_WRITE")
 
+    def reserve(self, count: int, what: str) -> int | None:
+        """COUNT writes made in one batch: counts them, and returns the
+        index among them of the one to fail on request (the caller writes
+        those before it, then raises), else None."""
+        start = self.writes
+        self.writes += count
+        if start < self._fail_at <= self.writes:
+            self.writes = self._fail_at
+            return self._fail_at - start - 1
+        return None
+
     def record(self, undo) -> None:
         self._undo.append(undo)
 

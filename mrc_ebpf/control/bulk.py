@@ -1,0 +1,278 @@
+"""Many template peers at once: `path bulk` and a config's peer blocks.
+
+A template's peer is one LPM entry (prefix -> template row, its SID) and
+one peer_by_sid entry (SID -> peer id).  131,071 of them one at a time
+cost ~85 us each in Python (ipaddress objects, the journal's lookup of
+every key before its write, three bpf(2) calls).  Here they are packed
+bytes built with integer arithmetic, compared with the maps' contents read
+in a few BPF_MAP_LOOKUP_BATCH calls, and written with BPF_MAP_UPDATE_BATCH
+(hash maps since Linux 5.6, LPM tries since 5.13; PinnedMap falls back
+per element where a kernel has none).  Only what differs is written.
+
+All or nothing stays: before writing, one undo step goes on the
+attachment's journal that deletes the keys that were new and writes back
+the old values of the keys that were changed or removed (in batches
+again).  MRC_FAIL_WRITE counts every element of a batch as a write, and a
+failure injected at the Nth writes the N-1 before it for real, so a test
+sees a genuine half-written batch rolled back.
+"""
+from __future__ import annotations
+
+import ctypes
+import socket
+import struct
+
+from mrc_ebpf.datapath import layout
+from mrc_ebpf.datapath.journal import InjectedFailure
+from mrc_ebpf.datapath.source import C
+from mrc_ebpf.errors import MrcError
+
+LAST_HOP = C["MRC_PEER_F_LAST_HOP"]
+MAX_PEER_PREFIXES = C["MRC_MAX_PEER_PREFIXES"]
+MAX_PEERS = C["MRC_MAX_PEERS"]
+
+# struct mrc_peer_key {u32 prefixlen; u8 addr[16]} and struct mrc_peer
+# {u32 peer_id; u16 n_paths; u8 policy; u8 flags; u32 template_id; sid}
+# in host order, as layout's ctypes twins (checked against the C) lay them out
+KEY = struct.Struct("=I16s")
+PEER = struct.Struct("=IHBBI16s")
+assert KEY.size == ctypes.sizeof(layout.PeerKey) and PEER.size == ctypes.sizeof(layout.Peer)
+assert layout.Peer.template_id.offset == 8 and layout.Peer.sid.offset == 12
+ID = struct.Struct("=I")
+V4_MAPPED = 0xFFFF << 32
+ALL = (1 << 128) - 1
+
+
+# ---- parsing without ipaddress objects ------------------------------------------
+
+def prefix_int(text: str) -> tuple[int, int]:
+    """(prefix length in the trie, address as an int, host bits cleared)
+    of an IPv6 or IPv4 prefix (IPv4 as IPv4-mapped IPv6, as paths.peer_key)."""
+    addr, slash, plen = text.strip().partition("/")
+    try:
+        if ":" in addr:
+            value = int.from_bytes(socket.inet_pton(socket.AF_INET6, addr), "big")
+            length = int(plen) if slash else 128
+            if not 0 <= length <= 128:
+                raise ValueError
+        else:
+            value = V4_MAPPED | int.from_bytes(socket.inet_pton(socket.AF_INET, addr), "big")
+            length = (int(plen) if slash else 32)
+            if not 0 <= length <= 32:
+                raise ValueError
+            length += 96
+    except (OSError, ValueError):
+        raise MrcError(f"bad prefix {text!r}: expected e.g. fd00:2::/64 or 198.18.2.0/24")
+    return length, value & (ALL ^ (ALL >> length))
+
+
+def sid_int(text: str) -> int:
+    try:
+        value = int.from_bytes(socket.inet_pton(socket.AF_INET6, text.strip()), "big")
+    except OSError:
+        raise MrcError(f"bad SID {text!r}: expected the peer's SID, an IPv6 address")
+    check_sid(value, text)
+    return value
+
+
+def check_sid(value: int, text) -> None:
+    top = value >> 112
+    if value <= 1 or top >> 8 == 0xFF or top & 0xFFC0 == 0xFE80:
+        raise MrcError(f"bad SID {text}: must be a unicast SID")
+
+
+def addr_text(value) -> str:
+    """An int or 16 bytes as IPv6 text."""
+    raw = value if isinstance(value, bytes) else value.to_bytes(16, "big")
+    return socket.inet_ntop(socket.AF_INET6, raw)
+
+
+def prefix_text(length: int, value: int) -> str:
+    if length >= 96 and value >> 32 == 0xFFFF:
+        return f"{socket.inet_ntop(socket.AF_INET, (value & 0xFFFFFFFF).to_bytes(4, 'big'))}/{length - 96}"
+    return f"{addr_text(value)}/{length}"
+
+
+# ---- what the maps hold ----------------------------------------------------------
+
+class Peers:
+    """The peers and peer_by_sid maps' contents, read in batches:
+    key bytes -> value bytes, SID bytes -> peer id."""
+
+    def __init__(self, att):
+        keys, values, n = att.maps["peers"].dump()
+        ks, vs = KEY.size, PEER.size
+        self.peers = {keys[i * ks:(i + 1) * ks]: values[i * vs:(i + 1) * vs] for i in range(n)}
+        keys, values, n = att.maps["peer_by_sid"].dump()
+        self.sids = {keys[i * 16:(i + 1) * 16]: ID.unpack_from(values, i * 4)[0] for i in range(n)}
+
+    def templated(self) -> dict[bytes, tuple]:
+        """key -> (peer_id, n_paths, policy, flags, template_id, sid) of template peers."""
+        out = {}
+        for k, v in self.peers.items():
+            t = PEER.unpack(v)
+            if t[3] & LAST_HOP:
+                out[k] = t
+        return out
+
+    def next_id(self) -> int:
+        top = MAX_PEERS - 1
+        for v in self.peers.values():
+            peer_id, _, _, flags, _, _ = PEER.unpack(v)
+            if flags & LAST_HOP and peer_id > top:
+                top = peer_id
+        return top + 1
+
+
+# ---- the write ---------------------------------------------------------------------
+
+def sync(att, wanted: list[tuple[bytes, bytes, layout.Peer]], remove_missing: bool = False,
+         name=None) -> dict:
+    """Make the template peers WANTED ((key bytes, SID bytes, template) each)
+    be in the maps: new ones added, changed ones (template, its path count
+    or policy, SID) rewritten keeping their peer id, equal ones left
+    alone; with REMOVE_MISSING every other template peer is removed.  All
+    or nothing (the attachment's journal).  NAME(key bytes) gives a
+    prefix's text for messages.  Returns the counts and the keys written."""
+    name = name or (lambda k: prefix_text(*KEY.unpack(k)))
+    have = Peers(att)
+    if len(wanted) > MAX_PEER_PREFIXES:
+        raise MrcError(f"{len(wanted)} peers: the peers map holds {MAX_PEER_PREFIXES} prefixes")
+    keys = [w[0] for w in wanted]
+    if len(set(keys)) != len(keys):
+        seen = set()
+        dup = next(k for k in keys if k in seen or seen.add(k))
+        raise MrcError(f"{name(dup)} is given twice")
+    sids = [w[1] for w in wanted]
+    if len(set(sids)) != len(sids):
+        seen = set()
+        dup = next(s for s in sids if s in seen or seen.add(s))
+        raise MrcError(f"SID {addr_text(dup)} is given twice")
+
+    templated = have.templated()
+    keyset = set(keys)
+    removed = [k for k in templated if k not in keyset] if remove_missing else []
+    gone_ids = {templated[k][0] for k in removed}
+    next_id = have.next_id()
+    new_peers, changed, unchanged = [], [], 0      # (key, value bytes)
+    new_sids, old_sids = [], []                     # sids to write / to delete
+    for key, sid, tpl in wanted:
+        old = have.peers.get(key)
+        if old is not None:
+            peer_id, n_paths, policy, flags, template_id, old_sid = PEER.unpack(old)
+            if not flags & LAST_HOP:
+                raise MrcError(f"{name(key)} has paths of its own: `mrcctl path del {name(key)}` first")
+            if (n_paths, policy, template_id, old_sid) == (tpl.n_paths, tpl.policy, tpl.template_id, sid):
+                unchanged += 1
+                continue
+        else:
+            peer_id = None
+        owner = have.sids.get(sid)
+        if owner is not None and owner != peer_id and owner not in gone_ids:
+            raise MrcError(f"{name(key)}: SID {addr_text(sid)} is another peer's already")
+        if peer_id is None:
+            peer_id, next_id = next_id, next_id + 1
+            new_peers.append((key, PEER.pack(peer_id, tpl.n_paths, tpl.policy, LAST_HOP, tpl.template_id, sid)))
+            new_sids.append((sid, peer_id))
+        else:
+            changed.append((key, PEER.pack(peer_id, tpl.n_paths, tpl.policy, LAST_HOP, tpl.template_id, sid)))
+            if old_sid != sid:
+                old_sids.append(old_sid)
+                new_sids.append((sid, peer_id))
+    if len(have.peers) - len(removed) + len(new_peers) > MAX_PEER_PREFIXES:
+        raise MrcError(f"the peers map holds {MAX_PEER_PREFIXES} prefixes; {len(have.peers) - len(removed)} "
+                       f"+ {len(new_peers)} would not fit")
+    removed_sids = [templated[k][5] for k in removed]
+    if not (new_peers or changed or removed):
+        return {"added": 0, "updated": 0, "removed": 0, "unchanged": unchanged, "written": []}
+
+    peers_map, sid_map, state_map = att.maps["peers"], att.maps["peer_by_sid"], att.maps["peer_state"]
+    # learnt state of the peers changed or removed (their template or SID
+    # changed: their per-path state means other paths now), kept for undo
+    forget_ids = {PEER.unpack(v)[0] for _, v in changed} | gone_ids
+    saved_state = []
+    if forget_ids:
+        skeys, svalues, n = state_map.dump(chunk=64)
+        ss = ctypes.sizeof(layout.PeerState)
+        for i in range(n):
+            k = skeys[i * 4:(i + 1) * 4]
+            if ID.unpack(k)[0] in forget_ids:
+                saved_state.append((k, svalues[i * ss:(i + 1) * ss]))
+
+    undo_peers_new = b"".join(k for k, _ in new_peers)
+    undo_peers_old = [(k, have.peers[k]) for k, _ in changed] + [(k, have.peers[k]) for k in removed]
+    sid_old_entries = [(s, have.sids[s]) for s in old_sids + removed_sids if s in have.sids]
+    written_sids = {s for s, _ in new_sids}
+    undo_sids_new = b"".join(s for s in written_sids if s not in have.sids)
+    undo_sids_old = [(s, ID.pack(have.sids[s])) for s in written_sids if s in have.sids] + \
+        [(s, ID.pack(i)) for s, i in sid_old_entries if s not in written_sids]
+
+    def undo():
+        peers_map.delete_batch(undo_peers_new, len(undo_peers_new) // KEY.size)
+        _write(peers_map, undo_peers_old)
+        sid_map.delete_batch(undo_sids_new, len(undo_sids_new) // 16)
+        _write(sid_map, undo_sids_old)
+        _write(state_map, saved_state)
+
+    journal = att.journal
+    if journal is not None:
+        journal.record(undo)
+    # removed peers leave the trie before their SID stops being filed; new
+    # SIDs are filed before their peers can send (so feedback finds them)
+    step = _Step(journal)
+    step.delete(peers_map, b"".join(removed), len(removed), "delete peers")
+    dead_sids = [s for s in old_sids + removed_sids if s not in written_sids]
+    step.delete(sid_map, b"".join(dead_sids), len(dead_sids), "delete peer_by_sid")
+    step.delete(state_map, b"".join(k for k, _ in saved_state), len(saved_state), "delete peer_state")
+    step.update(sid_map, [(s, ID.pack(i)) for s, i in new_sids], "update peer_by_sid")
+    step.update(peers_map, new_peers + changed, "update peers")
+    return {"added": len(new_peers), "updated": len(changed), "removed": len(removed), "unchanged": unchanged,
+            "written": [k for k, _ in new_peers + changed]}
+
+
+def _write(m, items: list[tuple[bytes, bytes]]) -> None:
+    if items:
+        m.update_batch(b"".join(k for k, _ in items), b"".join(v for _, v in items), len(items))
+
+
+class _Step:
+    """Batch writes that count against MRC_FAIL_WRITE element by element."""
+
+    def __init__(self, journal):
+        self.journal = journal
+
+    def _fail_at(self, count: int, what: str) -> int | None:
+        return self.journal.reserve(count, what) if self.journal is not None else None
+
+    def update(self, m, items: list[tuple[bytes, bytes]], what: str) -> None:
+        at = self._fail_at(len(items), what)
+        if at is not None:
+            _write(m, items[:at])
+            raise InjectedFailure(f"failure injected at write {self.journal.writes} ({what}, "
+                                  f"element {at + 1} of {len(items)}) by MRC_FAIL_WRITE")
+        _write(m, items)
+
+    def delete(self, m, keys: bytes, count: int, what: str) -> None:
+        at = self._fail_at(count, what)
+        size = len(keys) // count if count else 0
+        if at is not None:
+            m.delete_batch(keys[:at * size], at)
+            raise InjectedFailure(f"failure injected at write {self.journal.writes} ({what}, "
+                                  f"element {at + 1} of {count}) by MRC_FAIL_WRITE")
+        m.delete_batch(keys, count)
+
+
+def refresh(att, tpl: layout.Peer) -> int:
+    """The template's peers carry its path count and policy: rewrite those
+    that differ (after a template's paths or policy changed)."""
+    have = Peers(att)
+    items = []
+    for k, (peer_id, n_paths, policy, flags, template_id, sid) in have.templated().items():
+        if template_id == tpl.template_id and (n_paths, policy) != (tpl.n_paths, tpl.policy):
+            items.append((k, PEER.pack(peer_id, tpl.n_paths, tpl.policy, flags, template_id, sid),
+                          have.peers[k]))
+    if items and att.journal is not None:
+        old = [(k, v) for k, _, v in items]
+        att.journal.record(lambda: _write(att.maps["peers"], old))
+    _Step(att.journal).update(att.maps["peers"], [(k, v) for k, v, _ in items], "update peers")
+    return len(items)
