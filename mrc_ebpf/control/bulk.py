@@ -124,6 +124,15 @@ class Peers:
         return top + 1
 
 
+def own_peers(att) -> list[tuple[layout.PeerKey, layout.Peer]]:
+    """The peers with rows of their own (not a template's), read in batches."""
+    out = []
+    for k, v in Peers(att).peers.items():
+        if not PEER.unpack(v)[3] & LAST_HOP:
+            out.append((layout.PeerKey.from_buffer_copy(k), layout.Peer.from_buffer_copy(v)))
+    return out
+
+
 # ---- the write ---------------------------------------------------------------------
 
 def sync(att, wanted: list[tuple[bytes, bytes, layout.Peer]], remove_missing: bool = False,

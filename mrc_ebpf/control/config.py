@@ -154,7 +154,8 @@ def load(text: str, source: str = "<stdin>", base: Path | None = None) -> Config
     root = compose(text, source)
     if root is None:
         raise ConfigError(f"{source}:1: empty: expected a mapping with version: {VERSION} and attach:")
-    top = r.mapping(root, "the config", required=("version", "attach"), optional=("classes", "peers"))
+    top = r.mapping(root, "the config", required=("version", "attach"),
+                    optional=("classes", "peers", "templates", "peer_blocks"))
     version = r.scalar(top["version"][1], int, "version")
     if version != VERSION:
         r.fail(top["version"][1], f"unsupported version {version}: this mrcctl reads version {VERSION}")
@@ -166,10 +167,15 @@ def load(text: str, source: str = "<stdin>", base: Path | None = None) -> Config
         names |= {c["name"] for c in data["classes"]}
     if "peers" in top:
         data["peers"] = _peers(r, top["peers"][1], names, lines)
-    if not data.get("classes"):
-        data.pop("classes", None)
-    if not data.get("peers"):
-        data.pop("peers", None)
+    if "templates" in top:
+        data["templates"] = _templates(r, top["templates"][1], names)
+    if "peer_blocks" in top:
+        own = {p["prefix"] for p in data.get("peers", [])}
+        data["peer_blocks"] = _peer_blocks(r, top["peer_blocks"][1],
+                                           {t["name"] for t in data.get("templates", [])}, own, lines)
+    for key in ("classes", "peers", "templates", "peer_blocks"):
+        if not data.get(key):
+            data.pop(key, None)
     return Config(data, source, lines)
 
 
@@ -369,6 +375,85 @@ def _paths(r: _Reader, node, prefix: str, class_names: set, lines: dict) -> list
     return merge_entropy(entries)
 
 
+def _templates(r: _Reader, node, class_names: set) -> list[dict]:
+    """Path templates: the hops before each peer's own SID (its last hop),
+    shared by every peer of the template (control/templates.py)."""
+    from mrc_ebpf.control import templates
+    out = {}
+    for item in r.sequence(node, "templates"):
+        m = r.mapping(item, "a template", required=("name", "paths"), optional=("policy",))
+        name_node = m["name"][1]
+        name = r.scalar(name_node, str, "template name")
+        r.checked(name_node, templates._key, name)
+        if name in out:
+            r.fail(name_node, f"template {name} is defined twice")
+        paths_node = m["paths"][1]
+        entries, seen = [], {}
+        for p in r.sequence(paths_node, f"paths of template {name}"):
+            pm = r.mapping(p, "a template path", required=("via",), optional=("weight", "class"))
+            segs = [r.address(x, "segment") for x in r.sequence(pm["via"][1], "via")]
+            if not segs:
+                r.fail(pm["via"][1], "via needs at least one segment (the hops before the peer's SID)")
+            if len(segs) >= paths.MAX_SEGMENTS:
+                r.fail(pm["via"][1], f"via has {len(segs)} segments; a template's path has at most "
+                                     f"{paths.MAX_SEGMENTS - 1} before the peer's own SID")
+            ident = tuple(segs)
+            line = pm["via"][1].start_mark.line + 1
+            if ident in seen:
+                r.fail(pm["via"][1], f"duplicate path via {' > '.join(segs)} in template {name} "
+                                     f"(first at line {seen[ident]})")
+            seen[ident] = line
+            entry = {"via": segs}
+            if "weight" in pm:
+                weight = r.integer(pm["weight"][1], "weight", 1, paths.MAX_WEIGHT)
+                if weight != 1:
+                    entry["weight"] = weight
+            if "class" in pm:
+                cname = r.scalar(pm["class"][1], str, "class")
+                if cname not in class_names:
+                    r.fail(pm["class"][1], f"no class {cname!r} in classes:")
+                if cname != classes.DEFAULT:
+                    entry["class"] = cname
+            entries.append(entry)
+        if not entries:
+            r.fail(paths_node, f"template {name} needs at least one path")
+        if len(entries) > paths.MAX_PATHS:
+            r.fail(paths_node, f"template {name} has {len(entries)} paths; at most {paths.MAX_PATHS}")
+        policy = r.choice(m["policy"][1], "policy", tuple(paths.POLICIES)) if "policy" in m else DEFAULT_POLICY
+        out[name] = {"name": name, "policy": policy, "paths": entries}
+    return [out[k] for k in sorted(out)]
+
+
+def _peer_blocks(r: _Reader, node, template_names: set, own: set, lines: dict) -> list[dict]:
+    """Runs of template peers generated from the address plan: COUNT
+    peers, the first with PREFIX and SID, each next one's prefix and SID
+    one /STEP further.  Checked as a whole (no prefix or SID twice, none
+    an own-path peer's), then put in the canonical form (blocks.compress)."""
+    from mrc_ebpf.control import blocks
+    items = []
+    for item in r.sequence(node, "peer_blocks"):
+        m = r.mapping(item, "a peer block", required=("template", "prefix", "sid"),
+                      optional=("count", "step"))
+        tname = r.scalar(m["template"][1], str, "template")
+        if tname not in template_names:
+            r.fail(m["template"][1], f"no template {tname!r} in templates:")
+        prefix_node = m["prefix"][1]
+        length, value = r.checked(prefix_node, blocks.prefix_value, r.scalar(prefix_node, str, "prefix"))
+        count = r.integer(m["count"][1], "count", 1, blocks.MAX_PEERS) if "count" in m else 1
+        step = r.integer(m["step"][1], "step", 1, length) if "step" in m else 0
+        sid_node = m["sid"][1]
+        sid = r.checked(sid_node, blocks.sid_value, r.scalar(sid_node, str, "sid"))
+        try:
+            items.append(blocks.Block(tname, length, value, sid, count, step,
+                                      item.start_mark.line + 1))
+        except MrcError as e:
+            r.fail(item, str(e))
+    try:
+        return blocks.canonical(items, own, lines)
+    except blocks.BlockError as e:
+        raise ConfigError(f"{r.source}:{e.line}: {e}")
+
+
 def merge_entropy(entries: list[dict]) -> list[dict]:
     """Neighbouring entropy entries alike in all but their count are one."""
     out = []
@@ -520,7 +605,35 @@ def running_with_ids(att: Attachment, key_file: str | None = None,
         ids[p["prefix"]] = [row["path_id"] for row in p["paths"]]
     if peers:
         data["peers"] = peers
+    tpls = running_templates(att)
+    if tpls:
+        data["templates"] = tpls
+    from mrc_ebpf.control import blocks, templates
+    peer_blocks = blocks.running(att, templates.names(att))
+    if peer_blocks:
+        data["peer_blocks"] = peer_blocks
     return data, ids
+
+
+def running_templates(att: Attachment) -> list[dict]:
+    """The templates in the canonical form: by name, paths by path id."""
+    from mrc_ebpf.control import templates
+    names = classes.names(att)
+    out = []
+    for row, name in sorted(templates.names(att).items(), key=lambda kv: kv[1]):
+        tpl = templates.get(att, name)
+        entries = []
+        for _, p in paths._used(att, tpl):
+            entry = {"via": paths._segments_of(p)[:-1]}
+            if p.weight != 1:
+                entry["weight"] = p.weight
+            cname = names.get(p.tclass, str(p.tclass))
+            if cname != classes.DEFAULT:
+                entry["class"] = cname
+            entries.append(entry)
+        out.append({"name": name, "policy": paths.POLICY_NAMES.get(tpl.policy, str(tpl.policy)),
+                    "paths": entries})
+    return out
 
 
 def _entry(row: dict) -> dict:
@@ -613,16 +726,80 @@ def plan(desired: dict, current: dict, att: Attachment | None,
             changes.append({"what": "peer", "action": "delete", "prefix": prefix})
     if ids is None and att is not None:
         ids = {p["prefix"]: [r["path_id"] for r in p["paths"]] for p in paths.configured(att)}
+    have_tpls = {t["name"]: t for t in current.get("templates", [])}
+    want_tpls = {t["name"]: t for t in desired.get("templates", [])}
+    for name, tpl in want_tpls.items():
+        changes += _plan_template(tpl, have_tpls.get(name))
+    # template peers after their templates, before own-path peers are
+    # added (a prefix moving from a block to peers: leaves the block first)
+    blocks_change = _plan_blocks(desired.get("peer_blocks", []), current.get("peer_blocks", []), att)
+    if blocks_change:
+        changes.append(blocks_change)
     for prefix, peer in want_peers.items():
         if prefix not in have_peers:
             changes.append({"what": "peer", "action": "add", "prefix": prefix, "peer": peer})
             continue
         changes += _plan_peer(peer, have_peers[prefix], ids[prefix])
+    for name in have_tpls:
+        if name not in want_tpls:
+            changes.append({"what": "template", "action": "delete", "name": name})
 
     for name in have_classes:
         if name not in want_classes:
             changes.append({"what": "class", "action": "delete", "name": name})
     return changes
+
+
+def _plan_template(want: dict, have: dict | None) -> list[dict]:
+    """A template's changes: made, paths added, changed, deleted (by what
+    they are, so a kept path keeps its id), its policy."""
+    name = want["name"]
+    if have is None:
+        return [{"what": "template", "action": "add", "name": name, "template": want}]
+    changes = []
+    have_ids = {tuple(e["via"]): i for i, e in enumerate(have["paths"])}
+    # a template's path ids are its running paths' positions only while
+    # none was removed: plan by identity, and let execute resolve ids
+    adds = [e for e in want["paths"] if tuple(e["via"]) not in have_ids]
+    keep = {tuple(e["via"]) for e in want["paths"]}
+    deletes = [e for e in have["paths"] if tuple(e["via"]) not in keep]
+    for e in want["paths"]:
+        i = have_ids.get(tuple(e["via"]))
+        if i is not None and _attrs(e)[:2] != _attrs(have["paths"][i])[:2]:
+            changes.append({"what": "template_path", "action": "change", "name": name, "entry": e,
+                            "from": have["paths"][i]})
+    if adds:
+        changes.insert(0, {"what": "template_path", "action": "add", "name": name, "entries": adds})
+    if deletes:
+        changes.append({"what": "template_path", "action": "delete", "name": name, "entries": deletes})
+    if want["policy"] != have["policy"]:
+        changes.append({"what": "template_policy", "name": name, "from": have["policy"], "to": want["policy"]})
+    return changes
+
+
+def _plan_blocks(want: list[dict], have: list[dict], att: Attachment | None) -> dict | None:
+    """One change for all template peers: how many are added, changed
+    (template or SID) and removed."""
+    from mrc_ebpf.control import blocks
+    if want == have:
+        return None
+    if not have:
+        return {"what": "peer_blocks", "added": sum(b.get("count", 1) for b in want), "updated": 0,
+                "removed": 0, "blocks": len(want)}
+    wanted = blocks.wanted(want)
+    have_peers = {}
+    for key, sid, tname in blocks.wanted(have):
+        have_peers[key] = (sid, tname)
+    added = updated = 0
+    for key, sid, tname in wanted:
+        old = have_peers.pop(key, None)
+        if old is None:
+            added += 1
+        elif old != (sid, tname):
+            updated += 1
+    change = {"what": "peer_blocks", "added": added, "updated": updated, "removed": len(have_peers),
+              "blocks": len(want)}
+    return change
 
 
 def _key_differs(att: Attachment, key_file: str | None) -> bool:
@@ -727,6 +904,59 @@ def _execute_one(att: Attachment, config: Config, want: dict, c: dict) -> None:
         paths.set_policy(att, c["prefix"], c["to"])
     elif what == "route_metrics":
         paths.set_route_metrics(att, c["prefix"], effective_metrics(c["to"]))
+    elif what in ("template", "template_path", "template_policy", "peer_blocks"):
+        _execute_template(att, config, c)
+
+
+def _template_vias(att: Attachment, name: str, entries: list[dict]) -> None:
+    """templates.add per run of one weight and class, in the order given."""
+    from mrc_ebpf.control import templates
+    start = 0
+    while start < len(entries):
+        attrs = _attrs(entries[start])[:2]
+        end = start
+        while end < len(entries) and _attrs(entries[end])[:2] == attrs:
+            end += 1
+        weight, tclass = attrs
+        templates.add(att, name, [",".join(e["via"]) for e in entries[start:end]], weight,
+                      None if tclass == classes.DEFAULT else tclass)
+        start = end
+
+
+def _execute_template(att: Attachment, config: Config, c: dict) -> None:
+    from mrc_ebpf.control import blocks, bulk, templates
+    what = c["what"]
+    if what == "template" and c["action"] == "add":
+        _template_vias(att, c["name"], c["template"]["paths"])
+        if c["template"]["policy"] != DEFAULT_POLICY:
+            templates.set_policy(att, c["name"], c["template"]["policy"])
+    elif what == "template":
+        templates.delete(att, c["name"])
+    elif what == "template_path" and c["action"] == "add":
+        _template_vias(att, c["name"], c["entries"])
+    elif what == "template_path":
+        by_via = {tuple(templates.path_vias(p)): i for i, p in templates.paths_of(att, c["name"])}
+        if c["action"] == "delete":
+            templates.remove_paths(att, c["name"], [by_via[tuple(e["via"])] for e in c["entries"]])
+        else:
+            weight, tclass, _ = _attrs(c["entry"])
+            templates.set_path_attrs(att, c["name"], by_via[tuple(c["entry"]["via"])], weight,
+                                     classes.class_id(att, tclass))
+    elif what == "template_policy":
+        templates.set_policy(att, c["name"], c["to"])
+    elif what == "peer_blocks":
+        tpls = {}
+        wanted = []
+        for key, sid, name in blocks.wanted(config.data.get("peer_blocks", [])):
+            tpl = tpls.get(name)
+            if tpl is None:
+                tpl = tpls[name] = templates.get(att, name)
+            wanted.append((key, sid, tpl))
+        try:
+            bulk.sync(att, wanted, remove_missing=True)
+        except MrcError as e:
+            line = config.lines.get(("peer_blocks",))
+            raise ConfigError(f"{config.source}:{line}: {e}" if line else str(e)) from e
 
 
 def _add_paths(att: Attachment, prefix: str, entries: list[dict], metrics: dict | None = None) -> None:
@@ -853,6 +1083,20 @@ def describe(change: dict) -> str:
         return f"{change['prefix']} path {change['path_id']}: deleted"
     if what == "policy":
         return f"{change['prefix']}: policy {change['from']} -> {change['to']}"
+    if what == "template":
+        if change["action"] == "delete":
+            return f"template {change['name']}: deleted"
+        return f"template {change['name']}: added with {len(change['template']['paths'])} paths"
+    if what == "template_path":
+        if change["action"] == "change":
+            w, c, _ = _attrs(change["entry"])
+            return f"template {change['name']} path via {','.join(change['entry']['via'])}: weight {w}, class {c}"
+        return f"template {change['name']}: {len(change['entries'])} paths {change['action']}d"
+    if what == "template_policy":
+        return f"template {change['name']}: policy {change['from']} -> {change['to']}"
+    if what == "peer_blocks":
+        return (f"template peers: {change['added']} added, {change['updated']} changed, "
+                f"{change['removed']} removed ({change['blocks']} blocks)")
     return f"{change['prefix']}: route metrics {change['from'] or 'defaults'} -> {change['to'] or 'defaults'}"
 
 

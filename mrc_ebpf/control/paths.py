@@ -774,7 +774,8 @@ def configured(att: Attachment) -> list[dict]:
             for route in routes.ours(ipr, family, att.ifindexes):
                 installed[(family, route.get_attr("RTA_DST"), route["dst_len"])] = route
     out = []
-    for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
+    from mrc_ebpf.control import bulk     # template peers are blocks (control/blocks.py), not listed here
+    for key, peer in sorted(bulk.own_peers(att), key=lambda kv: kv[1].peer_id):
         prefix = key_prefix(key)
         route = installed.get((prefix.version, str(prefix.network_address), prefix.prefixlen))
         out.append({"prefix": str(prefix), "peer_id": peer.peer_id,

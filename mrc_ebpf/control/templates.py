@@ -134,6 +134,45 @@ def peer_counts(att: Attachment) -> dict[int, int]:
     return counts
 
 
+def path_vias(path: layout.Path) -> list[str]:
+    """A template path's hops before the peer's SID, in travel order."""
+    return cp._segments_of(path)[:-1]
+
+
+def paths_of(att: Attachment, name: str) -> list[tuple[int, layout.Path]]:
+    return cp._used(att, get(att, name))
+
+
+def remove_paths(att: Attachment, name: str, path_ids: list[int]) -> dict:
+    """Take paths out of template NAME (its peers keep the others; a
+    template keeps at least one)."""
+    key, tpl = _key(name), get(att, name)
+    used = dict(cp._used(att, tpl))
+    left = [i for i in used if i not in path_ids]
+    if not left:
+        raise MrcError(f"template {name} would have no paths left: delete the template instead")
+    for i in path_ids:
+        if i in used:
+            att.maps["paths"].update(cp.path_index(tpl.template_id, i), layout.Path())
+    tpl.n_paths = max(left) + 1
+    _rebuild(att, tpl)
+    att.maps["templates"].update(key, tpl)
+    _refresh_peers(att, tpl)
+    return {"template": name, "removed": sorted(path_ids)}
+
+
+def set_path_attrs(att: Attachment, name: str, path_id: int, weight: int, tclass: int) -> None:
+    """A template path's weight and class, changed in place (it keeps its id)."""
+    if not 1 <= weight <= cp.MAX_WEIGHT:
+        raise MrcError(f"bad weight {weight}: 1..{cp.MAX_WEIGHT}")
+    tpl = get(att, name)
+    path = dict(cp._used(att, tpl))[path_id]
+    if (path.weight, path.tclass) != (weight, tclass):
+        path.weight, path.tclass = weight, tclass
+        att.maps["paths"].update(cp.path_index(tpl.template_id, path_id), path)
+        _rebuild(att, tpl)
+
+
 def set_policy(att: Attachment, name: str, policy: str) -> dict:
     if policy not in cp.POLICIES:
         raise MrcError(f"bad policy {policy!r}: one of {', '.join(cp.POLICIES)}")
