@@ -16,16 +16,19 @@ from mrc_ebpf.cli.common import emit, json_option
 @click.option("--host", "host", required=True, metavar="NAME",
               help="The host (h1, h2, ...) whose config to print.")
 @click.option("-o", "--output", metavar="FILE", help="Write the config to FILE instead of printing it.")
+@click.option("--form", type=click.Choice(["auto", "peers", "blocks"]), default="auto", show_default=True,
+              help="peers: every other host a peer with its paths; blocks: one path template and the "
+                   "peers as blocks of the address plan; auto: blocks beyond 255 peers.")
 @json_option
 @click.pass_context
-def render(ctx, file, host, output):
+def render(ctx, file, host, output, form):
     """Print host NAME's config from fabric description FABRIC_FILE: its
     attach section (plane NICs, SID, attach options) and every other host
-    as a peer with all its paths."""
+    as a peer (with all its paths, or in blocks sharing a path template)."""
     from mrc_ebpf.errors import MrcError
     from mrc_ebpf.lab.fabric import description, render as render_mod
     desc = description.load(file)
-    cfg = render_mod.host_config(desc, host)
+    cfg = render_mod.host_config(desc, host, form=form)
     if output:
         text = render_mod.dump(cfg)
         try:
@@ -33,8 +36,9 @@ def render(ctx, file, host, output):
                 f.write(text)
         except OSError as e:
             raise MrcError(f"cannot write {output}: {e.strerror or e}")
-        emit(ctx, {"host": host, "file": output, "bytes": len(text.encode()), "peers": len(cfg["peers"]),
-                   "paths": sum(len(p["paths"]) for p in cfg["peers"])},
+        n_peers, n_paths = render_mod.counts(cfg)
+        emit(ctx, {"host": host, "file": output, "bytes": len(text.encode()), "peers": n_peers,
+                   "paths": n_paths},
              lambda r: click.echo(f"{r['host']}: {r['peers']} peers, {r['paths']} paths, {r['bytes']} bytes "
                                   f"in {r['file']}"))
         return

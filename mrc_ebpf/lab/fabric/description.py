@@ -46,7 +46,7 @@ import yaml
 from mrc_ebpf.errors import MrcError
 
 from .plan import (DEFAULT_ENTROPY, DEFAULT_HASH, DEFAULT_MTU, DEFAULT_NAME, DEFAULT_RATE, ENCODINGS, HASHES,
-                   MAX_HOSTS, MAX_LEAVES, MAX_MTU, MAX_PLANES, MAX_SPINES, MIN_MTU, NAME_RE, SYSCTL_RE,
+                   MAX_HOSTS, MAX_LEAVES, MAX_MTU, NARROW_HOSTS, RENDER_MAX_HOSTS, RENDER_MAX_LEAVES, MAX_PLANES, MAX_SPINES, MIN_MTU, NAME_RE, SYSCTL_RE,
                    DEFAULT_DATA_BLOCK, DEFAULT_SID_BLOCK, Fabric, parse_rate)
 
 VERSION = 1
@@ -197,17 +197,21 @@ def _fabric_section(doc: _Doc, value) -> dict:
         if not NAME_RE.match(name):
             doc.fail(p + ("name",), f"bad fabric name {name!r}: a lowercase letter, then up to 15 of a-z, 0-9, _")
         spec["name"] = name
-    for key, hi in (("planes", MAX_PLANES), ("spines", MAX_SPINES), ("leaves", MAX_LEAVES),
-                    ("hosts_per_leaf", MAX_HOSTS)):
+    # render-only sizes pass here; `fabric up --from` refuses what it cannot build (build.py)
+    for key, hi in (("planes", MAX_PLANES), ("spines", MAX_SPINES), ("leaves", RENDER_MAX_LEAVES),
+                    ("hosts_per_leaf", RENDER_MAX_HOSTS)):
         if key in sec:
             spec[key] = _int(doc, sec[key], p + (key,), 1, hi)
-    if spec["leaves"] * spec["hosts_per_leaf"] > MAX_HOSTS:
+    hosts = spec["leaves"] * spec["hosts_per_leaf"]
+    if hosts > RENDER_MAX_HOSTS:
         doc.fail(p + ("hosts_per_leaf",) if "hosts_per_leaf" in sec else p,
-                 f"{spec['leaves'] * spec['hosts_per_leaf']} hosts: at most {MAX_HOSTS}")
+                 f"{hosts} hosts: at most {RENDER_MAX_HOSTS} (rendered), {MAX_HOSTS} (built here)")
     if "encoding" in sec:
         spec["encoding"] = _choice(doc, sec["encoding"], p + ("encoding",), ENCODINGS)
     if "hash" in sec:
         spec["hash"] = _choice(doc, sec["hash"], p + ("hash",), tuple(HASHES))
+    if spec["encoding"] == "usid" and hosts > NARROW_HOSTS:
+        doc.fail(p + ("encoding",), f"encoding usid names a host by a 16-bit ID: at most {NARROW_HOSTS} hosts")
     if spec["encoding"] == "ev" and spec["planes"] != 1:
         doc.fail(p + ("planes",), "encoding ev builds one plane: a host's entropy paths leave by eth0, "
                                    "and the leaves' hash picks the spine")

@@ -28,6 +28,12 @@ MIN_MTU, MAX_MTU = 1280, 9000
 SYSCTL_RE = re.compile(r"^net\.[A-Za-z0-9_.]+=\S+$")
 
 MAX_PLANES, MAX_SPINES, MAX_LEAVES, MAX_HOSTS = 8, 255, 255, 4000
+# A description may be larger than this machine builds (`fabric up`
+# keeps the limits above) when it is only rendered: MRC's 131,072 NICs are
+# 512 leaves of 256.  Beyond NARROW_HOSTS a host's number no longer fits
+# the 16-bit ID of the narrow plan, and the plan widens (Fabric.wide).
+RENDER_MAX_LEAVES, RENDER_MAX_HOSTS = 4096, 262143
+NARROW_HOSTS = 0x1FFF
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
 RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(|k|m|g|t)(bit|bps)$", re.I)
 MODES = ("down", "blackhole", "loss")
@@ -121,6 +127,10 @@ class Fabric:
         self.hash = spec.get("hash", DEFAULT_HASH)
         self.sid32 = _block32(spec.get("sid_block", DEFAULT_SID_BLOCK))      # "fc00:0"
         self.data32 = _block32(spec.get("data_block", DEFAULT_DATA_BLOCK))   # "fd00:0"
+        # the wide plan (only rendered, never built): host h's SID is
+        # SID_BLOCK:e000:0:0 + h in its 4th hextet up (a /64 each), its
+        # prefix DATA_BLOCK + h the same way; both step by a /64 per host
+        self.wide = self.host_count > NARROW_HOSTS
 
     # -- names
     @staticmethod
@@ -174,15 +184,31 @@ class Fabric:
         return f"{self.sid32}:{ident:x}::"
 
     def host_sid(self, h: int) -> str:
+        if self.wide:
+            return str(ipaddress.IPv6Address(self._base(self.sid32) | 0xE000 << 80 | h << 64))
         return self.sid(self.host_id(h))
+
+    @staticmethod
+    def _base(block32: str) -> int:
+        hi, lo = (int(x, 16) for x in block32.split(":"))
+        return (hi << 16 | lo) << 96
+
+    def sid_step(self) -> int:
+        """The bit length of the step between consecutive hosts' SIDs and
+        prefixes (a host config's peer blocks, control/blocks.py)."""
+        return 64 if self.wide else 48
 
     def spine_sid(self, p: int, s: int) -> str:
         return self.sid(self.spine_id(p, s))
 
     def addr6(self, h: int) -> str:
+        if self.wide:
+            return str(ipaddress.IPv6Address(self._base(self.data32) | h << 64 | 1))
         return f"{self.data32}:{h:x}::1"
 
     def prefix6(self, h: int) -> str:
+        if self.wide:
+            return f"{ipaddress.IPv6Address(self._base(self.data32) | h << 64)}/64"
         return f"{self.data32}:{h:x}::/64"
 
     @staticmethod
@@ -227,8 +253,8 @@ class Fabric:
         out = []
         dst = self.host_id(b)
         if self.encoding == "ev":
-            return [{"plane": 0, "spine": None, "entropy": entropy, "sid": self.sid(dst),
-                     "args": ["--entropy", str(entropy), "--sid", self.sid(dst)]}]
+            return [{"plane": 0, "spine": None, "entropy": entropy, "sid": self.host_sid(b),
+                     "args": ["--entropy", str(entropy), "--sid", self.host_sid(b)]}]
         for p in range(self.planes):
             for s in range(1, self.spines + 1):
                 sid = self.spine_id(p, s)
@@ -237,7 +263,7 @@ class Fabric:
                     path["usid"] = f"{self.sid32}:{sid:x}:{dst:x}::"
                     path["args"] = ["--usid", path["usid"]]
                 else:
-                    path["via"] = f"{self.sid(sid)},{self.sid(dst)}"
+                    path["via"] = f"{self.sid(sid)},{self.host_sid(b)}"
                     path["args"] = ["--via", path["via"]]
                 out.append(path)
         return out

@@ -34,9 +34,35 @@ def _path_entry(path: dict) -> dict:
     return {"entropy": path["entropy"], "sid": path["sid"]}
 
 
-def host_config(desc: Description, host: str, peers: list[int] | None = None) -> dict:
+FORMS = ("auto", "peers", "blocks")
+TEMPLATE = "spines"
+# rows of paths one attachment holds (bpf: MRC_MAX_PEERS); an own-path
+# peer takes one, so beyond this many peers only the blocks form applies
+OWN_ROWS = 256
+
+
+def blocks_possible(desc: Description, host: str) -> str | None:
+    """Why HOST's config cannot be in the blocks form, or None."""
+    fab = desc.fabric
+    opts = desc.options(fab.host(host_index(fab, host)))
+    if fab.encoding != "srh":
+        return f"encoding {fab.encoding}: a template's paths are SRH paths (--via)"
+    if opts["ipv4"]:
+        return "ipv4: an IPv4 peer would share its host's SID, and a template's peers each have their own"
+    if fab.planes * fab.spines > 256:
+        return f"{fab.planes * fab.spines} paths per peer: a template holds 256"
+    return None
+
+
+def host_config(desc: Description, host: str, peers: list[int] | None = None, form: str = "auto") -> dict:
     """HOST's config: attach section, classes, and each peer (every other
-    host, or those in `peers`) with its paths in the plan's order."""
+    host, or those in `peers`) with its paths in the plan's order.
+
+    FORM "peers" lists every peer with its paths; "blocks" gives one path
+    template (a path per plane and spine, the peer's SID as the last hop:
+    the spines route on it) and the peers as blocks of the address plan
+    (control/blocks.py); "auto" is blocks where there are more peers than
+    an attachment has rows for peers with paths of their own."""
     fab = desc.fabric
     a = host_index(fab, host)
     opts = desc.options(fab.host(a))
@@ -45,10 +71,21 @@ def host_config(desc: Description, host: str, peers: list[int] | None = None) ->
     cfg: dict = {"version": CONFIG_VERSION, "attach": attach}
     if opts["classes"]:
         cfg["classes"] = [dict(c) for c in opts["classes"]]
+    if form not in FORMS:
+        raise MrcError(f"bad form {form!r}: {', '.join(FORMS)}")
+    others = [b for b in (peers if peers is not None else fab.hosts()) if b != a]
+    if form == "auto":
+        form = "blocks" if len(others) >= OWN_ROWS and blocks_possible(desc, host) is None else "peers"
+    if form == "blocks":
+        why = blocks_possible(desc, host)
+        if why:
+            raise MrcError(f"{fab.host(a)}'s config cannot be in blocks: {why}")
+        return {**cfg, **_blocks(fab, opts, others)}
+    if len(others) >= OWN_ROWS:
+        raise MrcError(f"{len(others)} peers with paths of their own: an attachment has {OWN_ROWS} rows "
+                       f"(render the blocks form: --form blocks)")
     out = []
-    for b in (peers if peers is not None else fab.hosts()):
-        if b == a:
-            continue
+    for b in others:
         paths = [_path_entry(p) for p in fab.paths(a, b, opts["entropy"])]
         prefixes = [fab.prefix6(b)] + ([fab.prefix4(b)] if opts["ipv4"] else [])
         for prefix in prefixes:
@@ -59,6 +96,31 @@ def host_config(desc: Description, host: str, peers: list[int] | None = None) ->
             out.append(peer)
     cfg["peers"] = out
     return cfg
+
+
+def _blocks(fab: Fabric, opts: dict, others: list[int]) -> dict:
+    """The template and the peer blocks of the blocks form, canonical (as
+    show-config prints what they applied)."""
+    from mrc_ebpf.control import blocks
+    tpl = {"name": TEMPLATE, "policy": opts["policy"] or "rr",
+           "paths": [{"via": [fab.spine_sid(p, s)]} for p in range(fab.planes)
+                     for s in range(1, fab.spines + 1)]}
+    step = fab.sid_step()
+    inc = 1 << (128 - step)
+    first_prefix = blocks.prefix_value(fab.prefix6(1))[1] - inc
+    first_sid = blocks.sid_value(fab.host_sid(1)) - inc
+    peers = [(TEMPLATE, 64, first_prefix + b * inc, first_sid + b * inc) for b in others]
+    return {"templates": [tpl], "peer_blocks": [b.dict() for b in blocks.compress(peers)]}
+
+
+def counts(cfg: dict) -> tuple[int, int]:
+    """(peers, paths to them) of a rendered config, in either form."""
+    peers = cfg.get("peers", [])
+    n_peers = len(peers) + sum(b.get("count", 1) for b in cfg.get("peer_blocks", []))
+    n_paths = sum(len(p["paths"]) for p in peers)
+    per = {t["name"]: len(t["paths"]) for t in cfg.get("templates", [])}
+    n_paths += sum(b.get("count", 1) * per[b["template"]] for b in cfg.get("peer_blocks", []))
+    return n_peers, n_paths
 
 
 def dump(cfg: dict) -> str:
