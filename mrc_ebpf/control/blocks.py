@@ -93,37 +93,122 @@ def expand(blocks: list[Block]) -> list[tuple[str, int, int, int, int | None]]:
     return out
 
 
+def _step_of(d: int, length: int) -> int | None:
+    """The step (bit length) of a delta D between neighbours, if it is one."""
+    if d > 0 and d & (d - 1) == 0 and 128 - (d.bit_length() - 1) <= length:
+        return 128 - (d.bit_length() - 1)
+    return None
+
+
 def compress(peers: list[tuple[str, int, int, int]]) -> list[Block]:
     """Maximal runs of PEERS (template, length, prefix, SID), sorted first,
     whose prefixes and SIDs step alike by a power of two no finer than
-    the prefix."""
-    peers = sorted(peers, key=lambda p: (p[0], p[1], p[2]))
+    the prefix: at each peer not yet in a run, the step to the next peer
+    starts a run that goes on while the steps stay the same."""
+    peers = sorted(peers)
     out = []
     i, n = 0, len(peers)
     while i < n:
-        t, length, p, s = peers[i][:4]
-        j = i
-        step = length
+        t, length, p, s = peers[i]
         if i + 1 < n:
-            t2, l2, p2, s2 = peers[i + 1][:4]
+            t2, l2, p2, s2 = peers[i + 1]
             d = p2 - p
-            if (t2, l2) == (t, length) and d > 0 and d == s2 - s and d & (d - 1) == 0 \
-                    and 128 - (d.bit_length() - 1) <= length:
-                step = 128 - (d.bit_length() - 1)
+            step = _step_of(d, length) if (t2, l2) == (t, length) and d == s2 - s else None
+            if step:
                 j = i + 1
-                while j + 1 < n and peers[j + 1][0] == t and peers[j + 1][1] == length and \
-                        peers[j + 1][2] - peers[j][2] == d and peers[j + 1][3] - peers[j][3] == d:
+                while j + 1 < n:
+                    nt, nl, np_, ns = peers[j + 1]
+                    if nl != length or nt != t or np_ - peers[j][2] != d or ns - peers[j][3] != d:
+                        break
                     j += 1
-        out.append(Block(t, length, p, s, j - i + 1, step))
-        i = j + 1
+                out.append(Block(t, length, p, s, j - i + 1, step))
+                i = j + 1
+                continue
+        out.append(Block(t, length, p, s, 1, length))
+        i += 1
     return out
+
+
+def compress_blocks(blocks: list[Block]) -> list[Block]:
+    """compress() of the peers of BLOCKS, sorted and not interleaved (each
+    block's peers lie between its neighbours'), without listing the peers:
+    the same decisions, a whole block's run at a time."""
+    blocks = sorted(blocks, key=lambda b: (b.template, b.length, b.prefix))
+    n = len(blocks)
+
+    def at(k, i):
+        b = blocks[k]
+        return b.template, b.length, b.prefix + i * b.inc, b.sid + i * b.inc
+
+    def nxt(k, i):
+        return (k, i + 1) if i + 1 < blocks[k].count else (k + 1, 0)
+
+    out = []
+    k, i = 0, 0
+    while k < n:
+        t, length, p, s = at(k, i)
+        k2, i2 = nxt(k, i)
+        step = None
+        if k2 < n:
+            t2, l2, p2, s2 = at(k2, i2)
+            d = p2 - p
+            step = _step_of(d, length) if (t2, l2) == (t, length) and d == s2 - s else None
+        if not step:
+            out.append(Block(t, length, p, s, 1, length))
+            k, i = k2, i2
+            continue
+        count, ck, ci = 2, k2, i2
+        while True:
+            b = blocks[ck]
+            if ci + 1 < b.count:                 # inside a block: its own step
+                if b.inc != d:
+                    break
+                count += b.count - 1 - ci
+                ci = b.count - 1
+                continue
+            if ck + 1 >= n:
+                break
+            _, _, pc, sc = at(ck, ci)
+            t3, l3, p3, s3 = at(ck + 1, 0)
+            if (t3, l3) != (t, length) or p3 - pc != d or s3 - sc != d:
+                break
+            ck, ci, count = ck + 1, 0, count + 1
+        out.append(Block(t, length, p, s, count, step))
+        k, i = nxt(ck, ci)
+    return out
+
+
+def _apart(blocks: list[Block], first, last) -> bool:
+    """No two BLOCKS share a value: sorted by FIRST, each ends (LAST) before
+    the next begins (a block's values rise)."""
+    ordered = sorted(blocks, key=first)
+    return all(last(a) < first(b) for a, b in zip(ordered, ordered[1:]))
 
 
 def canonical(blocks: list[Block], own: set[str], lines: dict) -> list[dict]:
     """Check BLOCKS as a whole and give their canonical form (a list of dicts)."""
+    total = sum(b.count for b in blocks)
+    if total > MAX_PEERS:
+        raise BlockError(blocks[-1].line, f"{total} peers in peer_blocks: the peers map holds {MAX_PEERS}")
+    if blocks:
+        lines[("peer_blocks",)] = blocks[0].line
+    # blocks that do not overlap (the usual: one per leaf) are checked and
+    # compressed as blocks; others peer by peer, to name the peer given twice
+    disjoint = all(_apart([b for b in blocks if b.length == length], lambda b: b.prefix,
+                          lambda b: b.prefix + (b.count - 1) * b.inc) for length in {b.length for b in blocks}) \
+        and _apart(blocks, lambda b: b.sid, lambda b: b.sid + (b.count - 1) * b.inc)
+    if disjoint:
+        for text in own:
+            try:
+                length, p = bulk.prefix_int(text)
+            except MrcError:
+                continue
+            for b in blocks:
+                if b.length == length and p >= b.prefix and (p - b.prefix) % b.inc == 0 and \
+                        (p - b.prefix) // b.inc < b.count:
+                    raise BlockError(b.line, f"peer {text} is in peers: with paths of its own and in a block")
+        return [b.dict() for b in compress_blocks(blocks)]
     peers = expand(blocks)
-    if len(peers) > MAX_PEERS:
-        raise BlockError(blocks[-1].line, f"{len(peers)} peers in peer_blocks: the peers map holds {MAX_PEERS}")
     keys = {}
     for t, length, p, s, line in peers:
         k = (length, p)
@@ -143,9 +228,7 @@ def canonical(blocks: list[Block], own: set[str], lines: dict) -> list[dict]:
             continue
         if k in keys:
             raise BlockError(keys[k], f"peer {text} is in peers: with paths of its own and in a block")
-    if blocks:
-        lines[("peer_blocks",)] = blocks[0].line
-    return [b.dict() for b in compress(peers)]
+    return [b.dict() for b in compress([p[:4] for p in peers])]
 
 
 def wanted(block_dicts: list[dict]) -> list[tuple[bytes, bytes, str]]:

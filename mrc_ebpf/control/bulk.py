@@ -100,25 +100,26 @@ class Peers:
     key bytes -> value bytes, SID bytes -> peer id."""
 
     def __init__(self, att):
-        keys, values, n = att.maps["peers"].dump()
+        self.keys, self.values, n = att.maps["peers"].dump()
         ks, vs = KEY.size, PEER.size
-        self.peers = {keys[i * ks:(i + 1) * ks]: values[i * vs:(i + 1) * vs] for i in range(n)}
-        keys, values, n = att.maps["peer_by_sid"].dump()
-        self.sids = {keys[i * 16:(i + 1) * 16]: ID.unpack_from(values, i * 4)[0] for i in range(n)}
+        self.peers = {self.keys[i * ks:(i + 1) * ks]: self.values[i * vs:(i + 1) * vs] for i in range(n)}
+        self._sid_map = att.maps["peer_by_sid"]
+        self._sids = None
+
+    @property
+    def sids(self) -> dict[bytes, int]:
+        if self._sids is None:
+            keys, values, n = self._sid_map.dump()
+            self._sids = {keys[i * 16:(i + 1) * 16]: v[0] for i, v in enumerate(ID.iter_unpack(values))}
+        return self._sids
 
     def templated(self) -> dict[bytes, tuple]:
         """key -> (peer_id, n_paths, policy, flags, template_id, sid) of template peers."""
-        out = {}
-        for k, v in self.peers.items():
-            t = PEER.unpack(v)
-            if t[3] & LAST_HOP:
-                out[k] = t
-        return out
+        return {k: t for k, t in zip(self.peers, PEER.iter_unpack(self.values)) if t[3] & LAST_HOP}
 
     def next_id(self) -> int:
         top = MAX_PEERS - 1
-        for v in self.peers.values():
-            peer_id, _, _, flags, _, _ = PEER.unpack(v)
+        for peer_id, _, _, flags, _, _ in PEER.iter_unpack(self.values):
             if flags & LAST_HOP and peer_id > top:
                 top = peer_id
         return top + 1
@@ -165,8 +166,17 @@ def sync(att, wanted: list[tuple[bytes, bytes, layout.Peer]], remove_missing: bo
     next_id = have.next_id()
     new_peers, changed, unchanged = [], [], 0      # (key, value bytes)
     new_sids, old_sids = [], []                     # sids to write / to delete
+    pack = PEER.pack
+    if not have.peers and not have.sids:
+        # nothing there yet (a fresh apply): every peer is new
+        for key, sid, tpl in wanted:
+            new_peers.append((key, pack(next_id, tpl.n_paths, tpl.policy, LAST_HOP, tpl.template_id, sid)))
+            new_sids.append((sid, next_id))
+            next_id += 1
+        wanted = ()
+    peers_get, sids_get = have.peers.get, have.sids.get
     for key, sid, tpl in wanted:
-        old = have.peers.get(key)
+        old = peers_get(key)
         if old is not None:
             peer_id, n_paths, policy, flags, template_id, old_sid = PEER.unpack(old)
             if not flags & LAST_HOP:
@@ -176,15 +186,15 @@ def sync(att, wanted: list[tuple[bytes, bytes, layout.Peer]], remove_missing: bo
                 continue
         else:
             peer_id = None
-        owner = have.sids.get(sid)
+        owner = sids_get(sid)
         if owner is not None and owner != peer_id and owner not in gone_ids:
             raise MrcError(f"{name(key)}: SID {addr_text(sid)} is another peer's already")
         if peer_id is None:
             peer_id, next_id = next_id, next_id + 1
-            new_peers.append((key, PEER.pack(peer_id, tpl.n_paths, tpl.policy, LAST_HOP, tpl.template_id, sid)))
+            new_peers.append((key, pack(peer_id, tpl.n_paths, tpl.policy, LAST_HOP, tpl.template_id, sid)))
             new_sids.append((sid, peer_id))
         else:
-            changed.append((key, PEER.pack(peer_id, tpl.n_paths, tpl.policy, LAST_HOP, tpl.template_id, sid)))
+            changed.append((key, pack(peer_id, tpl.n_paths, tpl.policy, LAST_HOP, tpl.template_id, sid)))
             if old_sid != sid:
                 old_sids.append(old_sid)
                 new_sids.append((sid, peer_id))

@@ -84,18 +84,19 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
         raise MrcError(f"template {name} has room for {len(free_ids)} more paths, not {len(fresh)}")
     resolved = []
     with IPRoute() as ipr:
+        hops = routes.next_hops(ipr, sorted({str(spec.first_hop) for spec in fresh}))
         for spec in fresh:
             if att.config.mtu - spec.overhead < 1280:
                 raise MrcError(f"{len(spec.segments)} segments leave less than the minimum MTU on "
                                f"{att.device} (MTU {att.config.mtu}, overhead {spec.overhead})")
-            oif, gateway = routes.next_hop(ipr, str(spec.first_hop))
+            oif, gateway = hops[str(spec.first_hop)]
             if oif not in att.ifindexes:
                 raise MrcError(f"first hop {spec.first_hop} is not routed out of a device "
                                f"mrc-ebpf is attached to")
             resolved.append((oif, gateway))
     taken = {p.flowlabel for _, p in used}
     labels = cp._unique_labels(f"template:{name}", free_ids, fresh, taken)
-    results = []
+    results, fates = [], []
     for path_id, spec, (oif, gateway), label in zip(free_ids, fresh, resolved, labels):
         path = layout.Path(n_segments=len(spec.segments), state=cp.UP, weight=weight, tclass=tclass,
                            flowlabel=label, oif=oif, flags=cp.REDIRECT)
@@ -103,11 +104,12 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
         for i, seg in enumerate(reversed(spec.segments)):
             ctypes.memmove(path.segments[i].addr, seg.packed, 16)
         att.maps["paths"].update(cp.path_index(tpl.template_id, path_id), path)
-        shared_fate.assign(att, cp.path_index(tpl.template_id, path_id), path)
+        fates.append((cp.path_index(tpl.template_id, path_id), path))
         tpl.n_paths = max(tpl.n_paths, path_id + 1)
         results.append({"template": name, "path_id": path_id,
                         "segments": [str(s) for s in spec.segments[:-1]] + ["<peer SID>"],
                         "weight": weight, "overhead": spec.overhead})
+    shared_fate.assign_many(att, fates)
     _rebuild(att, tpl)
     att.maps["templates"].update(key, tpl)
     if not new:

@@ -178,6 +178,30 @@ def next_hop(ipr: IPRoute, segment: str) -> tuple[int, str]:
     return route.get_attr("RTA_OIF"), route.get_attr("RTA_GATEWAY") or segment
 
 
+def next_hops(ipr: IPRoute, segments: list[str]) -> dict[str, tuple[int, str]]:
+    """next_hop of many segments: one `ip -batch` of `route get`s (256 of
+    them in ~10 ms, where pyroute2 takes ~4 ms each); a segment it did not
+    answer goes through next_hop (and its error)."""
+    import json
+    import subprocess
+    out: dict[str, tuple[int, str]] = {}
+    wanted = {str(ipaddress.IPv6Address(s)): s for s in segments}
+    try:
+        r = subprocess.run(["ip", "-6", "-j", "-force", "-batch", "-"], capture_output=True, text=True,
+                           input="".join(f"route get {s}\n" for s in wanted), timeout=30)
+        for line in r.stdout.splitlines():
+            for route in json.loads(line) if line.strip() else []:
+                seg = wanted.get(str(ipaddress.IPv6Address(route.get("dst", "::"))))
+                if seg is not None and "dev" in route:
+                    out[seg] = (socket.if_nametoindex(route["dev"]), route.get("gateway") or seg)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    for seg in segments:
+        if seg not in out:
+            out[seg] = next_hop(ipr, seg)
+    return out
+
+
 def install(ipr: IPRoute, prefix: ipaddress._BaseNetwork, gateway: str, index: int, mtu: int,
             tcp: dict[str, str | None] | None = None) -> None:
     """`tcp`: the route's TCP metrics (parse_metric's form), None for none."""
