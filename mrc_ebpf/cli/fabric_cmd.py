@@ -396,18 +396,14 @@ def plan(nics, planes, radix, cpus, paths, encoding, measure, measure_peers, mea
                              ("path lists (one per destination leaf)", r["path_lists"])], tablefmt="plain"))
         c, m = r["config"], r["memory"]
         click.echo("\nper host:")
-        rows = [("config", f"{_size(c['bytes'])}: {c['peers']} peers, {c['paths']} paths "
-                           f"({_size(c['bytes_per_peer'])} a peer)"),
+        rows = [("config", f"{_size(c['bytes'])} ({c['form']} form): {c['peers']} peers, {c['paths']} paths"),
                 ("kernel memory", f"{_size(m['bytes'])} on {m['cpus']} CPUs ({_size(m['fixed_bytes'])} + "
                                   f"{_size(m['per_cpu_bytes'])} a CPU), today's maps: {m['peers_held']} "
                                   f"of {c['peers']} peers held")]
         if "apply" in r:
             a = r["apply"]
-            rows.append(("apply time", f"{a['seconds']} s, extrapolated from {a['measured']['peers']} peers x "
-                                       f"{a['measured']['paths_per_peer']} paths here "
-                                       f"({a['measured']['per_path_s'] * 1e3:.2f} ms a path, "
-                                       f"{a['measured']['per_peer_s'] * 1e3:.1f} ms a peer, attach "
-                                       f"{a['measured']['fixed_s']} s)"))
+            rows.append(("apply time", f"{a['seconds']} s onto an attachment (attach: {a['attach_s']} s, "
+                                       f"the compile): {a['how']}"))
         else:
             rows.append(("apply time", "not measured (--measure)"))
         click.echo(tabulate(rows, tablefmt="plain"))

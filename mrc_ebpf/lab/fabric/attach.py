@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 from mrc_ebpf.errors import MrcError
-from mrc_ebpf.lab.procs import PY, in_netns, mrcctl_cmd as _mrcctl, mrcctl_result, run_parallel, run_sequences
+from mrc_ebpf.lab.procs import mrcctl_cmd as _mrcctl, mrcctl_result, run_parallel, run_sequences
 
 from .plan import DEFAULT_ENTROPY, Fabric
 from .state import existing_namespaces, locked
@@ -126,10 +126,9 @@ def attach_rendered(name: str, hosts: str | None = None) -> dict:
     """Attach the hosts from their rendered configs (render.host_config of
     the fabric's description: the file `fabric up --from` read, or the
     defaults for a fabric built from options), each applied in its
-    namespace by `mrcctl apply` (apply_rendered where there is none), one
-    process per host, two at a time."""
+    namespace by `mrcctl apply`, one process per host, two at a time."""
     from .description import Description
-    from .render import dump, host_config
+    from .render import counts, dump, host_config
     with locked(name) as state:
         fab = Fabric(state["spec"])
         if state["status"] != "up":
@@ -149,7 +148,7 @@ def attach_rendered(name: str, hosts: str | None = None) -> dict:
             for h, cfg in configs.items():
                 files[h] = Path(tmp) / f"{fab.host(h)}.yaml"
                 files[h].write_text(dump(cfg))
-            results = run_parallel([_apply_cmd(fab.ns(fab.host(h)), files[h]) for h in chosen],
+            results = run_parallel([_mrcctl(fab.ns(fab.host(h)), "apply", str(files[h])) for h in chosen],
                                    limit=2, timeout=1800)
         done = [h for h, r in zip(chosen, results) if r.returncode == 0]
         per_host = {}
@@ -167,22 +166,7 @@ def attach_rendered(name: str, hosts: str | None = None) -> dict:
                 "policy": desc.options(fab.host(h))["policy"] or "rr", "extra": [], "rendered": True}
     return {"name": name, "hosts": [fab.host(h) for h in chosen], "attach_s": round(time.monotonic() - started, 2),
             "per_host": per_host, "config_bytes": {fab.host(h): len(dump(c).encode()) for h, c in configs.items()},
-            "paths_per_peer": len(configs[chosen[0]]["peers"][0]["paths"])}
-
-
-def _has_apply() -> bool:
-    try:
-        from mrc_ebpf.control import config
-    except ImportError:
-        return False
-    return hasattr(config, "apply")
-
-
-def _apply_cmd(ns: str, path: Path) -> list[str]:
-    """`mrcctl apply FILE` in NS where it exists, else apply_rendered."""
-    if _has_apply():
-        return _mrcctl(ns, "apply", str(path))
-    return in_netns(ns, [PY, "-m", "mrc_ebpf.lab.fabric.apply_rendered", str(path)])
+            "paths_per_peer": counts(configs[chosen[0]])[1] // counts(configs[chosen[0]])[0]}
 
 
 def _applied(r, host: str, cfg: dict) -> dict:
@@ -193,7 +177,6 @@ def _applied(r, host: str, cfg: dict) -> dict:
     if r.returncode != 0 or "error" in doc:
         err = doc.get("error") or " ".join((r.stderr or "").split())[-300:] or f"exit {r.returncode}"
         raise MrcError(f"applying the rendered config of {host}: {err}")
-    if "changes" in doc:         # mrcctl apply's report
-        return {"peers": len(cfg.get("peers", [])), "paths": sum(len(p["paths"]) for p in cfg.get("peers", [])),
-                "changes": len(doc["changes"]), "by": "mrcctl apply"}
-    return {**doc, "by": "apply_rendered"}
+    from .render import counts
+    peers, paths = counts(cfg)
+    return {"peers": peers, "paths": paths, "changes": len(doc.get("changes", [])), "by": "mrcctl apply"}

@@ -62,20 +62,42 @@ def _entry_bytes(encoding: str, planes: int, spines: int, paths: int) -> tuple[i
     return head, one
 
 
+BLOCKS_FROM = 256      # render's auto form: peers as blocks from this many (render.OWN_ROWS)
+
+
+def _blocks_bytes(planes: int, spines: int, leaves: int, hosts_per_leaf: int, paths: int) -> int:
+    """Bytes of the blocks form, rendered for this shape: one template of
+    PATHS paths (spines per plane to make them) and the peers in blocks."""
+    from .description import Description
+    from .render import dump, host_config
+    per_plane = max(1, min(255, paths // planes))
+    spec = {"name": "plan", "planes": planes, "spines": per_plane, "leaves": leaves,
+            "hosts_per_leaf": hosts_per_leaf, "encoding": "srh", "rate": None, "host_rate": None}
+    return len(dump(host_config(Description.from_spec(spec), "h1", form="blocks")).encode())
+
+
 def plan(nics: int, planes: int, radix: int, cpus: int, paths: int | None = None,
          encoding: str = "srh", apply_rate: dict | None = None) -> dict:
-    """The shape, and per host: config size (peers form), kernel memory of
-    the maps for CPUS, and (given a measured apply_rate) apply time."""
+    """The shape, and per host: config size (the form render gives it),
+    kernel memory of the maps for CPUS, and (given a measured apply_rate)
+    apply time."""
     from mrc_ebpf.datapath.source import C
     s = shape(nics, planes, radix)
     per_peer = min(paths or C["MRC_MAX_PATHS"], s["paths_available"])
     if per_peer < 1:
         raise MrcError(f"--paths {paths}: at least 1")
     peers = nics - 1
+    form = "blocks" if encoding == "srh" and peers >= BLOCKS_FROM else "peers"
     head, one = _entry_bytes(encoding, planes, s["spines_per_plane"], per_peer)
-    config = {"peers": peers, "paths": peers * per_peer, "bytes": head + peers * one,
-              "bytes_per_peer": one, "how": f"rendered bytes of one peer entry ({per_peer} {encoding} paths) "
-                                          f"x {peers} peers + the attach section"}
+    if form == "blocks":
+        size = _blocks_bytes(planes, s["spines_per_plane"], s["leaves_per_plane"], s["hosts_per_leaf"], per_peer)
+        how = (f"rendered (mrcctl render): one path template of {per_peer} paths and the peers in blocks of "
+               f"the address plan; listing every peer instead would be {head + peers * one} bytes")
+    else:
+        size = head + peers * one
+        how = f"rendered bytes of one peer entry ({per_peer} {encoding} paths) x {peers} peers + the attach section"
+    config = {"peers": peers, "paths": peers * per_peer, "bytes": size, "form": form,
+              "bytes_per_peer": one, "how": how}
     held = min(peers, C["MRC_MAX_PEER_PREFIXES"])
     total = memory.host_bytes(held, cpus)
     memory_row = {"cpus": cpus, "bytes": total, "per_cpu_bytes": memory.per_cpu_bytes(),
@@ -86,38 +108,55 @@ def plan(nics: int, planes: int, radix: int, cpus: int, paths: int | None = None
     out = {**s, "paths_per_peer": per_peer, "encoding": encoding, "path_lists": s["leaves_per_plane"],
            "config": config, "memory": memory_row}
     if apply_rate:
-        t = apply_rate["fixed_s"] + peers * apply_rate["per_peer_s"] + peers * per_peer * apply_rate["per_path_s"]
-        out["apply"] = {"seconds": round(t, 1), "measured": apply_rate,
-                        "how": f"extrapolated linearly from applying {apply_rate['peers']} peers x "
-                               f"{apply_rate['paths_per_peer']} paths on this machine with today's path add; "
-                               f"today's datapath holds {C['MRC_MAX_PEERS']} peers, so beyond that it is "
-                               f"an extrapolation of the per-path cost, not a run"}
+        out["apply"] = apply_estimate(apply_rate, form, peers, per_peer)
     return out
 
 
-def measure_apply(peers: int = 64, paths: int = 64) -> dict:
-    """Time applying rendered configs with today's verbs (apply_rendered:
-    attach, then path add per peer) in a namespace of its own: PEERS peers
-    with one path each, then PEERS more with PATHS paths each, so the cost
-    splits into per peer and per path.  Returns the rate `plan` extrapolates."""
+def apply_estimate(rate: dict, form: str, peers: int, paths: int) -> dict:
+    """`mrcctl apply` time of a host config from measure_apply's runs."""
+    if form == "blocks":
+        t = rate["blocks_s"] + (peers - rate["block_peers"]) * rate["per_block_peer_s"]
+        how = (f"`mrcctl apply` of the blocks form onto an attachment, measured here with "
+               f"{rate['block_peers']} and {rate['block_peers_more']} peers on a template of "
+               f"{rate['template_paths']} paths, linear in the peers")
+    else:
+        t = rate["base_s"] + peers * rate["per_peer_s"] + peers * (paths - 1) * rate["per_path_s"]
+        how = (f"`mrcctl apply` of the peers form onto an attachment, extrapolated linearly from "
+               f"{rate['peers']} peers x 1 and x {rate['paths_per_peer']} paths measured here")
+    return {"seconds": round(t, 1), "form": form, "measured": rate, "how": how,
+            "attach_s": rate["attach_s"]}
+
+
+def measure_apply(peers: int = 64, paths: int = 64, block_peers: int = 2048) -> dict:
+    """Time `mrcctl apply` (the command a host runs) in a namespace of its
+    own: an attach section alone (the compile: attach_s; then again, a
+    no-op: base_s); the peers form with PEERS peers of one path, then of
+    PATHS paths; the blocks form with BLOCK_PEERS and 8 x BLOCK_PEERS peers
+    on a template of PATHS paths.  Each config is applied onto the bare
+    attachment (the attach section alone applied in between)."""
     import tempfile
+    import time
     from pathlib import Path
+    from mrc_ebpf.control import config as host_config_format
     from mrc_ebpf.lab import netns
-    from mrc_ebpf.lab.procs import PY, run
+    from mrc_ebpf.lab.procs import mrcctl_cmd, mrcctl_result, run
     from .description import Description
     from .render import dump, host_config
     if os.geteuid() != 0:
         raise MrcError("measuring apply time needs root (it attaches the datapath in a namespace)")
-    if not 1 <= peers <= 127 or not 1 <= paths <= 255:
-        raise MrcError("measure with 1..127 peers of 1..255 paths (two sets must fit 256 peers)")
+    if not 1 <= peers <= 255 or not 2 <= paths <= 255:
+        raise MrcError("measure with 1..255 peers of 2..255 paths")
     ns = f"mrcplan{os.getpid()}"
-    spec = {"name": "plan", "planes": 1, "spines": paths, "leaves": 1, "hosts_per_leaf": 2 * peers + 1,
+    spec = {"name": "plan", "planes": 1, "spines": min(paths, 255), "leaves": 1, "hosts_per_leaf": peers + 1,
             "encoding": "srh", "rate": None, "host_rate": None}
     desc = Description.from_spec(spec)
-    one = host_config(desc, "h1", peers=list(range(2, peers + 2)))
-    for peer in one["peers"]:
-        peer["paths"] = peer["paths"][:1]
-    many = host_config(desc, "h1", peers=list(range(peers + 2, 2 * peers + 2)))
+    many = host_config(desc, "h1", form="peers")
+    one = {**many, "peers": [{**p, "paths": p["paths"][:1]} for p in many["peers"]]}
+    bare = {k: v for k, v in many.items() if k == "version" or k == "attach"}
+    more = 8 * block_peers
+    big = Description.from_spec({**spec, "hosts_per_leaf": more + 1})
+    blocks_small = host_config(big, "h1", peers=list(range(1, block_peers + 2)), form="blocks")
+    blocks_big = host_config(big, "h1", form="blocks")
     netns.create(ns, ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"])
     try:
         run(["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "up0"], ns=ns)
@@ -126,22 +165,32 @@ def measure_apply(peers: int = 64, paths: int = 64) -> dict:
                     ["ip", "-6", "route", "replace", "fd00::/16", "via", "fe80::1", "dev", "eth0"]):
             run(cmd, ns=ns)
         with tempfile.TemporaryDirectory(prefix="mrc-plan-") as tmp:
-            results = []
-            for cfg, extra in ((one, []), (many, ["--no-attach"])):
+            def apply(cfg) -> float:
                 f = Path(tmp) / "config.yaml"
                 f.write_text(dump(cfg))
-                r = run([PY, "-m", "mrc_ebpf.lab.fabric.apply_rendered", str(f), *extra], ns=ns, check=False,
-                        timeout=1800)
-                import json
-                doc = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
-                if r.returncode != 0 or "error" in doc:
-                    raise MrcError(f"measuring apply time: {doc.get('error') or r.stderr.strip()[-200:]}")
-                results.append(doc)
+                host_config_format.load(f.read_text(), str(f))      # a config apply takes
+                t0 = time.monotonic()
+                r = run(mrcctl_cmd(ns, "apply", str(f)), check=False, timeout=1800)
+                took = time.monotonic() - t0
+                mrcctl_result(r, "measuring apply time")
+                return took
+            attach_s = apply(bare)
+            base_s = apply(bare)
+            t_one = apply(one)
+            apply(bare)
+            t_many = apply(many)
+            apply(bare)
+            t_blocks = apply(blocks_small)
+            apply(bare)
+            t_blocks_more = apply(blocks_big)
     finally:
         netns.delete([ns])
-    t1, tn = results[0]["paths_s"], results[1]["paths_s"]
-    per_path = max(0.0, (tn - t1) / (peers * (paths - 1))) if paths > 1 else 0.0
-    per_peer = max(0.0, t1 / peers - per_path)
-    return {"peers": peers, "paths_per_peer": paths, "attach_s": results[0]["attach_s"],
-            "one_path_peers_s": t1, "many_path_peers_s": tn, "per_peer_s": round(per_peer, 6),
-            "per_path_s": round(per_path, 7), "fixed_s": results[0]["attach_s"]}
+    per_path = max(0.0, (t_many - t_one) / (peers * (paths - 1)))
+    per_peer = max(0.0, (t_one - base_s) / peers)
+    return {"peers": peers, "paths_per_peer": paths, "attach_s": round(attach_s, 2), "base_s": round(base_s, 3),
+            "one_path_peers_s": round(t_one, 3), "many_path_peers_s": round(t_many, 3),
+            "per_peer_s": round(per_peer, 6), "per_path_s": round(per_path, 7),
+            "template_paths": len(blocks_small["templates"][0]["paths"]), "block_peers": block_peers,
+            "block_peers_more": more, "blocks_s": round(t_blocks, 3), "blocks_more_s": round(t_blocks_more, 3),
+            "per_block_peer_s": round(max(0.0, (t_blocks_more - t_blocks) / (more - block_peers)), 8),
+            "by": "mrcctl apply"}
