@@ -47,10 +47,28 @@ def test_config_size_is_what_render_writes():
 
 @pytest.mark.root
 def test_apply_time_is_measured_and_cleaned_up():
-    rate = sizing.measure_apply(peers=8, paths=8)
-    assert rate["per_path_s"] > 0 and rate["per_peer_s"] >= 0 and rate["attach_s"] > 0
-    assert rate["many_path_peers_s"] > rate["one_path_peers_s"]
+    """`fabric plan --measure` times `mrcctl apply` itself (both forms of a
+    rendered config) and extrapolates it to the plan's peers."""
+    rate = sizing.measure_apply(peers=8, paths=8, block_peers=256)
+    assert rate["by"] == "mrcctl apply" and rate["attach_s"] > 0 and rate["blocks_s"] > 0
+    assert rate["per_block_peer_s"] >= 0 and rate["per_peer_s"] >= 0 and rate["per_path_s"] >= 0
     assert f"mrcplan{os.getpid()}" not in netns.existing()
     r = sizing.plan(1024, 2, 64, cpus=4, apply_rate=rate)
-    expect = rate["fixed_s"] + 1023 * rate["per_peer_s"] + 1023 * 64 * rate["per_path_s"]
-    assert r["apply"]["seconds"] == round(expect, 1) and "extrapolat" in r["apply"]["how"]
+    expect = rate["blocks_s"] + (1023 - rate["block_peers"]) * rate["per_block_peer_s"]
+    assert r["apply"]["form"] == r["config"]["form"] == "blocks"
+    assert r["apply"]["seconds"] == round(expect, 1) and "measured here" in r["apply"]["how"]
+    r = sizing.plan(32, 2, 8, cpus=4, apply_rate=rate)
+    expect = rate["base_s"] + 31 * rate["per_peer_s"] + 31 * 7 * rate["per_path_s"]
+    assert r["apply"]["form"] == "peers" and r["apply"]["seconds"] == round(expect, 1)
+
+
+def test_blocks_form_is_what_render_writes():
+    """Beyond 255 peers the plan sizes the blocks form, which render
+    writes: the 131,072-NIC host config is a few KB, not 1.45 GB."""
+    r = sizing.plan(131072, 8, 512, cpus=2)
+    assert r["config"]["form"] == "blocks" and r["config"]["bytes"] < 20_000
+    desc = description.parse("version: 1\nfabric: {planes: 8, spines: 32, leaves: 512, hosts_per_leaf: 256}\n")
+    cfg = render.host_config(desc, "h1000")
+    assert set(cfg) == {"version", "attach", "templates", "peer_blocks"}
+    assert render.counts(cfg) == (131071, 131071 * 256)
+    assert abs(len(render.dump(cfg).encode()) - r["config"]["bytes"]) < 200    # h1: one block, h1000: two

@@ -157,6 +157,8 @@ def measure_apply(peers: int = 64, paths: int = 64, block_peers: int = 2048) -> 
     big = Description.from_spec({**spec, "hosts_per_leaf": more + 1})
     blocks_small = host_config(big, "h1", peers=list(range(1, block_peers + 2)), form="blocks")
     blocks_big = host_config(big, "h1", form="blocks")
+    for cfg in (blocks_small, blocks_big):      # onto the same attachment (its SID)
+        cfg["attach"] = dict(bare["attach"])
     netns.create(ns, ["net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"])
     try:
         run(["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "up0"], ns=ns)
