@@ -168,12 +168,7 @@ def sync(att, wanted: list[tuple[bytes, bytes, layout.Peer]], remove_missing: bo
     new_sids, old_sids = [], []                     # sids to write / to delete
     pack = PEER.pack
     if not have.peers and not have.sids:
-        # nothing there yet (a fresh apply): every peer is new
-        for key, sid, tpl in wanted:
-            new_peers.append((key, pack(next_id, tpl.n_paths, tpl.policy, LAST_HOP, tpl.template_id, sid)))
-            new_sids.append((sid, next_id))
-            next_id += 1
-        wanted = ()
+        return _fresh(att, wanted, keys, sids, next_id)
     peers_get, sids_get = have.peers.get, have.sids.get
     for key, sid, tpl in wanted:
         old = peers_get(key)
@@ -218,12 +213,13 @@ def sync(att, wanted: list[tuple[bytes, bytes, layout.Peer]], remove_missing: bo
             if ID.unpack(k)[0] in forget_ids:
                 saved_state.append((k, svalues[i * ss:(i + 1) * ss]))
 
+    have_sids = have.sids
     undo_peers_new = b"".join(k for k, _ in new_peers)
     undo_peers_old = [(k, have.peers[k]) for k, _ in changed] + [(k, have.peers[k]) for k in removed]
-    sid_old_entries = [(s, have.sids[s]) for s in old_sids + removed_sids if s in have.sids]
+    sid_old_entries = [(s, have_sids[s]) for s in old_sids + removed_sids if s in have_sids]
     written_sids = {s for s, _ in new_sids}
-    undo_sids_new = b"".join(s for s in written_sids if s not in have.sids)
-    undo_sids_old = [(s, ID.pack(have.sids[s])) for s in written_sids if s in have.sids] + \
+    undo_sids_new = b"".join(s for s in written_sids if s not in have_sids)
+    undo_sids_old = [(s, ID.pack(have_sids[s])) for s in written_sids if s in have_sids] + \
         [(s, ID.pack(i)) for s, i in sid_old_entries if s not in written_sids]
 
     def undo():
@@ -249,6 +245,28 @@ def sync(att, wanted: list[tuple[bytes, bytes, layout.Peer]], remove_missing: bo
             "written": [k for k, _ in new_peers + changed]}
 
 
+def _fresh(att, wanted, keys: list[bytes], sids: list[bytes], first_id: int) -> dict:
+    """sync() into maps with no peers yet (a host's first apply): every
+    peer new, written from packed bytes, undone by deleting them all."""
+    n = len(wanted)
+    pack = PEER.pack
+    key_blob, sid_blob = b"".join(keys), b"".join(sids)
+    values = b"".join([pack(first_id + i, t.n_paths, t.policy, LAST_HOP, t.template_id, sid)
+                       for i, (_, sid, t) in enumerate(wanted)])
+    ids = struct.pack(f"={n}I", *range(first_id, first_id + n))
+    peers_map, sid_map = att.maps["peers"], att.maps["peer_by_sid"]
+    journal = att.journal
+    if journal is not None:
+        def undo():
+            peers_map.delete_batch(key_blob, n)
+            sid_map.delete_batch(sid_blob, n)
+        journal.record(undo)
+    step = _Step(journal)
+    step.update_raw(sid_map, sid_blob, ids, n, "update peer_by_sid")
+    step.update_raw(peers_map, key_blob, values, n, "update peers")
+    return {"added": n, "updated": 0, "removed": 0, "unchanged": 0, "written": keys}
+
+
 def _write(m, items: list[tuple[bytes, bytes]]) -> None:
     if items:
         m.update_batch(b"".join(k for k, _ in items), b"".join(v for _, v in items), len(items))
@@ -270,6 +288,15 @@ class _Step:
             raise InjectedFailure(f"failure injected at write {self.journal.writes} ({what}, "
                                   f"element {at + 1} of {len(items)}) by MRC_FAIL_WRITE")
         _write(m, items)
+
+    def update_raw(self, m, keys: bytes, values: bytes, count: int, what: str) -> None:
+        at = self._fail_at(count, what)
+        if at is not None:
+            ks, vs = len(keys) // count, len(values) // count
+            m.update_batch(keys[:at * ks], values[:at * vs], at)
+            raise InjectedFailure(f"failure injected at write {self.journal.writes} ({what}, "
+                                  f"element {at + 1} of {count}) by MRC_FAIL_WRITE")
+        m.update_batch(keys, values, count)
 
     def delete(self, m, keys: bytes, count: int, what: str) -> None:
         at = self._fail_at(count, what)
