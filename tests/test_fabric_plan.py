@@ -1,7 +1,7 @@
 """`mrcctl fabric plan`: the two-tier shape, config size against a real
 rendered config, kernel memory (the datapath's model, which
 tests/test_memory.py checks against the kernel), and apply time measured
-with today's verbs."""
+by timing `mrcctl apply` of rendered configs."""
 from __future__ import annotations
 
 import json
