@@ -492,6 +492,8 @@ cli.add_command(tune_host)
 from mrc_ebpf.cli.path_state_cmd import allow as path_allow, deny as path_deny  # noqa: E402
 path.add_command(path_deny)
 path.add_command(path_allow)
+from mrc_ebpf.cli.trace_cmd import trace as path_trace  # noqa: E402
+path.add_command(path_trace)
 from mrc_ebpf.cli.key_cmd import key  # noqa: E402
 cli.add_command(key)
 from mrc_ebpf.cli import config_cmd  # noqa: E402
