@@ -60,7 +60,7 @@ def test_traced_hops_are_the_spines_that_forward_each_ev_and_the_spray_rotates(m
     from l1 sees each EV's flow label on exactly that spine.  (2) rr over
     the ordered spray gives each spine the same share of packets (spine
     counters); in id order the shares follow the hash's counts.
-    (3) `path deny --hop` of one traced spine drains it."""
+    (3) `path deny --hop` of one traced spine drains it.  (4) Bad input."""
     net = make_fabric("--spines", "4", "--leaves", "2", "--encoding", "ev", "--rate", "none")
     out = json.loads(fabric("attach", net.name, "--entropy", "32", "--policy", "rr", "-j").stdout)
     assert out["ev_order"] is True
@@ -121,17 +121,16 @@ def test_traced_hops_are_the_spines_that_forward_each_ev_and_the_spray_rotates(m
     b = _down_counts(net)
     _send(net, 4000)
     drained = [a - x for a, x in zip(_down_counts(net), b)]
-    assert drained[1] < 40, drained        # s2: only h2's feedback-free leftovers, if any
+    print(f"deny --hop {hop} (s2): packets down each spine {drained}")
+    assert drained[1] < 40, drained        # none of the data; a stray neighbour packet at most
     mrcctl("path", "allow", "--hop", hop, netns=net.ns("h1"))
 
-
-def test_trace_bad_input(make_fabric):
-    net = make_fabric("--spines", "2", "--leaves", "2", "--encoding", "ev")
-    fabric("attach", net.name, "--entropy", "4", "--no-ev-order")
-    assert all(r["hop"] is None for r in _rows(net))
+    # bad input: one line, nothing changed; without --order nothing is recorded
     one_line_error(mrcctl("path", "trace", "fd00:0:9::/64", netns=net.ns("h1"), check=False))
     one_line_error(mrcctl("path", "trace", PREFIX, "--order", "--forget", netns=net.ns("h1"), check=False))
     one_line_error(mrcctl("path", "trace", "nonsense", netns=net.ns("h1"), check=False))
-    doc = _trace(net)              # without --order: shown, nothing recorded
-    assert len(doc["paths"]) == 4 and not doc["recorded"]
+    mrcctl("path", "trace", PREFIX, "--forget", netns=net.ns("h1"))
+    doc = _trace(net)
+    assert len(doc["paths"]) == 32 and not doc["recorded"] and not doc["unanswered"]
     assert all(r["hop"] is None for r in _rows(net))
+
