@@ -6,6 +6,7 @@ label, the spines' own interface counters say how the spray spread, and
 each spine's own address names it."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import subprocess
@@ -15,8 +16,9 @@ import pytest
 
 from conftest import UDP_SEND, mrcctl
 from test_fabric import fabric, make_fabric, one_line_error  # noqa: F401
+from mrc_ebpf.control import ev_trace, paths
+from mrc_ebpf.datapath import layout
 
-pytestmark = pytest.mark.root
 
 PREFIX = "fd00:0:2::/64"
 H2_SID = "fc00:0:e002::"
@@ -54,6 +56,7 @@ def _shares(before, after):
     return [x / sum(d) for x in d]
 
 
+@pytest.mark.root
 def test_traced_hops_are_the_spines_that_forward_each_ev_and_the_spray_rotates(make_fabric):
     """32 EVs over 4 spines.  (1) The hop `path trace` names for each EV is
     the spine that forwards the EV's data: tcpdump on every spine's port
@@ -134,3 +137,40 @@ def test_traced_hops_are_the_spines_that_forward_each_ev_and_the_spray_rotates(m
     assert len(doc["paths"]) == 32 and not doc["recorded"] and not doc["unanswered"]
     assert all(r["hop"] is None for r in _rows(net))
 
+
+
+def _ev(hop: str | None) -> layout.Path:
+    p = layout.Path(n_segments=1, state=paths.UP, flags=paths.USID | paths.ENTROPY)
+    if hop:
+        p.segments[ev_trace.HOP_SLOT].addr[:] = ipaddress.IPv6Address(hop).packed
+    return p
+
+
+def test_rotation_gives_every_hop_a_turn_per_round_and_keeps_every_ev():
+    hops = ["fd01::1"] * 5 + ["fd01::2"] * 2 + ["fd01::3"] * 3 + [None]
+    members = [(i, _ev(h)) for i, h in enumerate(hops)]
+    order = ev_trace.rotation(members, 1024)
+    by_id = dict(enumerate(hops))
+    body, tail = order[:-1], order[-1:]
+    assert tail == [10]                                   # the untraced EV, once, at the end
+    assert len(body) == 5 * 3 and set(body) == set(range(10))
+    for r in range(5):                                    # each round: every hop once, in order
+        assert [by_id[i] for i in body[3 * r:3 * r + 3]] == ["fd01::1", "fd01::2", "fd01::3"]
+    assert ev_trace.rotation([(0, _ev(None))], 1024) is None      # nothing traced: id order
+    assert len(ev_trace.rotation(members, 7)) <= 7 and ev_trace.rotation(members, 7)[:3] == [0, 5, 7]
+
+
+def test_probe_has_the_evs_outer_header():
+    """The leaf must hash the probe as the EV's data: addresses, flow label,
+    next header (Destination Options); hop limit 2.  Read back by scapy."""
+    from scapy.layers.inet6 import IPv6, IPv6ExtHdrDestOpt
+    src, dst = ipaddress.IPv6Address("fc00:0:e001::"), ipaddress.IPv6Address("fc00:0:e002::")
+    pkt = IPv6(ev_trace.probe_packet(src.packed, dst.packed, 0xABCDE))
+    assert (pkt.src, pkt.dst, pkt.fl, pkt.nh, pkt.hlim, pkt.plen) == (str(src), str(dst), 0xABCDE, 60, 2, 8)
+    assert pkt.haslayer(IPv6ExtHdrDestOpt) and pkt[IPv6ExtHdrDestOpt].nh == 59
+    # a spine's answer as the kernel builds it: ICMPv6 Time Exceeded quoting the probe
+    from scapy.layers.inet6 import ICMPv6TimeExceeded
+    from scapy.layers.l2 import Ether
+    answer = bytes(Ether() / IPv6(src="fd01:0:3:1::1", dst=str(src)) / ICMPv6TimeExceeded() / pkt)
+    assert ev_trace.parse_reply(answer) == ("fd01:0:3:1::1", src.packed, dst.packed, 0xABCDE)
+    assert ev_trace.parse_reply(answer[:60]) is None
