@@ -462,7 +462,9 @@ def path_list(ctx, device):
         rows = paths.list_paths(att)
 
     def human(rows):
-        table = [(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["policy"], r["class"],
+        # an EV's traced hop (path trace --order) before the peer's SID it ends at
+        table = [(r["prefix"], r["path_id"], " > ".join(([r["hop"]] if r.get("hop") else []) + r["segments"]),
+                  r["policy"], r["class"],
                   r["state"], r["weight"], r["tx_packets"], r["tx_bytes"]) for r in rows]
         click.echo(tabulate(table, headers=["prefix", "id", "segments", "policy", "class", "state",
                                             "weight", "tx pkts", "tx bytes"]))
