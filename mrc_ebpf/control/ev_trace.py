@@ -106,9 +106,13 @@ def probe_hops(ifname: str, src: ipaddress.IPv6Address, dst: ipaddress.IPv6Addre
     sent: dict[int, float] = {}
     try:
         rx = _listener(ifname)
+    except OSError as e:
+        raise MrcError(f"path trace: cannot listen on {ifname}: {e.strerror}")
+    try:
         tx = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_RAW)
     except OSError as e:
-        raise MrcError(f"path trace: cannot open raw sockets on {ifname}: {e.strerror}")
+        rx.close()
+        raise MrcError(f"path trace: cannot open a raw socket: {e.strerror}")
     try:
         tx.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
         for _ in range(rounds):
