@@ -171,6 +171,6 @@ def test_probe_has_the_evs_outer_header():
     # a spine's answer as the kernel builds it: ICMPv6 Time Exceeded quoting the probe
     from scapy.layers.inet6 import ICMPv6TimeExceeded
     from scapy.layers.l2 import Ether
-    answer = bytes(Ether() / IPv6(src="fd01:0:3:1::1", dst=str(src)) / ICMPv6TimeExceeded() / pkt)
+    answer = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IPv6(src="fd01:0:3:1::1", dst=str(src)) / ICMPv6TimeExceeded() / pkt)
     assert ev_trace.parse_reply(answer) == ("fd01:0:3:1::1", src.packed, dst.packed, 0xABCDE)
     assert ev_trace.parse_reply(answer[:60]) is None
