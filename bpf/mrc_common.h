@@ -210,7 +210,9 @@ struct mrc_class_name {
  * destination is the peer's SID itself (segments[0] == peer_sid) and the
  * packet is encapsulated as a uSID path is (Destination Options carry
  * the TLV), so MRC_PATH_F_USID is set too; the fabric's ECMP hashing of
- * the outer flow label, which is the path's own, chooses where it goes. */
+ * the outer flow label, which is the path's own, chooses where it goes.
+ * segments[1], never sent (n_segments is 1), holds the first-tier hop
+ * `mrcctl path trace --order` learnt for it, or zeros (control/ev_trace.py). */
 #define MRC_PATH_F_ENTROPY	0x04
 
 /*

@@ -47,6 +47,10 @@ from mrc_ebpf.perf.iperf_json import read_result
 TITLE = "TCP goodput, fraction of K x rate: MRC spraying vs kernel ECMP, PRR, PLB, MPTCP vs one path"
 MODES = ("ecmp", "prr", "plb", "mptcp", "rr", "bytes", "adaptive", "single")
 MODES_ALLOWED = MODES
+# the sender's view of reordering (encoding ev): retransmissions the receiver
+# reported as duplicates (the original had arrived), and lost retransmissions
+TCP_KEYS = ("TcpRetransSegs", "TcpExtTCPDSACKRecv", "TcpExtTCPDSACKRecvSegs", "TcpExtTCPLostRetransmit",
+            "TcpExtTCPTimeouts")
 
 
 def params(short: bool) -> dict:
@@ -57,7 +61,10 @@ def params(short: bool) -> dict:
             "seconds": 1.5 if short else 8.0,
             "repeat": 1 if short else 3, "modes": list(MODES), "src": "h1", "dst": "h2",
             "tool": "mrc-perf -P FLOWS -t SECONDS -i 0 (TCP, 128 KiB writes)",
-            "capacity": "spines x rate (one direction)", "encoding": "srh", "entropy": 64}
+            "capacity": "spines x rate (one direction)", "encoding": "srh", "entropy": 64,
+            # encoding ev: the hosts trace each EV's spine and rotate the spray over
+            # the spines (fabric attach --ev-order, mrcctl path trace --order)
+            "ev_order": True}
 
 
 def set_mtu(p: dict, mtu: int) -> None:
@@ -160,7 +167,8 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
         for mode in p["modes"]:
             if mode != "ecmp" and mode not in contenders.CONTENDERS and not attached:
                 log("spray-vs-ecmp: attaching MRC on h1, h2")
-                fab_mod.attach(fab.name, "h1,h2", None, [], entropy=p.get("entropy") if ev else None)
+                fab_mod.attach(fab.name, "h1,h2", None, [], entropy=p.get("entropy") if ev else None,
+                               ev_order=p.get("ev_order", True))
                 attached = True
             _configure(env, fab, mode, p["entropy"] if ev else p["spines"])
             events0 = _path_events(env, fab) if ev else None
@@ -169,6 +177,13 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
                     # EVs are flow labels: the leaves hash them (mode() set the 5-tuple)
                     rec["hash_read_back"] = fab_mod.set_hash(fab.name, "flowlabel")
                     rec["hash_asked"] = "flowlabel"
+                    if p.get("ev_order", True):
+                        # traced again under the hash the run uses (mode() changed it meanwhile)
+                        rec["ev_trace"] = {h: [{"hops": d["hops"], "unanswered": d["unanswered"],
+                                                "spray_turns": len(d["spray"])} for d in
+                                               json.loads(env.mrcctl(fab.ns(h), "path", "trace", "--order",
+                                                                     "-j").stdout)]
+                                           for h in ("h1", "h2")}
                 records[mode] = rec
                 keys = contenders.MPTCP_KEYS + contenders.PLB_KEYS
                 c0 = contenders.counters(env, fab, [1, 2], keys)
@@ -178,6 +193,7 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
                         log(f"spray-vs-ecmp: MTU {mtu}, {mode}, {n} flow(s), run {rep + 1}/{p['repeat']}",
                             step=True)
                         u0 = contenders.uplinks(env, fab)
+                        t0 = contenders.counters(env, fab, [1], TCP_KEYS) if ev else None
                         doc = env.perf(fab.ns("h1"), fab.ns("h2"), fab.addr6(2), port,
                                        ["-t", str(p["seconds"]), "-P", str(n)], p["seconds"])
                         used = contenders.spines_used(u0, contenders.uplinks(env, fab))
@@ -187,6 +203,9 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
                                                   "path_events": (_events_since(env, fab, events0)
                                                                   if ev else None),
                                                   "retransmits": result["retransmits"],
+                                                  "tcp_h1": (contenders.delta_of(
+                                                      t0, contenders.counters(env, fab, [1], TCP_KEYS))
+                                                      if ev else None),
                                                   "sender_bps": result["sent_bps"],
                                                   "spines": used,
                                                   "mptcp_subflows": doc["mrc"]["local"].get("mptcp_subflows")})

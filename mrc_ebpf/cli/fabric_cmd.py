@@ -285,6 +285,9 @@ def exec_(ctx, name, node, cmd):
                    "peer's feedback then names one of the two prefixes).")
 @click.option("--entropy", type=int, metavar="N",
               help=f"--encoding ev: entropy paths per peer (default {fab_mod.DEFAULT_ENTROPY}).")
+@click.option("--ev-order/--no-ev-order", default=True, show_default=True,
+              help="--encoding ev: trace which spine each EV crosses and order each host's spray "
+                   "to rotate over the spines (mrcctl path trace --order).")
 @click.option("--render", "rendered", is_flag=True,
               help="Attach each host from its rendered config (mrcctl render of the fabric's "
                    "description: the file of `fabric up --from`, or these defaults): its attach "
@@ -292,7 +295,7 @@ def exec_(ctx, name, node, cmd):
 @progress_option
 @_json_opt
 @click.pass_context
-def attach(ctx, name, hosts, policy, ipv4, entropy, rendered, progress, json_):
+def attach(ctx, name, hosts, policy, ipv4, entropy, ev_order, rendered, progress, json_):
     """Attach mrc-ebpf on the hosts' NICs (eth0.. one per plane, one datapath)
     and add every other chosen host's IPv6 prefix with all its paths.
 
@@ -308,7 +311,7 @@ def attach(ctx, name, hosts, policy, ipv4, entropy, rendered, progress, json_):
         return
     with Progress("fabric attach", progress) as shown:
         r = fab_mod.attach(name, hosts, policy, list(ctx.meta.get("after") or []), ipv4=ipv4,
-                           entropy=entropy, progress=shown)
+                           entropy=entropy, progress=shown, ev_order=ev_order)
     _emit(json_, r, lambda r: click.echo(
         f"attached {', '.join(r['hosts'])} on {' '.join(r['devices'])}: {r['paths_per_peer']} paths "
         f"per peer, policy {r['policy']}"))

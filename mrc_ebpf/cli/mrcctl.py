@@ -462,7 +462,9 @@ def path_list(ctx, device):
         rows = paths.list_paths(att)
 
     def human(rows):
-        table = [(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["policy"], r["class"],
+        # an EV's traced hop (path trace --order) before the peer's SID it ends at
+        table = [(r["prefix"], r["path_id"], " > ".join(([r["hop"]] if r.get("hop") else []) + r["segments"]),
+                  r["policy"], r["class"],
                   r["state"], r["weight"], r["tx_packets"], r["tx_bytes"]) for r in rows]
         click.echo(tabulate(table, headers=["prefix", "id", "segments", "policy", "class", "state",
                                             "weight", "tx pkts", "tx bytes"]))
@@ -492,6 +494,8 @@ cli.add_command(tune_host)
 from mrc_ebpf.cli.path_state_cmd import allow as path_allow, deny as path_deny  # noqa: E402
 path.add_command(path_deny)
 path.add_command(path_allow)
+from mrc_ebpf.cli.trace_cmd import trace as path_trace  # noqa: E402
+path.add_command(path_trace)
 from mrc_ebpf.cli.key_cmd import key  # noqa: E402
 cli.add_command(key)
 from mrc_ebpf.cli import config_cmd  # noqa: E402

@@ -16,6 +16,7 @@ import zlib
 from pyroute2 import IPRoute
 
 from mrc_ebpf.control import classes
+from mrc_ebpf.control import ev_trace
 from mrc_ebpf.control import shared_fate
 from mrc_ebpf.datapath import routes
 from mrc_ebpf.datapath import layout
@@ -295,7 +296,8 @@ def _rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
         if peer.policy == POLICIES["weighted"]:
             ids = smooth_weighted({i: p.weight for i, p in members})
         else:
-            ids = [i for i, _ in members]
+            # EVs with traced hops rotate over them (ev_trace.rotation)
+            ids = ev_trace.rotation(members, SLOTS) or [i for i, _ in members]
         spray = layout.Spray(n=len(ids), quantum=quantum)
         spray.ids[:len(ids)] = ids
         att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
@@ -552,9 +554,11 @@ def set_denied(att: Attachment, prefix_text: str, path_ids: list[int], deny: boo
 def hops_of(path: layout.Path) -> list[ipaddress.IPv6Address]:
     """The SIDs a path crosses, in travel order: its segments, or each ID
     of its uSID container as a SID under the block (an entropy path
-    names no hop: the fabric's hash picks them)."""
+    names no hop: the fabric's hash picks them, unless `path trace
+    --order` recorded the one it crosses)."""
     if path.flags & ENTROPY:
-        return []
+        hop = ev_trace.hop_of(path)
+        return [hop] if hop is not None else []
     wire = [ipaddress.IPv6Address(bytes(path.segments[i].addr)) for i in range(path.n_segments)]
     if not path.flags & USID:
         return list(reversed(wire))
@@ -715,6 +719,7 @@ def list_paths(att: Attachment) -> list[dict]:
                 "class": names.get(path.tclass, str(path.tclass)),
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                 "flowlabel": path.flowlabel, "ev": path.flowlabel if path.flags & ENTROPY else None,
+                "hop": str(ev_trace.hop_of(path) or "") or None,
                 "overhead": _overhead(path),
                 "tx_packets": mine.tx_packets,
                 "tx_bytes": mine.tx_bytes,

@@ -31,8 +31,10 @@ ATTACH_WEIGHT = 20      # an attach (a bcc compile) against a path add, for the 
 
 
 def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
-           ipv4: bool = False, entropy: int | None = None, progress=None) -> dict:
-    """PROGRESS: called as progress(done, total, text) as hosts attach and paths go in."""
+           ipv4: bool = False, entropy: int | None = None, progress=None, ev_order: bool = True) -> dict:
+    """PROGRESS: called as progress(done, total, text) as hosts attach and paths go in.
+    EV_ORDER (--encoding ev): each host then traces which spine each of its
+    EVs crosses and orders its spray over the spines (`path trace --order`)."""
     with locked(name) as state:
         fab = Fabric(state["spec"])
         if state["status"] != "up":
@@ -52,7 +54,8 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
         done = []
         n = len(chosen)
         per_peer = 1 + ipv4
-        n_cmds = n * (n - 1) * per_peer * (2 if policy else 1)
+        ev_order = ev_order and fab.encoding == "ev"
+        n_cmds = n * (n - 1) * per_peer * (2 if policy else 1) + (n if ev_order else 0)
         total = n * ATTACH_WEIGHT + n_cmds
         count = {"attached": 0, "commands": 0}
 
@@ -90,6 +93,8 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
                         cmds.append(_mrcctl(ns, *fab.path_add_args(a, b, prefix, entropy)))
                         if policy:
                             cmds.append(_mrcctl(ns, "path", "policy", prefix, policy))
+                if ev_order:
+                    cmds.append(_mrcctl(ns, "path", "trace", "--order"))
                 jobs.append(cmds)
             for results in run_sequences(jobs, finished=command_done):
                 for r in results:    # the failed one, if any, is the last
@@ -103,8 +108,9 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
                                               "policy": policy or "rr", "extra": list(extra)}
             if fab.encoding == "ev":
                 state["attached"][fab.host(h)]["entropy"] = entropy
+                state["attached"][fab.host(h)]["ev_order"] = ev_order
     return {"name": name, "hosts": [fab.host(h) for h in chosen], "devices": devs,
-            "policy": policy or "rr",
+            "policy": policy or "rr", **({"ev_order": ev_order} if fab.encoding == "ev" else {}),
             "paths_per_peer": entropy if fab.encoding == "ev" else fab.planes * fab.spines}
 
 

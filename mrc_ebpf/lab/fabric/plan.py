@@ -296,6 +296,10 @@ class Fabric:
                      "net.ipv6.conf.all.forwarding=1", "net.ipv4.ip_forward=1",
                      "net.ipv6.fib_multipath_hash_policy=0",
                      "net.ipv4.fib_multipath_hash_policy=3", "net.ipv4.fib_multipath_hash_fields=0x37"]
+            if info["kind"] == "spine":
+                # `path trace` learns each EV's spine from its ICMPv6 Time
+                # Exceeded: no per-destination limit (6, then 1 per 250 ms)
+                keys.append("net.ipv6.icmp.ratelimit=0")
         else:
             # ECMP as the fabric's --hash says (HASHES)
             keys += ["net.ipv6.conf.all.forwarding=1", "net.ipv4.ip_forward=1", *hash_sysctls(self.hash)]
