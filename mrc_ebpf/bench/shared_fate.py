@@ -11,6 +11,8 @@ started together) in one of two patterns:
     a time and meets the others in turn;
   * uniform: every host sends to all 7 peers all the time (packet k to
     peer k mod 7).
+  * uniform-nofail: uniform, and nothing fails (the control: shared
+    fate must lose nothing where nothing fails).
 After warmup_s both of spine s1's downlinks are black-holed (the fault
 program on l1's and l2's ingress from s1, `fabric fail s1>l1 s1>l2`
 switched from an armed 1e-9 loss to blackhole with one map write) for
@@ -56,7 +58,7 @@ SPINE = "s1"
 def params(short: bool) -> dict:
     return {"spines": 4, "leaves": 2, "hosts_per_leaf": 4, "rate": None, "mtu": 1500,
             "pps": 2000, "size": 200, "phase_ms": 20.0,
-            "patterns": ["phased", "uniform"], "shared_fate": ["on", "off"],
+            "patterns": ["phased", "uniform", "uniform-nofail"], "shared_fate": ["on", "off"],
             "warmup_s": 1.0, "fail_s": 0.6 if short else 1.0, "after_s": 0.5, "settle_s": 1.0,
             "repeat": 1 if short else 3, "policy": "rr", "port": 6100}
 
@@ -111,13 +113,14 @@ def _one(env, fab, p, hosts, pattern: str, sf: str, port: int) -> dict:
     addrs = [fab.addr6(int(h[1:])) for h in hosts]
     drops0, hops0 = _fault_drops(fab), _hops(env, fab, hosts)
     seconds = p["warmup_s"] + p["fail_s"] + p["after_s"]
+    load, _, nofail = pattern.partition("-")
     procs = []
     for i, h in enumerate(hosts):
         peers = [a for j, a in enumerate(addrs) if j != i]
         procs.append(env.popen(fab.ns(h), [PY, "-m", "mrc_ebpf.bench.alltoall_udp", "--index", str(i),
                                            "--peers", ",".join(peers), "--port", str(port),
                                            "--pps", str(p["pps"]), "--seconds", str(seconds),
-                                           "--pattern", pattern, "--phase-ms", str(p["phase_ms"]),
+                                           "--pattern", load, "--phase-ms", str(p["phase_ms"]),
                                            "--size", str(p["size"])],
                                stdin=subprocess.PIPE))
     start = time.monotonic() + 1.5         # every generator up and waiting
@@ -125,10 +128,12 @@ def _one(env, fab, p, hosts, pattern: str, sf: str, port: int) -> dict:
         pr.stdin.write(f"{start}\n")
         pr.stdin.flush()
     time.sleep(max(0.0, start + p["warmup_s"] - time.monotonic()))
-    _set_faults(fab, "blackhole")
+    if not nofail:
+        _set_faults(fab, "blackhole")
     t_fail = time.monotonic()
     time.sleep(max(0.0, t_fail + p["fail_s"] - time.monotonic()))
-    _set_faults(fab, "loss", 1e-9)
+    if not nofail:
+        _set_faults(fab, "loss", 1e-9)
     docs = []
     for pr in procs:
         out, err = env.wait(pr, timeout=seconds + 30)
