@@ -130,7 +130,9 @@ static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_r
  * TX: fill fb_* with what we saw from the peer whose SID is `peer_sid`.
  * A report's news (paths heard, a loss, a slow path) is told once; a
  * probe (`probe`: a down or suspect path tested, which may well be a
- * black hole) tells it too but leaves it for the next packet, so a
+ * black hole, while another may be up: path_choice.keep_news; a packet
+ * failing open is the news's only carrier and tells it as any other)
+ * tells it too but leaves it for the next packet, so a
  * report lost with a probe costs the live paths no acknowledgement (once
  * lost, they were taken out in turn: ~1300 downs in the shared-fate
  * bench), and what a probe's report says still counts when it arrives

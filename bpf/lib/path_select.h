@@ -20,6 +20,7 @@ struct path_choice {
 	__u8	tclass;
 	__u8	probe;		/* the path is down and this packet tests it */
 	__u8	control;	/* header only: feedback (mrc_fb's clone) or a probe copy */
+	__u8	keep_news;	/* tests a path while others may be up: its report consumes nothing (lib/feedback.h) */
 	__u16	probe_copy;	/* 1 + id of a down path to test with a copy of this packet */
 	struct mrc_peer_state *st;	/* the peer's learnt state */
 	struct mrc_path_live *live;
@@ -194,6 +195,10 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		else
 			pos = (pos + 1) % n;
 	}
+	/* a probe while a path may be up (a control packet that found its
+	 * path due) leaves its report's news for the next packet; a packet
+	 * with nowhere else to go (below) is the news's only carrier */
+	choice->keep_news = use == PATH_PROBE;
 	if (use == PATH_SKIP && copy) {
 		/* nothing else is up: the packet is the probe itself */
 		live = path_select_live_at(list, copy_pos, row, st, &id, &index);
@@ -341,6 +346,7 @@ static __always_inline int path_select_pinned(const struct mrc_peer *peer, __u32
 	choice->peer_seq = st->tx.seq;
 	choice->tclass = 0;
 	choice->probe = 1;
+	choice->keep_news = 1;
 	choice->probe_copy = 0;
 	count(counter);
 	return 0;
