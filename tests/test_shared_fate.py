@@ -92,7 +92,7 @@ def test_draining_a_spine_on_every_host_under_tcp_loses_nothing(fabric4):
     servers, clients = [], []
     mbit, seconds = 20, 40
     nbytes = int(mbit * 1e6 / 8 * seconds)
-    window = 10.0       # the deny on 4 hosts (4 processes) took up to 8 s on a busy machine
+    window = 10.0       # the deny on 4 hosts (4 processes) took 3-10 s on a busy machine
     try:
         for i, (src, dst) in enumerate(PAIRS):
             port = str(5300 + i)
@@ -112,7 +112,9 @@ def test_draining_a_spine_on_every_host_under_tcp_loses_nothing(fabric4):
         denied = time.monotonic() - t1
         time.sleep(0.3)
         s1_drained = fab.s1_tx()
-        time.sleep(max(0.0, t1 + window - time.monotonic()))
+        # the drained window runs at least 2 s past the last deny, however
+        # long the 4 processes took
+        time.sleep(max(0.0, max(t1 + window, t1 + denied + 2.0) - time.monotonic()))
         t2, tcp2, s1_2 = time.monotonic(), fab.tcp(), fab.s1_tx()
         _deny_all(fab, "allow")
         time.sleep(1.0)
@@ -126,7 +128,6 @@ def test_draining_a_spine_on_every_host_under_tcp_loses_nothing(fabric4):
                 p.kill()
                 p.wait()
     assert all(running), "a transfer ended before the windows did"
-    assert denied < window - 1, f"the deny took {denied:.1f} s"
     assert sent == received and all(r.startswith(str(nbytes)) for r in received), (sent, received)
     base = {k: tcp1[k] - tcp0[k] for k in tcp0}
     drain = {k: tcp2[k] - tcp1[k] for k in tcp0}
