@@ -355,16 +355,7 @@ def _paths(r: _Reader, node, prefix: str, class_names: set, lines: dict) -> list
                 shown = " > ".join(ident[1]) if kind == "via" else ident[1]
                 r.fail(value_node, f"duplicate path {kind} {shown} to {prefix} (first at line {seen[ident]})")
             seen[ident] = line
-        if "weight" in m:
-            weight = r.integer(m["weight"][1], "weight", 1, paths.MAX_WEIGHT)
-            if weight != 1:
-                entry["weight"] = weight
-        if "class" in m:
-            name = r.scalar(m["class"][1], str, "class")
-            if name not in class_names:
-                r.fail(m["class"][1], f"no class {name!r} in classes:")
-            if name != classes.DEFAULT:
-                entry["class"] = name
+        _weight_and_class(r, m, entry, class_names)
         if "denied" in m and r.scalar(m["denied"][1], bool, "denied"):
             entry["denied"] = True
         total += count
@@ -373,6 +364,21 @@ def _paths(r: _Reader, node, prefix: str, class_names: set, lines: dict) -> list
         lines[(prefix, len(entries))] = item.start_mark.line + 1
         entries.append(entry)
     return merge_entropy(entries)
+
+
+def _weight_and_class(r: _Reader, m: dict, entry: dict, class_names: set) -> None:
+    """A path's optional weight and class, written into entry only where
+    they differ from the defaults (so show-config prints them back alike)."""
+    if "weight" in m:
+        weight = r.integer(m["weight"][1], "weight", 1, paths.MAX_WEIGHT)
+        if weight != 1:
+            entry["weight"] = weight
+    if "class" in m:
+        name = r.scalar(m["class"][1], str, "class")
+        if name not in class_names:
+            r.fail(m["class"][1], f"no class {name!r} in classes:")
+        if name != classes.DEFAULT:
+            entry["class"] = name
 
 
 def _templates(r: _Reader, node, class_names: set) -> list[dict]:
@@ -404,16 +410,7 @@ def _templates(r: _Reader, node, class_names: set) -> list[dict]:
                                      f"(first at line {seen[ident]})")
             seen[ident] = line
             entry = {"via": segs}
-            if "weight" in pm:
-                weight = r.integer(pm["weight"][1], "weight", 1, paths.MAX_WEIGHT)
-                if weight != 1:
-                    entry["weight"] = weight
-            if "class" in pm:
-                cname = r.scalar(pm["class"][1], str, "class")
-                if cname not in class_names:
-                    r.fail(pm["class"][1], f"no class {cname!r} in classes:")
-                if cname != classes.DEFAULT:
-                    entry["class"] = cname
+            _weight_and_class(r, pm, entry, class_names)
             entries.append(entry)
         if not entries:
             r.fail(paths_node, f"template {name} needs at least one path")
