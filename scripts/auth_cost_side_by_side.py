@@ -48,18 +48,19 @@ for r in cost.measure(int(sys.argv[1]) * int(sys.argv[2]), ("rr",), 1)[0]:
 
 # a tree with keys: no key and key alternate batch by batch
 PAIRED = r"""
-import ctypes, ipaddress, json, statistics, sys
+import ctypes, ipaddress, json, statistics, sys, time
 from bcc import BPF
 from scapy.layers.inet import UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from mrc_ebpf.bench import cost
-from mrc_ebpf.datapath import auth, bpfsys, layout
+from mrc_ebpf.datapath import auth, bpfsys, layout, source
 from mrc_ebpf.datapath.loader import compile_datapath
 batches, per = int(sys.argv[1]), int(sys.argv[2])
 module, tx, rx, _ = compile_datapath()
 empty = BPF(text=b"int tx(struct __sk_buff *s) { return 0; } int rx(struct xdp_md *x) { return XDP_PASS; }")
 etx, erx = empty.load_func("tx", BPF.SCHED_CLS), empty.load_func("rx", BPF.XDP)
+PROBE = ctypes.c_int(source.counter_names().index("tx_probe"))
 packet = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IPv6(src="fd00:a::a", dst="fd00:b::b")
                / UDP(dport=9) / bytes(64))
 
@@ -97,6 +98,22 @@ def frames(keyed, feedback):
     return fr
 
 
+def acked(frame, keyed):
+    # the peer acknowledges TX's path up to now, as a live peer would:
+    # unacknowledged, the path goes down (ack_timeout 0 here) and every
+    # packet after the first batch is a probe (probe_us 0), which is not
+    # the cost of carrying feedback (docs/performance/auth-cost.md)
+    f = bytearray(frame)
+    at = 14 + 40 + 8 + 16 * (f[14 + 40 + 4] + 1)
+    tx32 = at + layout.MrcTlv.fb_path_tx32.offset
+    f[tx32:tx32 + 4] = (time.monotonic_ns() & 0xffffffff).to_bytes(4, "big")   # bpf_ktime_get_ns's clock
+    if keyed:
+        tlv = bytes(f[at:at + layout.C["MRC_TLV_SIZE"]])
+        mac_at = at + layout.C["MRC_TLV_MAC_OFF"]
+        f[mac_at:mac_at + 8] = auth.tlv_mac(cost.BENCH_KEY, cost.PEER_SID, cost.SID, tlv)
+    return bytes(f)
+
+
 def timed_rx(fd, fr):
     ns = []
     for f in fr:
@@ -124,9 +141,12 @@ for what, paths, feedback in (("", 1, False), ("", 16, False), ("", 256, False),
             cost._set_key(module, keyed)
             batch = fr[keyed][b * per:(b + 1) * per]
             if feedback:    # the first packet from the peer gives TX something to report
-                bpfsys.prog_test_run(rx.fd, batch[0], 1)
+                probes = sum(module["mrc_counters"][PROBE])
+                bpfsys.prog_test_run(rx.fd, acked(batch[0], keyed), 1)
                 t = timed_tx(tx.fd, True)
                 r = timed_rx(rx.fd, batch[1:])
+                assert sum(module["mrc_counters"][PROBE]) == probes, \
+                    "TX's path went down: the feedback rows would time a down path's probes"
             else:
                 t = timed_tx(tx.fd, False)
                 r = timed_rx(rx.fd, batch)
