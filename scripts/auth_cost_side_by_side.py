@@ -21,7 +21,9 @@ survives it.  Programs that do nothing (XDP_PASS, TC_ACT_OK) run in the
 same batches: the floor under every row (the syscall and the timer), so
 the "own" ratios, (key - floor) / (no key - floor), compare the programs
 alone.  "feedback" rows: 1 path, packets that carry feedback (the bench's
-carry none), as most do once two hosts talk both ways.  --also trees
+carry none), as most do once two hosts talk both ways; each batch's first
+RX packet acknowledges TX's path, as a live peer does (unacknowledged, the
+path went down and the rows timed its probes).  --also trees
 with keys are measured the same way; trees without (the base) run whole
 in turn, so ratios against them are of medians of rounds, noisier.
 """
