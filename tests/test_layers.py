@@ -56,3 +56,18 @@ def test_imports_go_only_downwards():
             if RANK[other] >= RANK[own]:
                 upward.append(f"{path.relative_to(PKG.parent)}:{line} ({own}) imports {target} ({other})")
     assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+def test_startup_imports_stay_light():
+    """Every mrcctl run imports the CLI and, for most verbs, control.paths and
+    the loader; pyroute2 and tabulate (~200 ms together) are imported only by
+    the functions that use them (docs/ops.md, start-up time)."""
+    import subprocess
+    import sys
+    code = ("import sys, mrc_ebpf.cli.mrcctl, mrc_ebpf.control.paths, mrc_ebpf.control.status, "
+            "mrc_ebpf.control.templates, mrc_ebpf.datapath.loader; "
+            "print(sorted(m for m in ('pyroute2', 'tabulate', 'bcc', 'scapy', 'yaml', 'prometheus_client') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60, cwd=PKG.parent).stdout.strip()
+    assert out == "[]", f"imported at start-up: {out}"

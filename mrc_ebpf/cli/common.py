@@ -14,6 +14,13 @@ import click
 from mrc_ebpf.errors import MrcError
 
 
+def tabulate(*args, **kwargs) -> str:
+    """tabulate.tabulate, imported on first use: the import (~40 ms) is
+    paid only by verbs that print a table, not by every mrcctl start."""
+    from tabulate import tabulate as _tabulate
+    return _tabulate(*args, **kwargs)
+
+
 def enter_netns(name: str) -> None:
     """Enter an existing namespace; never create one (flags=0: pyroute2
     creates a missing one by default)."""

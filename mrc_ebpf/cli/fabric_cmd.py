@@ -10,8 +10,8 @@ import json
 import os
 
 import click
-from tabulate import tabulate
 
+from mrc_ebpf.cli.common import tabulate
 from mrc_ebpf.cli.progress import Progress, progress_option
 from mrc_ebpf.lab import fabric as fab_mod
 from mrc_ebpf.errors import MrcError

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 
 import click
-from tabulate import tabulate
 
-from mrc_ebpf.cli.common import emit, json_option
+from mrc_ebpf.cli.common import emit, json_option, tabulate
 
 
 @click.command("tune-host")

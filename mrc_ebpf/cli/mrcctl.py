@@ -15,11 +15,11 @@ import os
 import sys
 
 import click
-from tabulate import tabulate
 
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.cli.common import (attached, complete_attached, complete_devices, complete_prefixes,  # noqa: F401
-                                  dev_option, dumps, emit, enter_netns, json_option, lock_timeout)
+                                  dev_option, dumps, emit, enter_netns, json_option, lock_timeout,
+                                  tabulate)
 from mrc_ebpf.datapath.layout import TIMER_DEFAULTS
 from mrc_ebpf.datapath.source import prefixed
 

@@ -13,7 +13,8 @@ import ctypes
 import ipaddress
 import zlib
 
-from pyroute2 import IPRoute
+# pyroute2 (~150 ms to import) is imported where it is used, so verbs that
+# never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.control import classes
 from mrc_ebpf.control import ev_trace
@@ -320,6 +321,7 @@ def _rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
 def route_metrics(att: Attachment, prefix) -> dict[str, str]:
     """The TCP metrics on the peer route as installed (routes.DEFAULT_TCP_METRICS
     with the user's overrides), read back from the kernel."""
+    from pyroute2 import IPRoute
     with IPRoute() as ipr:
         route = routes.find(ipr, prefix, att.ifindexes)
         return routes.tcp_metrics_of(route) if route is not None else {}
@@ -331,6 +333,7 @@ def _sync_route(att: Attachment, prefix, peer: layout.Peer,
     another first hop (another router, another plane's device) are
     redirected to theirs by the datapath.  The route keeps the TCP metrics
     it has (a new one gets the defaults), with `overrides` applied."""
+    from pyroute2 import IPRoute
     paths = att.maps["paths"]
     used = _used(att, peer)
     first = used[0][1]
@@ -382,6 +385,7 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
     as it is and reported with "existed": True; one that differs from the
     existing only in weight or class is refused.  Entropy paths count: a
     peer with k EVs to the SID keeps them, and only N - k more are added."""
+    from pyroute2 import IPRoute
     overrides = dict(routes.parse_metric(m) for m in route_metrics_)
     specs = [PathSpec.via(v) for v in vias] + [PathSpec.compressed(u) for u in usids]
     if entropy or entropy_sid:
@@ -612,6 +616,7 @@ def _lookup_peer(att: Attachment, prefix, own: bool = True) -> tuple[layout.Peer
 def delete(att: Attachment, prefix_text: str, path_id: int | None = None) -> dict:
     """Delete all of a prefix's paths, or one; the others keep their ids
     (and so their sequence numbers: the receiver sees no false loss)."""
+    from pyroute2 import IPRoute
     prefix = parse_prefix(prefix_text)
     key, peer = _lookup_peer(att, prefix, own=False)
     if peer.flags & LAST_HOP:
@@ -772,6 +777,7 @@ def configured(att: Attachment) -> list[dict]:
     """What was configured, without the counters and learnt state
     list_paths reads: per peer (by peer id) its prefix, policy, route
     metrics and paths (by path id).  One route dump for every peer."""
+    from pyroute2 import IPRoute
     names = classes.names(att)
     with IPRoute() as ipr:
         installed = {}

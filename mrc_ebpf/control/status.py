@@ -5,7 +5,8 @@ import ipaddress
 import os
 import time
 
-from pyroute2 import IPRoute
+# pyroute2 (~150 ms to import) is imported where it is used, so verbs that
+# never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.datapath import bpfsys, hooks, layout, memory, pins, replace, stale, xdp_chain
 from mrc_ebpf.control import paths
@@ -21,9 +22,12 @@ def collect() -> list[dict]:
     require_root()
     pins.ensure_bpffs()
     rows = []
-    with IPRoute() as ipr:
-        for device in pins.attached_devices():
-            rows.append(_one(ipr, device))
+    devices = pins.attached_devices()
+    if devices:     # nothing attached: no netlink socket, no pyroute2 import
+        from pyroute2 import IPRoute
+        with IPRoute() as ipr:
+            for device in devices:
+                rows.append(_one(ipr, device))
     if on_host():
         for entry in stale.find():
             rows.append({**entry, "stale": True, "device": None, "healthy": False,

@@ -16,7 +16,8 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 
-from pyroute2 import IPRoute
+# pyroute2 (~150 ms to import) is imported where it is used, so verbs that
+# never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.control import bulk, classes, shared_fate
 from mrc_ebpf.control import paths as cp
@@ -59,6 +60,7 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
     """Add SRH paths to template NAME (made if new): each --via lists the
     segments before the last hop, which every peer of the template fills
     with its own SID."""
+    from pyroute2 import IPRoute
     key = _key(name)
     if not vias:
         raise MrcError("a template path needs --via SEG1,... (the hops before the peer's own SID)")
@@ -253,6 +255,7 @@ def add_peers(att: Attachment, entries: list[tuple[str, str, str]], route: bool 
 def _routes(att: Attachment, items: list[tuple[object, layout.Peer]]) -> None:
     """A kernel route per prefix, out of the template's first path (about
     1 ms each: left out for large sets, which an aggregate route covers)."""
+    from pyroute2 import IPRoute
     mtus = {}
     with IPRoute() as ipr:
         for prefix, tpl in items:
@@ -267,6 +270,7 @@ def _routes(att: Attachment, items: list[tuple[object, layout.Peer]]) -> None:
 
 
 def delete_peer(att: Attachment, key: layout.PeerKey, peer: layout.Peer, prefix) -> dict:
+    from pyroute2 import IPRoute
     att.maps["peers"].delete(key)
     att.maps["peer_by_sid"].delete(layout.Sid.from_buffer_copy(bytes(peer.sid)))
     cp._forget_peer(att, peer.peer_id)

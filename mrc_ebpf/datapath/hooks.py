@@ -9,8 +9,8 @@ import subprocess
 import tempfile
 
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+# pyroute2 (~150 ms to import) is imported where it is used, so verbs that
+# never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.errors import MrcError
 
@@ -103,6 +103,7 @@ def add_clsact(ipr: IPRoute, index: int) -> None:
 
 
 def del_clsact(ipr: IPRoute, index: int) -> None:
+    from pyroute2.netlink.exceptions import NetlinkError
     try:
         ipr.tc("del", "clsact", index)
     except NetlinkError:
@@ -111,6 +112,7 @@ def del_clsact(ipr: IPRoute, index: int) -> None:
 
 def tc_attach(ipr: IPRoute, index: int, prog_fd: int, name: str,
               parent: int = TC_EGRESS_PARENT) -> None:
+    from pyroute2.netlink.exceptions import NetlinkError
     try:
         ipr.tc("add-filter", "bpf", index, TC_HANDLE, fd=prog_fd, name=name,
                parent=parent, classid=1, direct_action=True, prio=TC_PRIO)
@@ -136,6 +138,7 @@ def tc_egress_prog_ids(index: int, direction: str = "egress") -> dict[int, int]:
 
 
 def tc_detach(ipr: IPRoute, index: int, parent: int = TC_EGRESS_PARENT) -> None:
+    from pyroute2.netlink.exceptions import NetlinkError
     try:
         ipr.tc("del-filter", "bpf", index, TC_HANDLE, parent=parent, prio=TC_PRIO)
     except NetlinkError:

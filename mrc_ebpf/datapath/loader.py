@@ -14,7 +14,8 @@ import os
 import socket
 from pathlib import Path
 
-from pyroute2 import IPRoute
+# pyroute2 (~150 ms to import) is imported where it is used, so verbs that
+# never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, offload, pins, source
 from mrc_ebpf.datapath import routes, xdp_chain
@@ -343,6 +344,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
     With KEY_FILE, the TLVs it sends are signed and only authentic ones
     from peers are filed (datapath/auth.py).  With REPLACE, upgrade the
     running one of DEVICES in place instead (replace.py)."""
+    from pyroute2 import IPRoute
     from mrc_ebpf.datapath import auth
     require_root()
     if replace:
@@ -475,6 +477,7 @@ def detach(device: str) -> dict:
 
 
 def _detach(first: str) -> dict:
+    from pyroute2 import IPRoute
     directory = pins.device_dir(first)
     probe = Attachment(first, directory)
     ids = probe.prog_id(PROG_RX), probe.prog_id(PROG_TX), probe.prog_id(PROG_FB)

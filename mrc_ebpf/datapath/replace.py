@@ -28,8 +28,8 @@ import os
 import time
 from pathlib import Path
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+# pyroute2 (~150 ms to import) is imported where it is used, so verbs that
+# never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, loader, pins, xdp_chain
 from mrc_ebpf.errors import MrcError
@@ -256,6 +256,7 @@ def _attachment(devices: list[str]) -> str:
 
 
 def _replace_locked(module, first: str) -> dict:
+    from pyroute2 import IPRoute
     directory = pins.device_dir(first)
     load_start = time.monotonic_ns()
     old_maps = _open_pins(directory, map_names())
@@ -336,6 +337,7 @@ def _repin(fd: int, path: Path) -> None:
 
 
 def _reason(e: BaseException) -> str:
+    from pyroute2.netlink.exceptions import NetlinkError
     if isinstance(e, NetlinkError):
         return f"netlink: {e.args[1] if len(e.args) > 1 else e}"
     if isinstance(e, OSError) and e.strerror:

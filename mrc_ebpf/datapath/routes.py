@@ -13,8 +13,8 @@ import os
 import re
 import socket
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+# pyroute2 (~150 ms to import) is imported where it is used, so verbs that
+# never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.errors import MrcError
 
@@ -170,6 +170,7 @@ def find(ipr: IPRoute, prefix: ipaddress._BaseNetwork, indexes) -> object | None
 
 def next_hop(ipr: IPRoute, segment: str) -> tuple[int, str]:
     """(device index, gateway) towards `segment`; the segment itself if on-link."""
+    from pyroute2.netlink.exceptions import NetlinkError
     try:
         found = ipr.route("get", dst=segment)
     except NetlinkError as e:
@@ -205,6 +206,7 @@ def next_hops(ipr: IPRoute, segments: list[str]) -> dict[str, tuple[int, str]]:
 def install(ipr: IPRoute, prefix: ipaddress._BaseNetwork, gateway: str, index: int, mtu: int,
             tcp: dict[str, str | None] | None = None) -> None:
     """`tcp`: the route's TCP metrics (parse_metric's form), None for none."""
+    from pyroute2.netlink.exceptions import NetlinkError
     extra = _netlink_metrics(tcp or {})
     kwargs = dict(dst=str(prefix.network_address), dst_len=prefix.prefixlen, oif=index,
                   proto=ROUTE_PROTO, priority=ROUTE_METRIC)
@@ -221,6 +223,7 @@ def install(ipr: IPRoute, prefix: ipaddress._BaseNetwork, gateway: str, index: i
 
 
 def remove(ipr: IPRoute, prefix: ipaddress._BaseNetwork, index: int) -> None:
+    from pyroute2.netlink.exceptions import NetlinkError
     family = socket.AF_INET6 if prefix.version == 6 else socket.AF_INET
     try:
         ipr.route("del", family=family, dst=str(prefix.network_address), dst_len=prefix.prefixlen,
@@ -231,6 +234,7 @@ def remove(ipr: IPRoute, prefix: ipaddress._BaseNetwork, index: int) -> None:
 
 def remove_all(ipr: IPRoute, index: int) -> int:
     """Remove every route mrcctl installed out of device `index`."""
+    from pyroute2.netlink.exceptions import NetlinkError
     removed = 0
     for family in (socket.AF_INET6, socket.AF_INET):
         for route in ipr.get_routes(family=family, proto=ROUTE_PROTO):
@@ -265,6 +269,7 @@ def snapshot(ipr: IPRoute, prefix: ipaddress._BaseNetwork) -> list[tuple]:
 
 def restore(prefix: ipaddress._BaseNetwork, saved: list[tuple[int, str, int]]) -> None:
     """Make PREFIX's routes of ours exactly SAVED (a snapshot) again."""
+    from pyroute2 import IPRoute
     with IPRoute() as ipr:
         for index, *_ in snapshot(ipr, prefix):
             remove(ipr, prefix, index)

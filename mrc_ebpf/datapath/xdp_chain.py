@@ -20,8 +20,8 @@ import ctypes
 import errno
 import os
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+# pyroute2 (~150 ms to import) is imported where it is used, so verbs that
+# never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.datapath import bpfsys, hooks, source
 from mrc_ebpf.datapath.bpfsys import BpfError
@@ -170,6 +170,7 @@ def xdp_set(index: int, prog_fd: int, mode: str, expected_fd: int | None = None)
     """Put PROG_FD (-1: nothing) on the device's XDP hook in MODE; with
     EXPECTED_FD, atomically and only if that program is the one there
     (XDP_FLAGS_REPLACE), else it fails with EEXIST."""
+    from pyroute2 import IPRoute
     flags = MODE_FLAGS[mode]
     attrs = [("IFLA_XDP_FD", prog_fd)]
     if expected_fd is not None:
@@ -184,6 +185,7 @@ def chain_and_replace(device: str, index: int, chain_fd: int, slot: int, other: 
                       rx_fd: int) -> None:
     """Put OTHER (other_program's answer) in slot SLOT of the chain map,
     then swap mrc_rx in for it on the device, atomically."""
+    from pyroute2.netlink.exceptions import NetlinkError
     other_fd = prog_fd_by_id(other["id"])
     try:
         try:
@@ -242,6 +244,7 @@ def restore(directory, device: str, index: int, slot: int, mode: str, rx_id: int
     """Put the chained program of SLOT back on the device in mrc_rx's
     place, atomically; returns its id (0: there was none, or mrc_rx is
     no longer on the device and what is there is left alone)."""
+    from pyroute2 import IPRoute
     try:
         chain_fd = bpfsys.obj_get(str(directory / CHAIN_MAP))
     except BpfError:
@@ -265,6 +268,7 @@ def restore(directory, device: str, index: int, slot: int, mode: str, rx_id: int
 def put_back(index: int, other_id: int, mode: str, rx_id: int) -> bool:
     """Program OTHER_ID on the device's XDP hook in place of RX_ID (0: of
     nothing); False when the hook no longer holds RX_ID."""
+    from pyroute2.netlink.exceptions import NetlinkError
     other_fd = prog_fd_by_id(other_id)
     rx_fd = prog_fd_by_id(rx_id) if rx_id else None
     try:

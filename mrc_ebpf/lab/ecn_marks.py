@@ -27,8 +27,8 @@ import ctypes
 import re
 from pathlib import Path
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+# pyroute2 (~150 ms to import) is imported where it is used, so verbs that
+# never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.datapath import bpfsys, hooks, mirrors, pins
 from mrc_ebpf.errors import MrcError
@@ -82,6 +82,8 @@ def install(fabric: str, devices: list[tuple[str, str, int]], threshold_ns: int)
     """Mark on every (namespace, device, rate in bit/s); returns
     {mac: {"ns", "dev"}} for the fabric's state.  Undone on failure
     (the caller deletes the namespaces, which takes the filters)."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
     try:
         from bcc import BPF
     except ImportError:

@@ -55,8 +55,8 @@ import socket
 import sys
 from pathlib import Path
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+# pyroute2 (~150 ms to import) is imported where it is used, so verbs that
+# never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.datapath import bpfsys, hooks, mirrors, pins, source
 from mrc_ebpf.lab.netns import NetnsGone, inside
@@ -178,6 +178,7 @@ def _compile():
 
 def _remove_filter(ipr: IPRoute, index: int, flags: int) -> dict:
     """Our filter off the device, and clsact too if we added it and it is empty."""
+    from pyroute2.netlink.exceptions import NetlinkError
     removed = {"filter": False, "clsact": False}
     if FAULT_PRIO in hooks.tc_egress_prog_ids(index, "ingress"):
         with contextlib.suppress(NetlinkError):
@@ -205,6 +206,7 @@ def _drop_empty(netns_dir: Path) -> None:
 
 def _install(ipr: IPRoute, netns: str, dev: str, directory: Path, mode: str, loss: float) -> int:
     """inject's work inside the namespace: all of it or (undone) nothing."""
+    from pyroute2.netlink.exceptions import NetlinkError
     index = _index(ipr, dev)
     if index is None:
         raise MrcError(f"no device {dev!r} in network namespace {netns!r}")
@@ -260,6 +262,7 @@ def _install(ipr: IPRoute, netns: str, dev: str, directory: Path, mode: str, los
 def inject(netns: str, dev: str, mode: str, loss: float = 1.0) -> dict:
     """Drop what arrives on DEV in NETNS: all of it (blackhole; `loss` is
     ignored) or each packet with probability `loss`."""
+    from pyroute2 import IPRoute
     _check_names(netns, dev)
     loss = _check_mode(mode, loss)
     pins.ensure_bpffs()
@@ -304,6 +307,7 @@ def rearm(netns: str, dev: str, mode: str, loss: float = 1.0) -> dict:
 def heal(netns: str, dev: str) -> dict:
     """Remove the fault on DEV in NETNS and its pins.  Pins left by a
     namespace or device that is gone are removed too (result "stale")."""
+    from pyroute2 import IPRoute
     _check_names(netns, dev)
     pins.ensure_bpffs()
     directory = _dir(netns, dev)
