@@ -177,7 +177,8 @@ def test_deny_hop_drains_a_router_under_tcp_without_loss(spray):
     assert sent.strip() == received.strip() and received.startswith(str(64 << 20))
     assert after - drained <= 2                       # R2 carries nothing (give or take ND)
     rx = [r for r in net.stats(net.B)["received"] if r["from"] == net.A_SID]
-    assert sum(r["lost"] for r in rx) == 0, rx
+    # a gap a late packet filled is reordering on the path (two CPUs), not loss
+    assert sum(max(0, r["lost"] - r["late"]) for r in rx) == 0, rx
     tcp = {k: int(v) - int(tcp0[k]) for k, v in json.loads(net.t.exec(net.A, nstat).stdout)["kernel"].items()}
     print(f"drain under TCP: {tcp}")
     assert tcp["TcpExtTCPTimeouts"] == 0, tcp
