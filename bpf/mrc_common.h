@@ -511,7 +511,7 @@ struct mrc_config {
  * has sent, so that TX tells a retransmission from new data */
 #define MRC_TX_FLOWS		4096	/* a power of two */
 struct mrc_tx_flow {
-	__u32	hash;		/* the flow's skb hash; a slot holds one flow at a time */
+	__u32	key;		/* its addresses and ports folded; one flow per slot */
 	__u32	snd_nxt;	/* one past the highest sequence number it sent */
 };
 

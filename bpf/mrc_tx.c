@@ -103,7 +103,7 @@ int mrc_tx(struct __sk_buff *skb)
 	struct mrc_path *path;
 	struct mrc_path_state *pstate;
 	struct path_choice choice;
-	__u32 zero = 0, nseg, encap_len, mark = skb->mark, copy_mark, l4 = 0, l4_len = 0;
+	__u32 zero = 0, nseg, encap_len, mark = skb->mark, copy_mark, l4 = 0, l4_len = 0, flow_key = 0;
 	__u8 control = 0, usid, retrans = 0;
 
 	count(MRC_TX_SEEN);
@@ -126,8 +126,8 @@ int mrc_tx(struct __sk_buff *skb)
 	if (!peer)
 		return tx_pass();
 	if (!control && !(mark & MRC_PROBE_MARK_MASK) && cfg->retrans_steer &&
-	    tcp_steer_locate(skb, &l4, &l4_len))
-		retrans = tcp_steer_is_retrans(skb, l4, l4_len);
+	    tcp_steer_locate(skb, &l4, &l4_len, &flow_key))
+		retrans = tcp_steer_is_retrans(skb, l4, l4_len, flow_key);
 
 	if ((mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_MARK ?
 	    path_select_pinned(peer, mark, cfg, MRC_TX_PINNED_PROBE, &choice) :

@@ -223,12 +223,14 @@ def test_reorder(runs):
     rr, adaptive = (r["policies"][p][top]["slow_path_share"]["median"] for p in ("rr", "adaptive"))
     assert rr > 0.1 and adaptive < 0.7 * rr, (rr, adaptive)
     # the contenders ran the same levels before MRC: ECMP's one flow on one
-    # spine (its share of s1 all or nothing), MPTCP's subflows on several
+    # spine (its share of s1 all or nothing); MPTCP joined subflows that
+    # carried on several spines (its proof, at the first level).  At the top
+    # delay its scheduler may keep to its fastest subflow: that is its call.
     assert {"ecmp", "prr", "mptcp"} <= set(r["contenders"])
     for run in r["contenders"]["ecmp"][top]["runs"]:
         share = run["paths"][0]["share"]
         assert len(run["spines"]["carrying"]) == 1 and (share < 0.05 or share > 0.95)
-    assert r["proof"]["mptcp"]["ok"] and len(r["contenders"]["mptcp"][top]["runs"][0]["spines"]["carrying"]) > 1
+    assert r["proof"]["mptcp"]["ok"], r["proof"]["mptcp"]
 
 
 

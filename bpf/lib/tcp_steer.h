@@ -13,8 +13,12 @@
  * acknowledgement is the newest: a path in a black hole is acknowledged
  * no more, so it is never the one chosen.
  *
- * tx_flows is direct-mapped by the flow's hash: O(1), no lock, and a
- * collision only makes one segment look new (sprayed as usual).
+ * tx_flows is direct-mapped by a hash of the flow's addresses and ports:
+ * O(1), no lock, and a collision only makes one segment look new (sprayed
+ * as usual).  Not by the skb's hash: for a local TCP socket that is the
+ * socket's txhash, which the kernel draws anew on every RTO (and PLB
+ * rehash), so the retransmission an RTO sends, the one that most needs a
+ * live path, looked new and was sprayed.
  */
 #ifndef MRC_LIB_TCP_STEER_H
 #define MRC_LIB_TCP_STEER_H
@@ -42,15 +46,17 @@ struct tcp_steer_hdr {
 /*
  * Is this packet a TCP segment that carries nothing new (a retransmission,
  * or a tail loss probe resending the last segment)?  Records the highest
- * sequence sent otherwise.  `l4` is the TCP header's offset in the frame.
+ * sequence sent otherwise.  `l4` is the TCP header's offset in the frame,
+ * `flow_key` the flow's addresses and ports folded (tcp_steer_locate).
  */
-static __always_inline int tcp_steer_is_retrans(struct __sk_buff *skb, __u32 l4, __u32 l4_len)
+static __always_inline int tcp_steer_is_retrans(struct __sk_buff *skb, __u32 l4, __u32 l4_len,
+						__u32 flow_key)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct tcp_steer_hdr *tcp;
 	struct mrc_tx_flow *flow;
-	__u32 hash, slot, seq, end, doff, payload;
+	__u32 slot, seq, end, doff, payload;
 	__u8 flags;
 
 	barrier_var(l4);
@@ -68,13 +74,14 @@ static __always_inline int tcp_steer_is_retrans(struct __sk_buff *skb, __u32 l4,
 	seq = bpf_ntohl(tcp->seq);
 	end = seq + payload + !!(flags & TCP_FLAG_SYN) + !!(flags & TCP_FLAG_FIN);
 
-	hash = bpf_get_hash_recalc(skb);
-	slot = hash & (MRC_TX_FLOWS - 1);
+	/* mixed, so that flows differing in a few bits spread over slots */
+	slot = ((flow_key ^ (flow_key >> 16)) * 0x85ebca6bU) >> 16;
+	slot &= MRC_TX_FLOWS - 1;
 	flow = mrc_tx_flows.lookup(&slot);
 	if (!flow)
 		return 0;
-	if (flow->hash != hash || (flags & TCP_FLAG_SYN)) {
-		flow->hash = hash;
+	if (flow->key != flow_key || (flags & TCP_FLAG_SYN)) {
+		flow->key = flow_key;
 		flow->snd_nxt = end;
 		return 0;
 	}
@@ -86,11 +93,13 @@ static __always_inline int tcp_steer_is_retrans(struct __sk_buff *skb, __u32 l4,
 }
 
 /*
- * The inner packet's TCP header offset and the TCP length (header and
- * payload), from the inner IP header; 0 when it is not TCP (or has IPv6
- * extension headers: then it is sprayed as usual).
+ * The inner packet's TCP header offset, the TCP length (header and
+ * payload) and the flow's addresses and ports folded into a word, from the
+ * inner IP header; 0 when it is not TCP (or has IPv6 extension headers:
+ * then it is sprayed as usual).
  */
-static __always_inline int tcp_steer_locate(struct __sk_buff *skb, __u32 *l4, __u32 *l4_len)
+static __always_inline int tcp_steer_locate(struct __sk_buff *skb, __u32 *l4, __u32 *l4_len,
+					    __u32 *flow_key)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -101,8 +110,12 @@ static __always_inline int tcp_steer_locate(struct __sk_buff *skb, __u32 *l4, __
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 
-		if ((void *)(ip6 + 1) > data_end || ip6->nexthdr != IPPROTO_TCP)
+		__u32 *ports = (void *)(ip6 + 1), *a = (void *)&ip6->saddr;
+
+		/* the ports' word and both addresses: 40 + 4 bytes past eth */
+		if ((void *)(ports + 1) > data_end || ip6->nexthdr != IPPROTO_TCP)
 			return 0;
+		*flow_key = a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7] ^ *ports;
 		*l4 = sizeof(*eth) + sizeof(*ip6);
 		*l4_len = bpf_ntohs(ip6->payload_len);
 		return 1;
@@ -115,8 +128,15 @@ static __always_inline int tcp_steer_locate(struct __sk_buff *skb, __u32 *l4, __
 			return 0;
 		ihl = ip4->ihl * 4;
 		total = bpf_ntohs(ip4->tot_len);
+		__u32 *ports;
+
 		if (ihl < sizeof(*ip4) || total < ihl)
 			return 0;
+		ihl &= 0x3c;		/* for the verifier: ihl * 4 <= 60 */
+		ports = (void *)ip4 + ihl;
+		if ((void *)(ports + 1) > data_end)
+			return 0;
+		*flow_key = ip4->saddr ^ ip4->daddr ^ *ports;
 		*l4 = sizeof(*eth) + ihl;
 		*l4_len = total - ihl;
 		return 1;

@@ -77,7 +77,7 @@ class Config(ctypes.Structure):
 
 @mirror("struct mrc_tx_flow")
 class TxFlow(ctypes.Structure):
-    _fields_ = [("hash", u32), ("snd_nxt", u32)]
+    _fields_ = [("key", u32), ("snd_nxt", u32)]
 
 
 @mirror("struct mrc_spray")
