@@ -438,15 +438,20 @@ struct mrc_path_state {
 
 /*
  * SipHash-2-4's state after the words of the MAC's message that do not
- * change from packet to packet for a sender (lib/auth.h): both SIDs and
- * the epoch word.  TX keeps one per peer (mrc_peer_state.tx_mac), made
- * by the datapath when a packet finds none for its key and words, then
- * reused.  (RX keeps none: it starts from the state after its own SID,
- * one per key, mrc_auth_key.rx_v.)
+ * change from packet to packet (lib/auth.h): both SIDs and the sender's
+ * epoch word.  TX keeps one per peer (mrc_peer_state.tx_mac), RX one per
+ * sender in auth_rx_prefix, an array by a hash of the sender's SID
+ * (direct-mapped: a sender whose slot another took gets its own back at
+ * its next authentic packet).  Made by the datapath when a packet finds
+ * none for its key and words, then reused.  Our own SID is the same for
+ * the attachment's life.
  */
+#define MRC_AUTH_RX_SENDERS	1024	/* a power of two */
+
 struct mrc_mac_prefix {
 	__u64	k0, k1;		/* the key it was made with */
-	__u64	words[3];	/* the peer SID's two words and the epoch word */
+	__u64	words[3];	/* TX: the peer SID's two words and the epoch word;
+				 * RX: the sender SID's and the epoch word */
 	__u64	v[4];		/* the state */
 	__u64	check;		/* XOR of the nine words above: an entry that two
 				 * CPUs wrote at once, with different keys, fails it */
@@ -585,14 +590,7 @@ struct mrc_auth_key {
 	__u64	k0;		/* SipHash key: bytes 0-7 of the 16, little-endian */
 	__u64	k1;		/* bytes 8-15 */
 	__u8	id;		/* sent as mrc_tlv.key_id; 0: slot empty */
-	__u8	rx_made;	/* 1: rx_v is SipHash's state after this key and rx_sid */
-	__u8	pad[6];
-	/* RX: the MAC's message starts with the receiver's own SID (lib/auth.h),
-	 * so SipHash's state after it is one per key, made by the control plane
-	 * (datapath/auth.py) when it writes the key; RX makes it per packet
-	 * when it is missing or for another SID than the packet's destination */
-	__u64	rx_sid[2];
-	__u64	rx_v[4];
+	__u8	pad[7];
 };
 
 struct mrc_auth {

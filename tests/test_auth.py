@@ -60,14 +60,10 @@ def dp():
     module.cleanup()
 
 
-def set_keys(module, keys, signing=1, epoch=77, rx_sid=SID):
-    """KEYS in the auth map; each key's RX state made for RX_SID, as the
-    control plane makes it (None: none made, RX hashes the SID itself)."""
+def set_keys(module, keys, signing=1, epoch=77):
     value = layout.Auth(epoch=epoch, tx_slot=signing if keys else 0)
     for i, k in enumerate(keys):
         value.keys[i] = auth.auth_key(k)
-    if rx_sid is not None:
-        value = auth.with_rx_state(value, ipaddress.IPv6Address(rx_sid).packed)
     module["mrc_auth"][ctypes.c_int(0)] = module["mrc_auth"].Leaf.from_buffer_copy(bytes(value))
 
 
@@ -302,8 +298,8 @@ def signed_data(seq, key, src=PEER_SID, flags=0, edit=None):
 
 @pytest.mark.root
 def test_receiver_verifies_what_the_mac_covers(dp):
-    """A table of signed packets through mrc_rx, from the key's RX state
-    as the control plane makes it: what the MAC covers cannot be
+    """A table of signed packets through mrc_rx with the receiver's kept
+    state (auth_rx_prefix, per sender): what the MAC covers cannot be
     changed; the feedback words are covered when the flags say there is
     feedback (and only then read); a replay is refused; a new key in a
     slot is verified from a new state."""
@@ -340,6 +336,7 @@ def test_receiver_verifies_what_the_mac_covers(dp):
          signed_data(17, KEY2, edit=setf(key_id=auth.key_id(KEY1))), "rx_auth_bad_mac"),
     ]
     clear_rx(module)
+    module["mrc_auth_rx_prefix"].clear()
     for name, keys, frame, reason in rows:
         set_keys(module, keys)
         if name == "source moved":      # a MAC made for the peer's source, sent from another
@@ -394,32 +391,34 @@ def test_key_cli_attach_and_roll_over(interop, tmp_path):
     assert show() == {"epoch": epoch, "keys": [], "authenticated": False}
 
 
+def rx_slot(sid: str) -> int:
+    """auth_rx_slot() of lib/auth.h: the receiver's kept-state slot for a sender."""
+    s0, s1 = struct.unpack("<QQ", ipaddress.IPv6Address(sid).packed)
+    bits = C["MRC_AUTH_RX_SENDERS"].bit_length() - 1
+    return (((s0 ^ s1) * 0x9E3779B97F4A7C15) & ((1 << 64) - 1)) >> (64 - bits)
+
+
 @pytest.mark.root
-def test_receiver_state_from_the_control_plane(dp):
-    """RX starts each MAC from the key's state after our SID, made in
-    Python (auth.with_rx_state): packets from several senders verify from
-    it; without it, or made for another SID, RX hashes the SID itself and
-    they still verify; a state that is not the key's fails every packet
-    (so RX does use it), and forgeries fail either way."""
+def test_senders_sharing_a_kept_state_slot_both_verify(dp):
+    """Two senders whose SIDs hash to one slot of auth_rx_prefix take it
+    from each other, packet by packet: each packet still verifies (the
+    slot's words name its sender), and a forgery from either does not."""
     module, _, rx = dp
+    set_keys(module, [KEY1])
     clear_rx(module)
-    senders = [PEER_SID, "fc00:c::1", "fc00:c::2"]
-    seq = iter(range(1, 1000))
-    for rx_sid in (SID, None, "fc00:a::2"):
-        set_keys(module, [KEY1, KEY2], rx_sid=rx_sid)
-        for src in senders:
-            for key in (KEY1, KEY2):
-                ret, d = run_rx(module, rx, signed_data(next(seq), key, src=src))
-                assert d.get("rx_decap") == 1 and not any(k.startswith("rx_auth") for k in d), \
-                    (rx_sid, src, d)
-                ret, d = run_rx(module, rx, signed_data(next(seq), key, src=src,
-                                                        edit=lambda t: setattr(t, "tx_ns", 1)))
-                assert d.get("rx_auth_bad_mac") == 1, (rx_sid, src, d)
-    # KEY1's slot with OTHER's state: RX takes the state, not the key
-    sid = ipaddress.IPv6Address(SID).packed
-    wrong = auth.with_rx_state(layout.Auth(epoch=77, tx_slot=1, keys=(auth.auth_key(KEY1), layout.AuthKey())), sid)
-    other = auth.with_rx_state(layout.Auth(keys=(auth.auth_key(OTHER), layout.AuthKey())), sid)
-    wrong.keys[0].rx_v[:] = other.keys[0].rx_v
-    module["mrc_auth"][ctypes.c_int(0)] = module["mrc_auth"].Leaf.from_buffer_copy(bytes(wrong))
-    ret, d = run_rx(module, rx, signed_data(next(seq), KEY1))
-    assert d.get("rx_auth_bad_mac") == 1, d
+    module["mrc_auth_rx_prefix"].clear()
+    # senders of a fabric differ anywhere in their SIDs: all of it counts
+    assert len({rx_slot(f"fc00:{i:x}::1") for i in range(64)}) > 48
+    assert len({rx_slot(f"fc00:0:{i:x}::") for i in range(64)}) > 48
+    assert len({rx_slot(f"fc00:c::{i:x}") for i in range(64)}) > 48
+    other = next(f"fc00:c::{i:x}" for i in range(1, 1 << 16) if rx_slot(f"fc00:c::{i:x}") == rx_slot(PEER_SID))
+    for seq in range(1, 7):
+        for src in (PEER_SID, other):
+            ret, d = run_rx(module, rx, signed_data(seq, KEY1, src=src))
+            assert d.get("rx_decap") == 1 and not any(k.startswith("rx_auth") for k in d), (src, seq, d)
+            slot = layout.MacPrefix.from_buffer_copy(
+                bytes(module["mrc_auth_rx_prefix"][ctypes.c_int(rx_slot(src))]))
+            assert bytes(slot.words[0].to_bytes(8, "little") + slot.words[1].to_bytes(8, "little")) == \
+                ipaddress.IPv6Address(src).packed     # the slot is the latest sender's
+        ret, d = run_rx(module, rx, signed_data(100 + seq, KEY1, src=other, edit=lambda t: setattr(t, "tx_ns", 1)))
+        assert d.get("rx_auth_bad_mac") == 1, d

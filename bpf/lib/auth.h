@@ -16,18 +16,15 @@
  * fresh (lib/rx_track.h: a newer epoch, a path_seq not seen before).
  *
  * The order is for speed.  The constant words come first, so that
- * neither side hashes them per packet.  The sender keeps SipHash's state
- * after the first five (both SIDs and the epoch word) per peer.  The
- * receiver starts from the state after the first two, its own SID, one
- * per key and made by the control plane (mrc_auth_key.rx_v): it hashes
- * the sender's SID and epoch word per packet (3 words more) rather than
- * look up and check a state per sender, which cost more.  The last 5 bytes
+ * neither side hashes them per packet: both keep SipHash's state after
+ * the first five (both SIDs and the epoch word), the sender per path, the
+ * receiver per sender (once its MAC verified).  The last 5 bytes
  * share SipHash's final block with the length (type, length and version,
  * bytes 0..2, are left out: the receiver takes only the exact values).
  * The feedback words are left out when there is no feedback: the
  * receiver reads them only when the (covered) flags say so, and the
- * message length differs.  Per packet, TX: 2 words (5 with feedback) and
- * the finalization; RX: 3 more.
+ * message length differs.  Per packet: 2 words (5 with feedback) and the
+ * finalization.
  */
 #ifndef MRC_LIB_AUTH_H
 #define MRC_LIB_AUTH_H
@@ -140,22 +137,31 @@ static __always_inline void auth_sign(struct mrc_tlv *tlv, const __u8 *src, cons
 	__builtin_memcpy(tlv->mac, &mac, sizeof(mac));
 }
 
+/* The receiver's slot for a sender: Fibonacci hashing of its SID (the
+ * top bits of the product: only they depend on every bit of the SID) */
+#define AUTH_RX_SLOT_BITS	10
+_Static_assert(MRC_AUTH_RX_SENDERS == 1 << AUTH_RX_SLOT_BITS, "the slot is the product's top bits");
+
+static __always_inline __u32 auth_rx_slot(__u64 s0, __u64 s1)
+{
+	return (__u32)(((s0 ^ s1) * 0x9E3779B97F4A7C15ULL) >> (64 - AUTH_RX_SLOT_BITS)) &
+	       (MRC_AUTH_RX_SENDERS - 1);
+}
+
 /*
  * RX: may this TLV be filed?  0 when it may (or when we have no key:
  * *keyed says which), else the MRC_RX_AUTH_* counter saying why not.
- * The destination is our SID (mrc_rx took only such packets), the first
- * two words of the message: the key's rx_v is the state after them,
- * made by the control plane, so no per-sender state is looked up or
- * checked here; the sender's SID and the epoch word are hashed per packet.
  */
 static __always_inline __u32 auth_verify(const struct ipv6hdr *ip6, const struct mrc_tlv *tlv,
 					 int *keyed)
 {
 	const struct mrc_auth_key *key;
-	struct siphash_state s;
+	struct mrc_mac_prefix *cache;
+	struct siphash_state s, prefix;
 	struct mrc_auth *a;
-	__u32 zero = 0;
-	__u64 d0, d1;
+	__u32 zero = 0, slot;
+	__u64 s0, s1, epoch_word;
+	int made = 0;
 	__u8 id;
 
 	*keyed = 0;
@@ -172,23 +178,29 @@ static __always_inline __u32 auth_verify(const struct ipv6hdr *ip6, const struct
 		key = &a->keys[1];
 	else
 		return MRC_RX_AUTH_UNKNOWN_KEY;
-	d0 = siphash_load(ip6->daddr.s6_addr);
-	d1 = siphash_load(ip6->daddr.s6_addr + 8);
-	if (key->rx_made && key->rx_sid[0] == d0 && key->rx_sid[1] == d1) {
-		s.v0 = key->rx_v[0];
-		s.v1 = key->rx_v[1];
-		s.v2 = key->rx_v[2];
-		s.v3 = key->rx_v[3];
-	} else {
+	s0 = siphash_load(ip6->saddr.s6_addr);
+	s1 = siphash_load(ip6->saddr.s6_addr + 8);
+	epoch_word = siphash_load((void *)tlv + MRC_TLV_EPOCH_OFF);
+	slot = auth_rx_slot(s0, s1);
+	cache = mrc_auth_rx_prefix.lookup(&slot);
+	if (!cache)
+		return MRC_RX_AUTH_BAD_MAC;
+	if (auth_prefix_get(cache, key, s0, s1, epoch_word, &s)) {
 		siphash_init(&s, key->k0, key->k1);
-		siphash_word(&s, d0);
-		siphash_word(&s, d1);
+		siphash_word(&s, siphash_load(ip6->daddr.s6_addr));
+		siphash_word(&s, siphash_load(ip6->daddr.s6_addr + 8));
+		siphash_word(&s, s0);
+		siphash_word(&s, s1);
+		siphash_word(&s, epoch_word);
+		prefix = s;
+		made = 1;
 	}
-	siphash_word(&s, siphash_load(ip6->saddr.s6_addr));
-	siphash_word(&s, siphash_load(ip6->saddr.s6_addr + 8));
-	siphash_word(&s, siphash_load((void *)tlv + MRC_TLV_EPOCH_OFF));
 	if (auth_mac_tlv(&s, tlv) != siphash_load(tlv->mac))
 		return MRC_RX_AUTH_BAD_MAC;
+	/* kept only for a sender that proved itself: forgeries from made-up
+	 * sources do not push real senders out */
+	if (made)
+		auth_prefix_put(cache, key, s0, s1, epoch_word, &prefix);
 	return 0;
 }
 

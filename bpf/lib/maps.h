@@ -41,5 +41,6 @@ BPF_PERCPU_ARRAY(mrc_tx_path, struct mrc_path, 1);
 /* the loader's names of path templates -> their row (the datapath never
  * reads it: a peer entry carries its template's row) */
 BPF_F_TABLE("hash", struct mrc_template_name, struct mrc_peer, mrc_templates, MRC_MAX_PEERS, BPF_F_NO_PREALLOC);
+BPF_ARRAY(mrc_auth_rx_prefix, struct mrc_mac_prefix, MRC_AUTH_RX_SENDERS);
 
 #endif

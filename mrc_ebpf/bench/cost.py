@@ -132,7 +132,7 @@ def _measure_keys(module, tx, rx, runs, policies, keys) -> list[dict]:
 
 def _set_key(module, keyed: bool) -> None:
     from mrc_ebpf.datapath import auth
-    value = auth.with_rx_state(auth.initial(BENCH_KEY if keyed else None), ipaddress.IPv6Address(SID).packed)
+    value = auth.initial(BENCH_KEY if keyed else None)
     module["mrc_auth"][ctypes.c_int(0)] = module["mrc_auth"].Leaf.from_buffer_copy(bytes(value))
     module["mrc_rx_paths"].clear()
     module["mrc_rx_peers"].clear()

@@ -68,56 +68,28 @@ def _rotl(x: int, b: int) -> int:
     return ((x << b) | (x >> (64 - b))) & _MASK
 
 
-def _sip_init(key: bytes) -> list[int]:
-    k0, k1 = struct.unpack("<QQ", key)
-    return [0x736f6d6570736575 ^ k0, 0x646f72616e646f6d ^ k1, 0x6c7967656e657261 ^ k0, 0x7465646279746573 ^ k1]
-
-
-def _sip_rounds(v: list[int], n: int) -> None:
-    for _ in range(n):
-        v[0] = (v[0] + v[1]) & _MASK; v[1] = _rotl(v[1], 13) ^ v[0]; v[0] = _rotl(v[0], 32)  # noqa: E702
-        v[2] = (v[2] + v[3]) & _MASK; v[3] = _rotl(v[3], 16) ^ v[2]  # noqa: E702
-        v[0] = (v[0] + v[3]) & _MASK; v[3] = _rotl(v[3], 21) ^ v[0]  # noqa: E702
-        v[2] = (v[2] + v[1]) & _MASK; v[1] = _rotl(v[1], 17) ^ v[2]; v[2] = _rotl(v[2], 32)  # noqa: E702
-
-
-def _sip_words(v: list[int], words) -> None:
-    for m in words:
-        v[3] ^= m
-        _sip_rounds(v, 2)
-        v[0] ^= m
-
-
 def siphash24(key: bytes, data: bytes) -> int:
     """SipHash-2-4 of DATA under a 16-byte KEY, as a 64-bit integer."""
-    v = _sip_init(key)
+    k0, k1 = struct.unpack("<QQ", key)
+    v = [0x736f6d6570736575 ^ k0, 0x646f72616e646f6d ^ k1, 0x6c7967656e657261 ^ k0, 0x7465646279746573 ^ k1]
+
+    def rounds(n):
+        for _ in range(n):
+            v[0] = (v[0] + v[1]) & _MASK; v[1] = _rotl(v[1], 13) ^ v[0]; v[0] = _rotl(v[0], 32)  # noqa: E702
+            v[2] = (v[2] + v[3]) & _MASK; v[3] = _rotl(v[3], 16) ^ v[2]  # noqa: E702
+            v[0] = (v[0] + v[3]) & _MASK; v[3] = _rotl(v[3], 21) ^ v[0]  # noqa: E702
+            v[2] = (v[2] + v[1]) & _MASK; v[1] = _rotl(v[1], 17) ^ v[2]; v[2] = _rotl(v[2], 32)  # noqa: E702
+
     tail = len(data) % 8
     words = [struct.unpack_from("<Q", data, i)[0] for i in range(0, len(data) - tail, 8)]
     words.append(int.from_bytes(data[len(data) - tail:], "little") | ((len(data) & 0xFF) << 56))
-    _sip_words(v, words)
+    for m in words:
+        v[3] ^= m
+        rounds(2)
+        v[0] ^= m
     v[2] ^= 0xFF
-    _sip_rounds(v, 4)
+    rounds(4)
     return v[0] ^ v[1] ^ v[2] ^ v[3]
-
-
-def with_rx_state(value: layout.Auth, sid: bytes) -> layout.Auth:
-    """VALUE with each key's RX state made for our SID (16 bytes): SipHash's
-    state after the key and the first 16 bytes of every MAC's message, the
-    receiver's own SID (bpf/lib/auth.h), so that RX need not hash them per
-    packet.  Every writer of the auth map passes its value through here
-    (without, RX still verifies, hashing the SID itself)."""
-    new = layout.Auth.from_buffer_copy(bytes(value))
-    words = struct.unpack("<QQ", bytes(sid))
-    for k in new.keys:
-        made = bool(k.id)
-        v = [0, 0, 0, 0]
-        if made:
-            v = _sip_init(struct.pack("<QQ", k.k0, k.k1))
-            _sip_words(v, words)
-        k.rx_made = int(made)
-        k.rx_sid[:] = words if made else (0, 0)
-        k.rx_v[:] = v
-    return new
 
 
 def mac_message(src: str, dst: str, tlv: bytes) -> bytes:
@@ -146,7 +118,7 @@ def read(att) -> layout.Auth:
 
 
 def write(att, value: layout.Auth) -> None:
-    att.maps["auth"].update(layout.Index(0), with_rx_state(value, bytes(att.config.sid)))
+    att.maps["auth"].update(layout.Index(0), value)
 
 
 def describe(value: layout.Auth) -> dict:

@@ -165,8 +165,7 @@ class Event(ctypes.Structure):
 
 @mirror("struct mrc_auth_key")
 class AuthKey(ctypes.Structure):
-    _fields_ = [("k0", u64), ("k1", u64), ("id", u8), ("rx_made", u8), ("pad", u8 * 6),
-                ("rx_sid", u64 * 2), ("rx_v", u64 * 4)]
+    _fields_ = [("k0", u64), ("k1", u64), ("id", u8), ("pad", u8 * 7)]
 
 
 @mirror("struct mrc_auth")
@@ -218,6 +217,7 @@ MAPS = {
     "path_fate": (Index, PathFate, False),
     "tx_path": (Index, Path, True),
     "templates": (TemplateName, Peer, False),
+    "auth_rx_prefix": (Index, MacPrefix, False),
 }
 
 

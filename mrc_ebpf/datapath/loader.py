@@ -407,7 +407,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
                                                   granularity, undo, other, chain_fd, i)
                 modes.append(used_mode)
             cfg.mtu = min(cfg.devices[i].mtu for i in range(len(devices)))
-            auth_value = auth.with_rx_state(auth.initial(key), sid.packed)
+            auth_value = auth.initial(key)
             auth_map = bpfsys.PinnedMap(str(directory / "auth"), *layout.MAPS["auth"])
             auth_map.update(layout.Index(0), auth_value)
             auth_map.close()
