@@ -614,8 +614,10 @@ struct mrc_tx_scratch {
  * A path's first hop (SRH: its first segment; uSID: the block and its
  * first ID) gets a small id from the loader when the path is added, the
  * same for every path of every peer through that hop; 0 is no hop
- * (entropy paths: the fabric's hash picks their hops).  When a path is
- * taken out, its hop becomes suspect: every other path through it that
+ * (entropy paths: the fabric's hash picks their hops).  When a second
+ * path through it is taken out within MRC_FATE_HOLD_FACTOR x probe_us of
+ * another (one down alone is most often a false one), its hop becomes
+ * suspect, from the first down on: every other path through it that
  * the peer has not acknowledged since is skipped and tested at once by a
  * header-only probe copy, and taken out if the peer acknowledges later
  * sends on other paths but not that probe.  The suspicion holds while a
@@ -632,6 +634,11 @@ struct mrc_hop {
 	__u64	until_ns;	/* datapath: suspect until then */
 	__u64	suspects;	/* times it became suspect */
 	__u64	shared_downs;	/* paths taken out because their probe went unanswered */
+	/* datapath: the last down through it that made it suspect of nothing
+	 * (a lone down: a second path's within the hold does) and whose it
+	 * was (peer_id << 16 | path_id) */
+	__u64	lone_ns;
+	__u64	lone_who;
 };
 
 /* path_fate: array by path index of a row (the peer's own or a

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Shared fate: a path taken out makes its first hop suspect, and every
- * other path of every peer through that hop is tested at once instead of
- * each losing its own data first.  A suspect path the peer has not
+ * Shared fate: two paths taken out through one first hop make it
+ * suspect, and every other path of every peer through that hop is tested
+ * at once instead of each losing its own data first.  A suspect path the peer has not
  * acknowledged since the suspicion began is skipped, and its next turn
  * sends a header-only probe copy (as for a down path); it is taken out
  * when the peer acknowledges sends a window after the probe on other
@@ -32,20 +32,26 @@ static __always_inline struct mrc_hop *shared_fate_hop(struct mrc_path_fate *pf)
 	return mrc_hops.lookup(&hop);
 }
 
-/* `index`: the path's place in its row (path_fate), which names its hop.
- * The path at `index` was just taken out (`shared`: by its probe, as
- * counted on the hop), or is out and due another probe (its last one went
- * unanswered): its hop is suspect for a hold from now.  A suspicion
- * already running keeps its start: a path heard since is clear, and a
- * hop that fails only in part does not have its live paths probed again
- * at every probe of its dead ones. */
-static __always_inline void shared_fate_path_down(const struct mrc_config *cfg, __u32 index, int shared,
-						  __u64 now)
+/* `index`: the path's place in its row (path_fate), which names its hop;
+ * `who`: peer_id << 16 | path_id.  The path was just taken out
+ * (`shared`: by its probe, as counted on the hop), or is out and due
+ * another probe (its last one went unanswered).
+ * A hop not suspect becomes suspect only when a second path through it
+ * goes down within a hold of the last lone one, and the suspicion starts
+ * at that first down (a path heard since is clear): one down alone is
+ * most often false (a live path's acknowledgement trailed, thousands of
+ * them on a loaded machine), and made every idle path of the hop skipped
+ * for a round trip; a black hole takes the second path out a turn later.
+ * A suspicion already running is extended by a hold from now and keeps
+ * its start: a hop that fails only in part does not have its live paths
+ * probed again at every probe of its dead ones. */
+static __always_inline void shared_fate_path_down(const struct mrc_config *cfg, __u32 index, __u64 who,
+						  int shared, __u64 now)
 {
 	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
 	struct mrc_path_fate *pf;
 	struct mrc_hop *h;
-	__u64 until;
+	__u64 until, lone;
 
 	if (!cfg->shared_fate)
 		return;
@@ -56,11 +62,22 @@ static __always_inline void shared_fate_path_down(const struct mrc_config *cfg, 
 	if (shared)
 		__sync_fetch_and_add(&h->shared_downs, 1);
 	until = h->until_ns;
-	if (now >= until && __sync_bool_compare_and_swap(&h->until_ns, until, now + hold)) {
-		h->suspect_ns = now;
+	if (now < until) {
+		if (now + hold > until)
+			h->until_ns = now + hold;
+		return;
+	}
+	lone = h->lone_ns;
+	if (!lone || now >= lone + hold || h->lone_who == who) {
+		/* the first (or the same path still out): remembered */
+		h->lone_ns = now;
+		h->lone_who = who;
+		return;
+	}
+	if (__sync_bool_compare_and_swap(&h->until_ns, until, now + hold)) {
+		h->suspect_ns = lone;
+		h->lone_ns = 0;
 		__sync_fetch_and_add(&h->suspects, 1);
-	} else if (now + hold > until) {
-		h->until_ns = now + hold;
 	}
 }
 

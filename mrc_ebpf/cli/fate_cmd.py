@@ -20,9 +20,9 @@ def _human(r):
 @json_option
 @click.pass_context
 def shared_fate(ctx, switch, device):
-    """Show (or turn on/off) shared fate: a path taken out makes its first
-    hop suspect, and every other path through that hop is tested at once
-    by a probe copy and taken out if it goes unanswered."""
+    """Show (or turn on/off) shared fate: two paths taken out through one
+    first hop make it suspect, and every other path through that hop is
+    tested at once by a probe copy and taken out if it goes unanswered."""
     from mrc_ebpf.control import shared_fate as sf
     from mrc_ebpf.datapath import layout
     with attached(device, change=switch is not None) as att:
