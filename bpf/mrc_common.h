@@ -622,7 +622,10 @@ struct mrc_tx_scratch {
  * header-only probe copy, and taken out if the peer acknowledges later
  * sends on other paths but not that probe.  The suspicion holds while a
  * path through the hop is out and its probes go unanswered, each due
- * probe extending it by MRC_FATE_HOLD_FACTOR x probe_us.
+ * probe extending it by MRC_FATE_HOLD_FACTOR x probe_us.  It also
+ * becomes suspect, at once, when the hop's watched send (the oldest one
+ * through it not known to have arrived) is overdue by the failover rule:
+ * its peer acknowledged sends a window later on other paths, not it.
  */
 #define MRC_MAX_HOPS		256	/* hop ids 1..255 per attachment */
 #define MRC_FATE_HOLD_FACTOR	4
@@ -639,6 +642,14 @@ struct mrc_hop {
 	 * was (peer_id << 16 | path_id) */
 	__u64	lone_ns;
 	__u64	lone_who;
+	/* datapath: the watch, the oldest send through it not yet known to
+	 * have arrived (any peer's; none: 0) and whose it was; judged by
+	 * every packet that would take a path through the hop (a dead hop is
+	 * seen one send-to-that-peer after its first loss, not at each
+	 * path's own next turn) */
+	__u64	watch_ns;
+	__u64	watch_who;
+	__u64	watch_suspects;	/* times its watch made it suspect */
 };
 
 /* path_fate: array by path index of a row (the peer's own or a

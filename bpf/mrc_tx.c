@@ -185,6 +185,8 @@ int mrc_tx(struct __sk_buff *skb)
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
 	failover_path_sent(choice.live, choice.st, choice.tx_ns);
+	shared_fate_sent(cfg, choice.path_index, choice.st, peer->peer_id, choice.path_id, choice.probe,
+			 choice.tx_ns);
 	if (cfg->retrans_steer && !control)
 		tcp_steer_heard(choice.st, choice.path_id);
 	if (control)

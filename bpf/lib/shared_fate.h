@@ -15,9 +15,12 @@
 
 #include "lib/maps.h"
 #include "lib/compiler.h"
+#include "lib/peer_state.h"
 
 /* shared_fate_check(): this packet's turn tests the path with a probe copy */
 #define FATE_PROBE_NOW	1
+/* mrc_hop.watch_ns while one CPU rewrites the watch (a send time is never 1) */
+#define FATE_WATCH_BUSY	1
 
 
 static __always_inline struct mrc_hop *shared_fate_hop(struct mrc_path_fate *pf)
@@ -82,6 +85,103 @@ static __always_inline void shared_fate_path_down(const struct mrc_config *cfg, 
 }
 
 /*
+ * The hop's watch (struct mrc_hop): is its watched send overdue by the
+ * failover rule, its peer having acknowledged sends a window later (on
+ * other paths) but not it?  Then the hop is suspect at once, from that
+ * send on.  Under uniform load a host sends on each path only every ~15
+ * ms, and a path is taken out only at its own next turn: by then every
+ * peer had lost its packet into a dead spine; the watch is judged by
+ * every packet through the hop, of any peer, so a hole is seen about one
+ * send-to-the-watched-peer plus a report after the first loss.  One
+ * overdue send suspects its hop, unlike a down (two, shared_fate_path_down):
+ * a suspicion costs idle paths a probe copy and a skipped turn, no data.
+ * Comparing within one peer only: peers report at different times, and
+ * one peer's ack of a later send says nothing of another's earlier one.
+ * One lookup of the watched peer's state.
+ */
+static __always_inline void shared_fate_watch(const struct mrc_config *cfg, struct mrc_hop *h,
+					      __u64 now)
+{
+	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
+	__u64 w = h->watch_ns, who, window, queue;
+	struct mrc_peer_state *ws;
+	__u32 peer_id, path_id;
+
+	if (w <= FATE_WATCH_BUSY)
+		return;
+	who = h->watch_who;
+	barrier_var(who);
+	if (h->watch_ns != w)	/* rewritten meanwhile: who may be the new one's */
+		return;
+	peer_id = who >> 16;
+	path_id = who & 0xffff;
+	ws = mrc_peer_state.lookup(&peer_id);
+	if (!ws || *peer_path_acked(ws, path_id) >= w)
+		return;
+	window = (__u64)cfg->ack_timeout_us * 1000;
+	if (ws->acks.window_ns > window)
+		window = ws->acks.window_ns;
+	/* the path's own reported queue, as failover_queue_allowance() */
+	queue = (__u64)peer_path_health(ws, path_id)->qdelay_us * 1000;
+	window += queue < (__u64)cfg->reorder_max_us * 1000 ? queue : (__u64)cfg->reorder_max_us * 1000;
+	if (ws->acks.max_ns <= w + window)
+		return;
+	/* one CPU judges it; the next send through the hop is watched */
+	if (!__sync_bool_compare_and_swap(&h->watch_ns, w, 0))
+		return;
+	h->until_ns = now + hold;
+	h->suspect_ns = w;
+	h->lone_ns = 0;
+	__sync_fetch_and_add(&h->suspects, 1);
+	__sync_fetch_and_add(&h->watch_suspects, 1);
+}
+
+/*
+ * After a packet left on the path (`index`, its row's: names its hop):
+ * it becomes the hop's watched send unless the one watched has not been
+ * heard yet (the oldest unheard send is the one to judge).  A watch held
+ * for a hold without a verdict (its peer went quiet) is given up.  Not
+ * probes (they go where packets are lost: their hop is judged by the
+ * path's own rule), nor sends to a peer that never sent feedback (no
+ * verdict is possible).
+ */
+static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32 index,
+					     struct mrc_peer_state *st, __u32 peer_id, __u16 path_id,
+					     int probe, __u64 now)
+{
+	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
+	struct mrc_path_fate *pf;
+	struct mrc_peer_state *ws;
+	struct mrc_hop *h;
+	__u64 w, who;
+	__u32 wpeer;
+
+	if (!cfg->shared_fate || probe || !st->acks.last_ns)
+		return;
+	pf = mrc_path_fate.lookup(&index);
+	h = shared_fate_hop(pf);
+	if (!h)
+		return;
+	w = h->watch_ns;
+	if (w == FATE_WATCH_BUSY)
+		return;
+	if (w && now < w + hold) {
+		who = h->watch_who;
+		wpeer = who >> 16;
+		ws = wpeer == peer_id ? st : mrc_peer_state.lookup(&wpeer);
+		if (ws && *peer_path_acked(ws, who & 0xffff) < w)
+			return;
+	}
+	/* written under a busy mark, so a judge never pairs one send's
+	 * time with another's peer */
+	if (!__sync_bool_compare_and_swap(&h->watch_ns, w, FATE_WATCH_BUSY))
+		return;
+	h->watch_who = (__u64)peer_id << 16 | path_id;
+	asm volatile("" ::: "memory");	/* who before its time (x86 keeps store order) */
+	h->watch_ns = now;
+}
+
+/*
  * An up path's verdict: 0, its hop is not suspect or the peer heard it
  * since the suspicion began (`acked`: peer_acks.ns); FATE_PROBE_NOW, this
  * packet's turn tests it with a probe copy; else the send time of its
@@ -103,7 +203,14 @@ static __always_inline __u64 shared_fate_check(const struct mrc_config *cfg, __u
 	if (!h || !pf)
 		return 0;
 	since = h->suspect_ns;
-	if (!since || now >= h->until_ns || acked >= since)
+	if (!since || now >= h->until_ns) {
+		/* not suspect: is the hop's watched send overdue? */
+		shared_fate_watch(cfg, h, now);
+		since = h->suspect_ns;
+		if (!since || now >= h->until_ns)
+			return 0;
+	}
+	if (acked >= since)
 		return 0;
 	sent = *probe_ns;	/* the peer's own (learnt state): rows are shared */
 	if (sent >= since)

@@ -88,13 +88,17 @@ def _hops(env, fab, hosts) -> dict:
     every path's downs (path list), those of paths not through s1, and the
     datapath counters of COUNTERS."""
     sid = fab.spine_sid(0, 1)
-    out = {"suspects": 0, "shared_downs": 0, "downs": 0, "false_downs": 0, **{k: 0 for k in COUNTERS}}
+    out = {"suspects": 0, "watch_suspects": 0, "shared_downs": 0, "false_suspects": 0, "downs": 0,
+           "false_downs": 0, **{k: 0 for k in COUNTERS}}
     for h in hosts:
         r = env.mrcctl(fab.ns(h), "shared-fate", "-j")
         for hop in json.loads(r.stdout)["hops"]:
             if ipaddress.IPv6Address(hop["sid"]) == ipaddress.IPv6Address(sid):
                 out["suspects"] += hop["suspects"]
+                out["watch_suspects"] += hop["watch_suspects"]
                 out["shared_downs"] += hop["shared_downs"]
+            else:       # nothing else failed: a false suspicion
+                out["false_suspects"] += hop["suspects"]
         r = env.mrcctl(fab.ns(h), "path", "list", "-j")
         rows = json.loads(r.stdout)
         out["downs"] += sum(x.get("downs", 0) for x in rows)
@@ -185,7 +189,8 @@ def run(p: dict, env) -> dict:
                         r = _one(env, fab, p, hosts, pattern, sf, port)
                         port += 1
                         log(f"shared-fate: {pattern} {sf}: lost {r['lost']} of {r['sent']}, fault drops "
-                            f"{r['fault_drops']}, s1 suspect {r['suspects']}x, shared downs "
+                            f"{r['fault_drops']}, s1 suspect {r['suspects']}x ({r['watch_suspects']} by watch), "
+                            f"false suspects {r['false_suspects']}, shared downs "
                             f"{r['shared_downs']}, downs {r['downs']} (not s1: {r['false_downs']}), "
                             f"fail-open {r['fail_open']}, reroute {r['reroute']}, probes {r['probe']} "
                             f"({r['probe_copy']} copies), load {r['load']}")
@@ -202,7 +207,8 @@ def _summary(p, runs) -> dict:
         for sf in p["shared_fate"]:
             rs = [r for r in runs if r["pattern"] == pattern and r["shared_fate"] == sf]
             by[sf] = {k: spread([r[k] for r in rs]) for k in
-                      ("lost", "fault_drops", "suspects", "shared_downs", "downs", "false_downs",
+                      ("lost", "fault_drops", "suspects", "watch_suspects", "false_suspects",
+                       "shared_downs", "downs", "false_downs",
                        *COUNTERS, "load", "sent")}
         on = [r["lost"] for r in runs if r["pattern"] == pattern and r["shared_fate"] == "on"]
         off = [r["lost"] for r in runs if r["pattern"] == pattern and r["shared_fate"] == "off"]

@@ -9,6 +9,8 @@ tested at once: skipped for a probe copy, and taken out when
 acknowledgements of later sends on its other path arrive but not of the
 probe, or used again when the probe is acknowledged.  The acknowledgements are written to the peers' learnt
 state (peer_state) as the RX program files them (tests/datapath/test_tables.py covers the filing).
+The hop's watch (its oldest unheard send, judged by any peer's packet
+through it) is tested apart: the down tests give it up first.
 """
 from __future__ import annotations
 
@@ -120,12 +122,23 @@ def set_acks(dp, peer_id, **fields):
     put(dp, peer_id, st)
 
 
+def unwatch(dp):
+    """Every hop's watch given up: the rule of downs alone is tested (the
+    watch, tested below, would suspect the hop at the first overdue send)."""
+    for i in range(C["MRC_MAX_HOPS"]):
+        h = dp.att.maps["hops"].lookup(layout.Index(i))
+        if h.watch_ns:
+            h.watch_ns = h.watch_who = 0
+            dp.att.maps["hops"].update(layout.Index(i), h)
+
+
 def take_out(dp, peer_id):
     """The peer's path 0 has an unacknowledged send while later sends on
     path 1 are acknowledged: the next packet whose turn it is takes it
-    out."""
+    out (the hop's watch given up first)."""
     took, _ = send(dp, peer_id, 0)
     assert took == 0
+    unwatch(dp)
     sent = live(dp, peer_id, 0).unacked_since_ns
     assert sent
     set_acks(dp, peer_id, ns1=sent + 2 * WINDOW_NS, max_ns=sent + 2 * WINDOW_NS)
@@ -223,6 +236,56 @@ def test_a_path_heard_since_the_suspicion_is_not_probed(two_peers):
     assert probe_ns(dp, 1, 0) == 0
 
 
+def who(peer_id, path_id):
+    return peer_id << 16 | path_id
+
+
+def test_an_overdue_watched_send_makes_its_hop_suspect_at_once(two_peers):
+    """X's send on path 0 is hop A's watch; X acknowledges later sends on
+    path 1 but not it: the next packet of any peer through A (Y's) finds
+    the hop suspect before X's path 0 has had another turn, and its path
+    through A is skipped for a probe copy."""
+    dp = two_peers
+    took, _ = send(dp, 0, 0)
+    assert took == 0
+    sent = live(dp, 0, 0).unacked_since_ns
+    a = hop(dp, HOP_A)
+    assert a.watch_who == who(0, 0) and sent <= a.watch_ns
+    # Y's path through A while X's send is merely not heard yet: used,
+    # and the watch stays on the older, unheard send
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta
+    assert hop(dp, HOP_A).watch_who == who(0, 0) and hop(dp, HOP_A).suspects == 0
+    watched = hop(dp, HOP_A).watch_ns
+    # X hears later sends on path 1, a window after, and not the watched one
+    set_acks(dp, 0, ns1=watched + 2 * WINDOW_NS, max_ns=watched + 2 * WINDOW_NS)
+    # Y's path 0 was used since the suspicion began only by a send not yet
+    # heard: skipped, tested by a probe copy
+    took, delta = send(dp, 1, 0)
+    assert took == 1 and delta.get("tx_probe") == 1
+    a = hop(dp, HOP_A)
+    assert a.suspects == 1 and a.watch_suspects == 1 and a.suspect_ns == watched
+    assert not live(dp, 0, 0).down_ns          # X's path: its own turn judges it
+    assert hop(dp, HOP_B).suspects == 0
+    # Z, heard on path 0 after the watched send: its path is clear
+    set_acks(dp, 2, ns0=watched + 1)
+    took, delta = send(dp, 2, 0)
+    assert took == 0 and "tx_probe" not in delta
+
+
+def test_a_heard_watched_send_passes_the_watch_on(two_peers):
+    """The watch moves to the next send through the hop once its send is
+    heard; a heard send suspects nothing however late the others are."""
+    dp = two_peers
+    send(dp, 0, 0)
+    watched = hop(dp, HOP_A).watch_ns
+    set_acks(dp, 0, ns0=watched, ns1=watched + 5 * WINDOW_NS, max_ns=watched + 5 * WINDOW_NS)
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta
+    a = hop(dp, HOP_A)
+    assert a.suspects == 0 and a.watch_who == who(1, 0) and a.watch_ns > watched
+
+
 def test_shared_fate_off(two_peers):
     dp = two_peers
     cfg = dp.att.maps["config"].lookup(layout.Index(0))
@@ -232,6 +295,7 @@ def test_shared_fate_off(two_peers):
     assert hop(dp, HOP_A).suspects == 0
     took, delta = send(dp, 1, 0)
     assert took == 0 and "tx_probe" not in delta
+    assert hop(dp, HOP_A).watch_ns == 0         # no watch either
 
 
 def test_failing_open_takes_the_path_heard_last(two_peers):
