@@ -243,7 +243,8 @@ def check_shared_fate(doc):
         # 8 hosts x 2000 pps over ~2 s, and the black hole dropped packets
         assert run["sent"] > 20000 and 0 <= run["lost"] < 0.05 * run["sent"], run
         assert len(run["lost_by_pair"]) == 56
-        assert {"fail_open", "reroute", "probe", "probe_copy", "false_downs", "load"} <= set(run)
+        assert {"fail_open", "reroute", "probe", "probe_copy", "false_downs", "load", "watch_suspects",
+                "false_suspects"} <= set(run)
         if run["pattern"] == "uniform-nofail":
             # the control: nothing failed, nothing was dropped by a fault
             # (what a loaded machine's sockets drop is counted, not asserted)

@@ -10,7 +10,8 @@ from mrc_ebpf.cli.common import attached, dev_option, emit, json_option
 def _human(r):
     click.echo(f"shared fate {'on' if r['shared_fate'] else 'off'}; {len(r['hops'])} first hops")
     for h in r["hops"]:
-        click.echo(f"  hop {h['hop']:3d} {h['sid']:<28} suspect {h['suspects']} times, "
+        click.echo(f"  hop {h['hop']:3d} {h['sid']:<28} suspect {h['suspects']} times "
+                   f"({h['watch_suspects']} by its watch), "
                    f"{h['shared_downs']} paths out by probe")
 
 
