@@ -649,6 +649,10 @@ struct mrc_hop {
 	 * path's own next turn) */
 	__u64	watch_ns;
 	__u64	watch_who;
+	/* the path's send before the watched one: acknowledgements carry a
+	 * lower bound (a report's block's), so the watched send was heard
+	 * once a send after this one was, as for a path's own clock */
+	__u64	watch_after_ns;
 	__u64	watch_suspects;	/* times its watch made it suspect */
 };
 

@@ -103,20 +103,21 @@ static __always_inline void shared_fate_watch(const struct mrc_config *cfg, stru
 					      __u64 now)
 {
 	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
-	__u64 w = h->watch_ns, who, window, queue;
+	__u64 w = h->watch_ns, who, after, window, queue;
 	struct mrc_peer_state *ws;
 	__u32 peer_id, path_id;
 
 	if (w <= FATE_WATCH_BUSY)
 		return;
 	who = h->watch_who;
+	after = h->watch_after_ns;
 	barrier_var(who);
 	if (h->watch_ns != w)	/* rewritten meanwhile: who may be the new one's */
 		return;
 	peer_id = who >> 16;
 	path_id = who & 0xffff;
 	ws = mrc_peer_state.lookup(&peer_id);
-	if (!ws || *peer_path_acked(ws, path_id) >= w)
+	if (!ws || *peer_path_acked(ws, path_id) > after)
 		return;
 	window = (__u64)cfg->ack_timeout_us * 1000;
 	if (ws->acks.window_ns > window)
@@ -137,9 +138,9 @@ static __always_inline void shared_fate_watch(const struct mrc_config *cfg, stru
 }
 
 /*
- * After a packet left on the path (`index`, its row's: names its hop):
- * it becomes the hop's watched send unless the one watched has not been
- * heard yet (the oldest unheard send is the one to judge).  A watch held
+ * As a packet leaves on the path (`index`, its row's: names its hop;
+ * `before`: the path's last send before it): it becomes the hop's
+ * watched send unless the one watched has not been heard yet (the oldest unheard send is the one to judge).  A watch held
  * for a hold without a verdict (its peer went quiet) is given up.  Not
  * probes (they go where packets are lost: their hop is judged by the
  * path's own rule), nor sends to a peer that never sent feedback (no
@@ -147,7 +148,7 @@ static __always_inline void shared_fate_watch(const struct mrc_config *cfg, stru
  */
 static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32 index,
 					     struct mrc_peer_state *st, __u32 peer_id, __u16 path_id,
-					     int probe, __u64 now)
+					     int probe, __u64 before, __u64 now)
 {
 	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
 	struct mrc_path_fate *pf;
@@ -169,7 +170,7 @@ static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32
 		who = h->watch_who;
 		wpeer = who >> 16;
 		ws = wpeer == peer_id ? st : mrc_peer_state.lookup(&wpeer);
-		if (ws && *peer_path_acked(ws, who & 0xffff) < w)
+		if (ws && *peer_path_acked(ws, who & 0xffff) <= h->watch_after_ns)
 			return;
 	}
 	/* written under a busy mark, so a judge never pairs one send's
@@ -177,6 +178,7 @@ static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32
 	if (!__sync_bool_compare_and_swap(&h->watch_ns, w, FATE_WATCH_BUSY))
 		return;
 	h->watch_who = (__u64)peer_id << 16 | path_id;
+	h->watch_after_ns = before;
 	asm volatile("" ::: "memory");	/* who before its time (x86 keeps store order) */
 	h->watch_ns = now;
 }
