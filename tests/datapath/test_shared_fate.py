@@ -286,6 +286,22 @@ def test_a_heard_watched_send_passes_the_watch_on(two_peers):
     assert a.suspects == 0 and a.watch_who == who(1, 0) and a.watch_ns > watched
 
 
+def test_a_watch_is_heard_by_an_acknowledgement_past_the_send_before_it(two_peers):
+    """An acknowledgement is its report block's lower bound: one past the
+    path's send before the watched one means the watched one arrived."""
+    dp = two_peers
+    send(dp, 0, 0)
+    first = hop(dp, HOP_A).watch_ns
+    set_acks(dp, 0, ns0=first)
+    send(dp, 0, 0)                      # the first was heard: this is watched
+    a = hop(dp, HOP_A)
+    assert a.watch_who == who(0, 0) and a.watch_ns > first and a.watch_after_ns == first
+    later = a.watch_ns + 5 * WINDOW_NS
+    set_acks(dp, 0, ns0=first + 1, ns1=later, max_ns=later)
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta and hop(dp, HOP_A).suspects == 0
+
+
 def test_shared_fate_off(two_peers):
     dp = two_peers
     cfg = dp.att.maps["config"].lookup(layout.Index(0))
