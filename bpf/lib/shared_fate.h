@@ -1,14 +1,16 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * Shared fate: two paths taken out through one first hop make it
- * suspect, and every other path of every peer through that hop is tested
+ * suspect, as does its watched send (the oldest unheard one through it,
+ * of any peer) found overdue by any packet through it; then every other path of every peer through that hop is tested
  * at once instead of each losing its own data first.  A suspect path the peer has not
  * acknowledged since the suspicion began is skipped, and its next turn
  * sends a header-only probe copy (as for a down path); it is taken out
  * when the peer acknowledges sends a window after the probe on other
  * paths but not the probe (the failover rule, applied to the probe), and
  * used again as soon as the probe, or any later send, is acknowledged.
- * O(1) per packet: two array lookups.  Design: docs/design/shared-fate.md.
+ * O(1) per packet: two array lookups, and one peer_state lookup for the
+ * watch's verdict and one after a send through a hop.  Design: docs/design/shared-fate.md.
  */
 #ifndef MRC_LIB_SHARED_FATE_H
 #define MRC_LIB_SHARED_FATE_H
