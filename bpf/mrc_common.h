@@ -654,6 +654,12 @@ struct mrc_hop {
 	 * once a send after this one was, as for a path's own clock */
 	__u64	watch_after_ns;
 	__u64	watch_suspects;	/* times its watch made it suspect */
+	/* a second watch, another peer's send taken while the first is
+	 * unheard: the first verdict comes from whichever peer reports
+	 * sooner (same rules, same fields) */
+	__u64	watch2_ns;
+	__u64	watch2_who;
+	__u64	watch2_after_ns;
 };
 
 /* path_fate: array by path index of a row (the peer's own or a

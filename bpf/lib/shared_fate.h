@@ -101,20 +101,20 @@ static __always_inline void shared_fate_path_down(const struct mrc_config *cfg, 
  * one peer's ack of a later send says nothing of another's earlier one.
  * One lookup of the watched peer's state.
  */
-static __always_inline void shared_fate_watch(const struct mrc_config *cfg, struct mrc_hop *h,
-					      __u64 now)
+static __always_inline void shared_fate_watch_one(const struct mrc_config *cfg, struct mrc_hop *h,
+						  __u64 *wns, __u64 *wwho, __u64 *wafter, __u64 now)
 {
 	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
-	__u64 w = h->watch_ns, who, after, window, queue;
+	__u64 w = *wns, who, after, window, queue;
 	struct mrc_peer_state *ws;
 	__u32 peer_id, path_id;
 
 	if (w <= FATE_WATCH_BUSY)
 		return;
-	who = h->watch_who;
-	after = h->watch_after_ns;
+	who = *wwho;
+	after = *wafter;
 	barrier_var(who);
-	if (h->watch_ns != w)	/* rewritten meanwhile: who may be the new one's */
+	if (*wns != w)	/* rewritten meanwhile: who may be the new one's */
 		return;
 	peer_id = who >> 16;
 	path_id = who & 0xffff;
@@ -130,7 +130,7 @@ static __always_inline void shared_fate_watch(const struct mrc_config *cfg, stru
 	if (ws->acks.max_ns <= w + window)
 		return;
 	/* one CPU judges it; the next send through the hop is watched */
-	if (!__sync_bool_compare_and_swap(&h->watch_ns, w, 0))
+	if (!__sync_bool_compare_and_swap(wns, w, 0))
 		return;
 	h->until_ns = now + hold;
 	h->suspect_ns = w;
@@ -139,14 +139,47 @@ static __always_inline void shared_fate_watch(const struct mrc_config *cfg, stru
 	__sync_fetch_and_add(&h->watch_suspects, 1);
 }
 
+/* Both watches (the second: another peer's send taken while the first
+ * is unheard, so a hole is judged by whichever peer reports sooner). */
+static __always_inline void shared_fate_watch(const struct mrc_config *cfg, struct mrc_hop *h,
+					      __u64 now)
+{
+	shared_fate_watch_one(cfg, h, &h->watch_ns, &h->watch_who, &h->watch_after_ns, now);
+	if (h->suspect_ns && now < h->until_ns)
+		return;
+	shared_fate_watch_one(cfg, h, &h->watch2_ns, &h->watch2_who, &h->watch2_after_ns, now);
+}
+
+/* Is the watch slot free for a new send: empty, given up after a hold,
+ * or its send heard (`st`: the sender's state, when the watch is its).
+ * 0: busy (being rewritten, or unheard). */
+static __always_inline int shared_fate_watch_free(__u64 w, __u64 who, __u64 after,
+						  struct mrc_peer_state *st, __u32 peer_id,
+						  __u64 hold, __u64 now)
+{
+	struct mrc_peer_state *ws;
+	__u32 wpeer;
+
+	if (w == FATE_WATCH_BUSY)
+		return 0;
+	if (!w || now >= w + hold)
+		return 1;
+	wpeer = who >> 16;
+	ws = wpeer == peer_id ? st : mrc_peer_state.lookup(&wpeer);
+	return !ws || *peer_path_acked(ws, who & 0xffff) > after;
+}
+
 /*
  * As a packet leaves on the path (`index`, its row's: names its hop;
  * `before`: the path's last send before it): it becomes the hop's
- * watched send unless the one watched has not been heard yet (the oldest unheard send is the one to judge).  A watch held
- * for a hold without a verdict (its peer went quiet) is given up.  Not
+ * watched send unless the one watched has not been heard yet (the oldest unheard send is the one to judge);
+ * then, if that one is another peer's, it may take the second watch
+ * (free or heard): a verdict waits for the watched peer's report, and
+ * peers report at different times.  A watch
+ * held for a hold without a verdict (its peer went quiet) is given up.  Not
  * probes (they go where packets are lost: their hop is judged by the
  * path's own rule), nor sends to a peer that never sent feedback (no
- * verdict is possible).
+ * verdict is possible).  At most two peer_state lookups.
  */
 static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32 index,
 					     struct mrc_peer_state *st, __u32 peer_id, __u16 path_id,
@@ -154,10 +187,8 @@ static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32
 {
 	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
 	struct mrc_path_fate *pf;
-	struct mrc_peer_state *ws;
 	struct mrc_hop *h;
-	__u64 w, who;
-	__u32 wpeer;
+	__u64 w, who, *wns, *wwho, *wafter;
 
 	if (!cfg->shared_fate || probe || !st->acks.last_ns)
 		return;
@@ -166,23 +197,28 @@ static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32
 	if (!h)
 		return;
 	w = h->watch_ns;
-	if (w == FATE_WATCH_BUSY)
-		return;
-	if (w && now < w + hold) {
-		who = h->watch_who;
-		wpeer = who >> 16;
-		ws = wpeer == peer_id ? st : mrc_peer_state.lookup(&wpeer);
-		if (ws && *peer_path_acked(ws, who & 0xffff) <= h->watch_after_ns)
+	who = h->watch_who;
+	wns = &h->watch_ns;
+	wwho = &h->watch_who;
+	wafter = &h->watch_after_ns;
+	if (!shared_fate_watch_free(w, who, h->watch_after_ns, st, peer_id, hold, now)) {
+		if (w == FATE_WATCH_BUSY || who >> 16 == peer_id)
 			return;
+		w = h->watch2_ns;
+		if (!shared_fate_watch_free(w, h->watch2_who, h->watch2_after_ns, st, peer_id, hold, now))
+			return;
+		wns = &h->watch2_ns;
+		wwho = &h->watch2_who;
+		wafter = &h->watch2_after_ns;
 	}
 	/* written under a busy mark, so a judge never pairs one send's
 	 * time with another's peer */
-	if (!__sync_bool_compare_and_swap(&h->watch_ns, w, FATE_WATCH_BUSY))
+	if (!__sync_bool_compare_and_swap(wns, w, FATE_WATCH_BUSY))
 		return;
-	h->watch_who = (__u64)peer_id << 16 | path_id;
-	h->watch_after_ns = before;
+	*wwho = (__u64)peer_id << 16 | path_id;
+	*wafter = before;
 	asm volatile("" ::: "memory");	/* who before its time (x86 keeps store order) */
-	h->watch_ns = now;
+	*wns = now;
 }
 
 /*

@@ -127,8 +127,8 @@ def unwatch(dp):
     watch, tested below, would suspect the hop at the first overdue send)."""
     for i in range(C["MRC_MAX_HOPS"]):
         h = dp.att.maps["hops"].lookup(layout.Index(i))
-        if h.watch_ns:
-            h.watch_ns = h.watch_who = 0
+        if h.watch_ns or h.watch2_ns:
+            h.watch_ns = h.watch_who = h.watch2_ns = h.watch2_who = 0
             dp.att.maps["hops"].update(layout.Index(i), h)
 
 
