@@ -302,6 +302,31 @@ def test_a_watch_is_heard_by_an_acknowledgement_past_the_send_before_it(two_peer
     assert took == 0 and "tx_probe" not in delta and hop(dp, HOP_A).suspects == 0
 
 
+def test_another_peers_send_takes_the_second_watch_and_is_judged(two_peers):
+    """X's send watched and unheard: Y's send through the same hop takes
+    the second watch (X's own next send does not); Y acknowledging later
+    sends but not it suspects the hop, while X has reported nothing."""
+    dp = two_peers
+    send(dp, 0, 0)
+    first = hop(dp, HOP_A).watch_ns
+    send(dp, 0, 0)                      # X again: not a second watch
+    a = hop(dp, HOP_A)
+    assert a.watch_ns == first and a.watch_who == who(0, 0) and a.watch2_ns == 0
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta
+    a = hop(dp, HOP_A)
+    assert a.watch_ns == first and a.watch2_who == who(1, 0) and a.watch2_ns > first
+    assert a.suspects == 0
+    second = a.watch2_ns
+    # Y hears later sends on path 1 a window after, not the watched one
+    set_acks(dp, 1, ns1=second + 2 * WINDOW_NS, max_ns=second + 2 * WINDOW_NS)
+    took, delta = send(dp, 2, 0)
+    a = hop(dp, HOP_A)
+    assert a.suspects == 1 and a.watch_suspects == 1 and a.suspect_ns == second
+    assert took == 1 and delta.get("tx_probe") == 1
+    assert hop(dp, HOP_B).suspects == 0
+
+
 def test_shared_fate_off(two_peers):
     dp = two_peers
     cfg = dp.att.maps["config"].lookup(layout.Index(0))
