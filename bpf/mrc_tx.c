@@ -184,6 +184,9 @@ int mrc_tx(struct __sk_buff *skb)
 		 : srh_write_encap(skb, cfg, path, nseg, inner.proto, inner.tos, &choice))
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
+	/* before failover_path_sent(), which overwrites the last send */
+	shared_fate_sent(cfg, choice.path_index, choice.st, peer->peer_id, choice.path_id, choice.probe,
+			 choice.live->last_sent_ns, choice.tx_ns);
 	failover_path_sent(choice.live, choice.st, choice.tx_ns);
 	if (cfg->retrans_steer && !control)
 		tcp_steer_heard(choice.st, choice.path_id);

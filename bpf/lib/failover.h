@@ -159,7 +159,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 		if (now < due || !__sync_bool_compare_and_swap(&live->next_probe_ns, due, now + probe_ns))
 			return PATH_SKIP;
 		if (fate)	/* shared fate: its hop is still suspect */
-			shared_fate_path_down(cfg, row_index, 0, now);
+			shared_fate_path_down(cfg, row_index, (__u64)peer_id << 16 | path_id, 0, now);
 		return PATH_PROBE;
 	}
 	/* shared fate (lib/shared_fate.h): while its hop is suspect the path
@@ -190,7 +190,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 			live->downs++;
 			failover_event_log(peer_id, path_id, since == probe ? MRC_EV_SHARED_DOWN : MRC_EV_DOWN,
 					   now, since);
-			shared_fate_path_down(cfg, row_index, since == probe, now);
+			shared_fate_path_down(cfg, row_index, (__u64)peer_id << 16 | path_id, since == probe, now);
 		} else {
 			floor_release(st);
 		}

@@ -57,11 +57,11 @@ static __always_inline __u32 feedback_lowest_bit(__u64 w)
 }
 
 /*
- * TX: a path with a loss not yet reported, and forget that it has one;
- * -1 if none.  The sender's adaptive policy should hear of a loss with
- * our next packet, so such a path is the one reported exactly.
+ * TX: a path with a loss not yet reported, and forget that it has one
+ * (`consume`); -1 if none.  The sender's adaptive policy should hear of a
+ * loss with our next packet, so such a path is the one reported exactly.
  */
-static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer)
+static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer, int consume)
 {
 	__u32 i, bit;
 
@@ -69,7 +69,8 @@ static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer)
 	for (i = 0; i < MRC_MAX_PATHS / 64; i++) {
 		if (peer->loss_news[i]) {
 			bit = feedback_lowest_bit(peer->loss_news[i]);
-			peer->loss_news[i] &= ~(1ULL << bit);
+			if (consume)
+				peer->loss_news[i] &= ~(1ULL << bit);
 			return i * 64 + bit;
 		}
 	}
@@ -84,10 +85,11 @@ static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer)
  * report exactly: one with a loss not yet told (`lossy`), else one whose
  * send would have dragged the bound (a slow path), else -1 (the caller
  * reports the path heard last: how far we have heard the peer, the
- * sooner a black hole elsewhere is seen).
+ * sooner a black hole elsewhere is seen).  Without `consume` (a probe)
+ * the same is reported and left for the next report too.
  */
 static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_rx_peer *peer,
-					       int lossy)
+					       int lossy, int consume)
 {
 	__u64 heard = 0, slow;
 	__u32 i, block = 0;
@@ -106,7 +108,7 @@ static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_r
 		tlv->fb_heard = mrc_htonll(heard);
 		tlv->fb_since_ns32 = bpf_htonl((__u32)peer->heard_since[block]);
 		/* a path that joined meanwhile stays for the next report */
-		if (!(__sync_fetch_and_and(&peer->heard[block], ~heard) & ~heard))
+		if (consume && !(__sync_fetch_and_and(&peer->heard[block], ~heard) & ~heard))
 			peer->fb_block = block + 1;
 	}
 	if (lossy >= 0)
@@ -116,15 +118,27 @@ static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_r
 		slow = peer->heard_slow[i];
 		if (slow) {
 			slow &= -slow;
-			peer->heard_slow[i] &= ~slow;
+			if (consume)
+				peer->heard_slow[i] &= ~slow;
 			return i * 64 + feedback_lowest_bit(slow);
 		}
 	}
 	return -1;
 }
 
-/* TX: fill fb_* with what we saw from the peer whose SID is `peer_sid`. */
-static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_sid *peer_sid)
+/*
+ * TX: fill fb_* with what we saw from the peer whose SID is `peer_sid`.
+ * A report's news (paths heard, a loss, a slow path) is told once; a
+ * probe (`probe`: a down or suspect path tested, which may well be a
+ * black hole, while another may be up: path_choice.keep_news; a packet
+ * failing open is the news's only carrier and tells it as any other)
+ * tells it too but leaves it for the next packet, so a
+ * report lost with a probe costs the live paths no acknowledgement (once
+ * lost, they were taken out in turn: ~1300 downs in the shared-fate
+ * bench), and what a probe's report says still counts when it arrives
+ * (a slow path's late packets, test_late_packets_widen_the_window).
+ */
+static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_sid *peer_sid, int probe)
 {
 	struct mrc_rx_key key = {};
 	struct mrc_rx_peer *peer;
@@ -136,12 +150,13 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 	if (!peer)
 		return;
 	tlv->flags |= MRC_F_FEEDBACK;
-	exact = feedback_fill_heard(tlv, peer, feedback_take_loss(peer));
+	exact = feedback_fill_heard(tlv, peer, feedback_take_loss(peer, !probe), !probe);
 	__builtin_memcpy(key.sid, peer_sid->addr, 16);
 	key.path_id = exact >= 0 ? exact : peer->last_path_id;
 	if (!tlv->fb_path_tx32)
 		tlv->fb_path_tx32 = bpf_htonl((__u32)peer->latest_tx[key.path_id & (MRC_MAX_PATHS - 1)]);
-	peer->fb_sent_ns = bpf_ktime_get_ns();
+	if (!probe)	/* a probe does not answer: mrc_fb may still owe one */
+		peer->fb_sent_ns = bpf_ktime_get_ns();
 	tlv->fb_path_id = bpf_htons(key.path_id);
 	path = mrc_rx_paths.lookup(&key);
 	if (!path)

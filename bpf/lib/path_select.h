@@ -20,6 +20,7 @@ struct path_choice {
 	__u8	tclass;
 	__u8	probe;		/* the path is down and this packet tests it */
 	__u8	control;	/* header only: feedback (mrc_fb's clone) or a probe copy */
+	__u8	keep_news;	/* tests a path while others may be up: its report consumes nothing (lib/feedback.h) */
 	__u16	probe_copy;	/* 1 + id of a down path to test with a copy of this packet */
 	struct mrc_peer_state *st;	/* the peer's learnt state */
 	struct mrc_path_live *live;
@@ -138,8 +139,10 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
  * hole that would be a lost segment for TCP): with `may_copy`, the packet
  * goes on looking and a header-only copy of it tests the path
  * (choice->probe_copy).  If nothing is up the packet itself takes the
- * path due a probe, or else fails open: it goes on the pick, which is
- * being probed, rather than being dropped.
+ * path due a probe, or else fails open: it goes on a path that is
+ * being probed, rather than being dropped: the tried path the peer heard
+ * from last (the pick if none was ever heard).  One probe copy a packet:
+ * a second down path due a probe among its tries waits for the next.
  */
 static __always_inline int path_select_live(const struct mrc_spray *list, __u32 n, __u32 at,
 				       const struct mrc_peer *peer, struct mrc_peer_state *st, __u8 policy,
@@ -151,8 +154,9 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	struct mrc_peer_tx *ptx = &st->tx;
 	enum path_use use = PATH_SKIP;
 	struct mrc_path_live *live = NULL;
-	__u32 t, pos, copy_pos = 0, index = 0;
+	__u32 t, pos, copy_pos = 0, open_pos = at, index = 0;
 	__u16 id = 0, copy = 0;
+	__u64 acked, open_acked = 0;
 
 	for (t = 0, pos = at; t <= MRC_REROUTE_TRIES; t++) {
 		live = path_select_live_at(list, pos, row, st, &id, &index);
@@ -160,15 +164,30 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 			return -1;
 		/* shared fate's hook: the policy's pick only (verifier budget) */
 		use = failover_path_check(live, cfg, st, peer, id, now, t == 0);
-		if (use == PATH_PROBE && may_copy && !copy) {
-			count(MRC_TX_PROBE);
-			live->probes++;
-			copy = id + 1;
-			copy_pos = pos;
+		if (use == PATH_PROBE && may_copy) {
+			if (!copy) {
+				count(MRC_TX_PROBE);
+				live->probes++;
+				copy = id + 1;
+				copy_pos = pos;
+			} else {
+				/* one copy a packet: a second path due a probe
+				 * waits for the next packet, not this one's data
+				 * (into a black hole: lost) */
+				live->next_probe_ns = now;
+			}
 			use = PATH_SKIP;
 		}
 		if (use != PATH_SKIP)
 			break;
+		/* failing open, the path heard from last is the likeliest
+		 * to be alive (a live one taken out falsely, or skipped as
+		 * its hop is suspect, rather than one that went silent) */
+		acked = *peer_path_acked(st, id);
+		if (t == 0 || acked > open_acked) {
+			open_acked = acked;
+			open_pos = pos;
+		}
 		if (t == 0 && turns)
 			pos = path_select_skip_turn(list, n, ptx, policy, pos);
 		else if (t == (__u32)turns && n > MRC_REROUTE_TRIES + 1)
@@ -176,6 +195,10 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		else
 			pos = (pos + 1) % n;
 	}
+	/* a probe while a path may be up (a control packet that found its
+	 * path due) leaves its report's news for the next packet; a packet
+	 * with nowhere else to go (below) is the news's only carrier */
+	choice->keep_news = use == PATH_PROBE;
 	if (use == PATH_SKIP && copy) {
 		/* nothing else is up: the packet is the probe itself */
 		live = path_select_live_at(list, copy_pos, row, st, &id, &index);
@@ -185,7 +208,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		use = PATH_USE;		/* counted as a probe above */
 		choice->probe = 1;
 	} else if (use == PATH_SKIP) {
-		live = path_select_live_at(list, at, row, st, &id, &index);
+		live = path_select_live_at(list, open_pos, row, st, &id, &index);
 		if (!live)
 			return -1;
 		use = PATH_PROBE;
@@ -323,6 +346,7 @@ static __always_inline int path_select_pinned(const struct mrc_peer *peer, __u32
 	choice->peer_seq = st->tx.seq;
 	choice->tclass = 0;
 	choice->probe = 1;
+	choice->keep_news = 1;
 	choice->probe_copy = 0;
 	count(counter);
 	return 0;

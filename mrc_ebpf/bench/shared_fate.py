@@ -11,6 +11,8 @@ started together) in one of two patterns:
     a time and meets the others in turn;
   * uniform: every host sends to all 7 peers all the time (packet k to
     peer k mod 7).
+  * uniform-nofail: uniform, and nothing fails (the control: shared
+    fate must lose nothing where nothing fails).
 After warmup_s both of spine s1's downlinks are black-holed (the fault
 program on l1's and l2's ingress from s1, `fabric fail s1>l1 s1>l2`
 switched from an armed 1e-9 loss to blackhole with one map write) for
@@ -28,7 +30,13 @@ probed back.  Measured per run:
     feedback-only packets);
   * hop counters of every host's datapath (`mrcctl shared-fate -j`):
     times s1's hop became suspect, paths taken out by an unanswered
-    probe; and `path list` downs summed.
+    probe; and `path list` downs summed, and those of paths whose first
+    segment is not s1 (`false_downs`: nothing else failed);
+  * the datapath's counters summed over the hosts (`mrcctl stats`):
+    fail_open (a packet sent on a path that was out: every try was),
+    reroute (the pick was out or skipped: another path taken), probe
+    (a down or suspect path tested) and probe_copy (of which header-only
+    copies of data packets).
 """
 from __future__ import annotations
 
@@ -50,7 +58,7 @@ SPINE = "s1"
 def params(short: bool) -> dict:
     return {"spines": 4, "leaves": 2, "hosts_per_leaf": 4, "rate": None, "mtu": 1500,
             "pps": 2000, "size": 200, "phase_ms": 20.0,
-            "patterns": ["phased", "uniform"], "shared_fate": ["on", "off"],
+            "patterns": ["phased", "uniform", "uniform-nofail"], "shared_fate": ["on", "off"],
             "warmup_s": 1.0, "fail_s": 0.6 if short else 1.0, "after_s": 0.5, "settle_s": 1.0,
             "repeat": 1 if short else 3, "policy": "rr", "port": 6100}
 
@@ -71,19 +79,35 @@ def _set_faults(fab, mode: str, loss: float = 1.0):
         faults.rearm(fab.ns(t.split(">")[1]), SPINE, mode, loss)
 
 
+COUNTERS = {"fail_open": "tx_fail_open", "reroute": "tx_reroute", "probe": "tx_probe",
+            "probe_copy": "tx_probe_copy"}
+
+
 def _hops(env, fab, hosts) -> dict:
-    """Summed over the hosts: suspicions and shared downs of s1's hop, and
-    every path's downs (path list)."""
+    """Summed over the hosts: suspicions and shared downs of s1's hop,
+    every path's downs (path list), those of paths not through s1, and the
+    datapath counters of COUNTERS."""
     sid = fab.spine_sid(0, 1)
-    out = {"suspects": 0, "shared_downs": 0, "downs": 0}
+    out = {"suspects": 0, "watch_suspects": 0, "shared_downs": 0, "false_suspects": 0, "downs": 0,
+           "false_downs": 0, **{k: 0 for k in COUNTERS}}
     for h in hosts:
         r = env.mrcctl(fab.ns(h), "shared-fate", "-j")
         for hop in json.loads(r.stdout)["hops"]:
             if ipaddress.IPv6Address(hop["sid"]) == ipaddress.IPv6Address(sid):
                 out["suspects"] += hop["suspects"]
+                out["watch_suspects"] += hop["watch_suspects"]
                 out["shared_downs"] += hop["shared_downs"]
+            else:       # nothing else failed: a false suspicion
+                out["false_suspects"] += hop["suspects"]
         r = env.mrcctl(fab.ns(h), "path", "list", "-j")
-        out["downs"] += sum(x.get("downs", 0) for x in json.loads(r.stdout))
+        rows = json.loads(r.stdout)
+        out["downs"] += sum(x.get("downs", 0) for x in rows)
+        out["false_downs"] += sum(x.get("downs", 0) for x in rows
+                                  if not x["segments"] or
+                                  ipaddress.IPv6Address(x["segments"][0]) != ipaddress.IPv6Address(sid))
+        counters = json.loads(env.mrcctl(fab.ns(h), "stats", "-j").stdout)["counters"]
+        for k, name in COUNTERS.items():
+            out[k] += counters.get(name, 0)
     return out
 
 
@@ -93,13 +117,14 @@ def _one(env, fab, p, hosts, pattern: str, sf: str, port: int) -> dict:
     addrs = [fab.addr6(int(h[1:])) for h in hosts]
     drops0, hops0 = _fault_drops(fab), _hops(env, fab, hosts)
     seconds = p["warmup_s"] + p["fail_s"] + p["after_s"]
+    load, _, nofail = pattern.partition("-")
     procs = []
     for i, h in enumerate(hosts):
         peers = [a for j, a in enumerate(addrs) if j != i]
         procs.append(env.popen(fab.ns(h), [PY, "-m", "mrc_ebpf.bench.alltoall_udp", "--index", str(i),
                                            "--peers", ",".join(peers), "--port", str(port),
                                            "--pps", str(p["pps"]), "--seconds", str(seconds),
-                                           "--pattern", pattern, "--phase-ms", str(p["phase_ms"]),
+                                           "--pattern", load, "--phase-ms", str(p["phase_ms"]),
                                            "--size", str(p["size"])],
                                stdin=subprocess.PIPE))
     start = time.monotonic() + 1.5         # every generator up and waiting
@@ -107,10 +132,12 @@ def _one(env, fab, p, hosts, pattern: str, sf: str, port: int) -> dict:
         pr.stdin.write(f"{start}\n")
         pr.stdin.flush()
     time.sleep(max(0.0, start + p["warmup_s"] - time.monotonic()))
-    _set_faults(fab, "blackhole")
+    if not nofail:
+        _set_faults(fab, "blackhole")
     t_fail = time.monotonic()
     time.sleep(max(0.0, t_fail + p["fail_s"] - time.monotonic()))
-    _set_faults(fab, "loss", 1e-9)
+    if not nofail:
+        _set_faults(fab, "loss", 1e-9)
     docs = []
     for pr in procs:
         out, err = env.wait(pr, timeout=seconds + 30)
@@ -132,8 +159,14 @@ def _one(env, fab, p, hosts, pattern: str, sf: str, port: int) -> dict:
             "lost": sent - received, "fault_drops": _fault_drops(fab) - drops0,
             "send_errors": sum(d["send_errors"] for d in docs),
             "pairs_with_loss": sum(1 for v in pairs.values() if v), "lost_by_pair": pairs,
-            "t_fail": t_fail,
+            "t_fail": t_fail, "load": _load(),
             **{k: hops1[k] - hops0[k] for k in hops0}}
+
+
+def _load() -> float:
+    """The machine's 1-minute load average (other sessions share it)."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
 
 
 def run(p: dict, env) -> dict:
@@ -156,8 +189,11 @@ def run(p: dict, env) -> dict:
                         r = _one(env, fab, p, hosts, pattern, sf, port)
                         port += 1
                         log(f"shared-fate: {pattern} {sf}: lost {r['lost']} of {r['sent']}, fault drops "
-                            f"{r['fault_drops']}, s1 suspect {r['suspects']}x, shared downs "
-                            f"{r['shared_downs']}, downs {r['downs']}")
+                            f"{r['fault_drops']}, s1 suspect {r['suspects']}x ({r['watch_suspects']} by watch), "
+                            f"false suspects {r['false_suspects']}, shared downs "
+                            f"{r['shared_downs']}, downs {r['downs']} (not s1: {r['false_downs']}), "
+                            f"fail-open {r['fail_open']}, reroute {r['reroute']}, probes {r['probe']} "
+                            f"({r['probe_copy']} copies), load {r['load']}")
                         runs.append(r)
         finally:
             fab_mod.heal(fab.name, None)
@@ -171,7 +207,9 @@ def _summary(p, runs) -> dict:
         for sf in p["shared_fate"]:
             rs = [r for r in runs if r["pattern"] == pattern and r["shared_fate"] == sf]
             by[sf] = {k: spread([r[k] for r in rs]) for k in
-                      ("lost", "fault_drops", "suspects", "shared_downs", "downs", "sent")}
+                      ("lost", "fault_drops", "suspects", "watch_suspects", "false_suspects",
+                       "shared_downs", "downs", "false_downs",
+                       *COUNTERS, "load", "sent")}
         on = [r["lost"] for r in runs if r["pattern"] == pattern and r["shared_fate"] == "on"]
         off = [r["lost"] for r in runs if r["pattern"] == pattern and r["shared_fate"] == "off"]
         if on and off and statistics.median(off):
@@ -182,7 +220,7 @@ def _summary(p, runs) -> dict:
 
 def table(results: dict):
     headers = ["pattern", "shared fate", "data lost", "fault drops", "s1 suspect (hosts x)",
-               "paths out by probe", "path downs", "lost on/off"]
+               "paths out by probe", "path downs", "not s1", "fail-open", "reroute", "load", "lost on/off"]
     rows = []
     for pattern, by in results["patterns"].items():
         for sf, s in by.items():
@@ -190,6 +228,8 @@ def table(results: dict):
                 continue
             rows.append([pattern, sf, fmt_spread(s["lost"]), fmt_spread(s["fault_drops"]),
                          fmt_spread(s["suspects"]), fmt_spread(s["shared_downs"]), fmt_spread(s["downs"]),
+                         fmt_spread(s["false_downs"]), fmt_spread(s["fail_open"]), fmt_spread(s["reroute"]),
+                         fmt_spread(s["load"]),
                          by.get("lost_ratio_on_off", "") if sf == "on" else ""])
     return headers, rows
 

@@ -10,7 +10,8 @@ from mrc_ebpf.cli.common import attached, dev_option, emit, json_option
 def _human(r):
     click.echo(f"shared fate {'on' if r['shared_fate'] else 'off'}; {len(r['hops'])} first hops")
     for h in r["hops"]:
-        click.echo(f"  hop {h['hop']:3d} {h['sid']:<28} suspect {h['suspects']} times, "
+        click.echo(f"  hop {h['hop']:3d} {h['sid']:<28} suspect {h['suspects']} times "
+                   f"({h['watch_suspects']} by its watch), "
                    f"{h['shared_downs']} paths out by probe")
 
 
@@ -20,9 +21,9 @@ def _human(r):
 @json_option
 @click.pass_context
 def shared_fate(ctx, switch, device):
-    """Show (or turn on/off) shared fate: a path taken out makes its first
-    hop suspect, and every other path through that hop is tested at once
-    by a probe copy and taken out if it goes unanswered."""
+    """Show (or turn on/off) shared fate: two paths taken out through one
+    first hop make it suspect, and every other path through that hop is
+    tested at once by a probe copy and taken out if it goes unanswered."""
     from mrc_ebpf.control import shared_fate as sf
     from mrc_ebpf.datapath import layout
     with attached(device, change=switch is not None) as att:

@@ -73,5 +73,5 @@ def hops(att) -> list[dict]:
         if any(bytes(h.sid.addr)):
             out.append({"hop": i, "sid": str(ipaddress.IPv6Address(bytes(h.sid.addr))),
                         "suspect_ns": h.suspect_ns, "until_ns": h.until_ns, "suspects": h.suspects,
-                        "shared_downs": h.shared_downs})
+                        "shared_downs": h.shared_downs, "watch_suspects": h.watch_suspects})
     return out

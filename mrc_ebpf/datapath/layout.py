@@ -182,7 +182,9 @@ class TxScratch(ctypes.Structure):
 @mirror("struct mrc_hop")
 class Hop(ctypes.Structure):
     _fields_ = [("sid", Sid), ("suspect_ns", u64), ("until_ns", u64), ("suspects", u64),
-                ("shared_downs", u64)]
+                ("shared_downs", u64), ("lone_ns", u64), ("lone_who", u64),
+                ("watch_ns", u64), ("watch_who", u64), ("watch_after_ns", u64), ("watch_suspects", u64),
+                ("watch2_ns", u64), ("watch2_who", u64), ("watch2_after_ns", u64)]
 
 
 @mirror("struct mrc_path_fate")

@@ -1,13 +1,16 @@
 """Shared fate's state machine (bpf/lib/shared_fate.h), driven with
 BPF_PROG_TEST_RUN through the real TX program.
 
-Two peers, each with two SRH paths: path 0 through hop A, path 1 through
-hop B.  Peer X's path 0 is made overdue and the TX program takes it out;
-then peer Y's path 0, through the same hop, is tested at once: skipped
-for a probe copy, and taken out when acknowledgements of later sends on
-its other path arrive but not of the probe, or used again when the probe
-is acknowledged.  The acknowledgements are written to the peers' learnt
+Three peers, each with two SRH paths: path 0 through hop A, path 1
+through hop B.  Peer X's path 0 is made overdue and the TX program takes
+it out: alone, that suspects nothing; then peer Z's path 0 too, and hop A
+is suspect from X's down on: peer Y's path 0, through the same hop, is
+tested at once: skipped for a probe copy, and taken out when
+acknowledgements of later sends on its other path arrive but not of the
+probe, or used again when the probe is acknowledged.  The acknowledgements are written to the peers' learnt
 state (peer_state) as the RX program files them (tests/datapath/test_tables.py covers the filing).
+The hop's watch (its oldest unheard send, judged by any peer's packet
+through it) is tested apart: the down tests give it up first.
 """
 from __future__ import annotations
 
@@ -31,14 +34,16 @@ from . import frames as F
 pytestmark = pytest.mark.root
 
 HOP_A, HOP_B = "fc00:0:e1::", "fc00:0:e2::"
-X, Y = ("fd00:b::/64", "fc00:0:b::"), ("fd00:c::/64", "fc00:0:c::")
+X, Y, Z = ("fd00:b::/64", "fc00:0:b::"), ("fd00:c::/64", "fc00:0:c::"), ("fd00:d::/64", "fc00:0:d::")
+DST = ("fd00:b::2", "fd00:c::2", "fd00:d::2")
 WINDOW_NS = C["MRC_DEFAULT_ACK_TIMEOUT_US"] * 1000
 
 
 @pytest.fixture
 def two_peers(fresh):
-    """X = peer 0 and Y = peer 1, paths [A, B] each, rr, shared fate on,
-    both peers already heard from (their acknowledgement clocks run)."""
+    """X = peer 0, Y = peer 1, Z = peer 2, paths [A, B] each, rr, shared
+    fate on, every peer already heard from (their acknowledgement clocks
+    run)."""
     dp = fresh
     att = dp.att
     for key in list(att.maps["peers"].keys()):
@@ -47,9 +52,10 @@ def two_peers(fresh):
         att.maps["hops"].update(layout.Index(i), layout.Hop())
     cfg = att.maps["config"].lookup(layout.Index(0))
     cfg.shared_fate = 1
+    cfg.probe_us = 100_000      # a hold of 0.4 s: longer than any test here takes
     att.maps["config"].update(layout.Index(0), cfg)
     now = time.monotonic_ns()
-    for peer_id, (prefix_text, sid) in enumerate((X, Y)):
+    for peer_id, (prefix_text, sid) in enumerate((X, Y, Z)):
         prefix = cp.parse_prefix(prefix_text)
         for path_id, hop in enumerate((HOP_A, HOP_B)):
             spec = cp.PathSpec.via(f"{hop},{sid}")
@@ -86,8 +92,7 @@ def send(dp, peer_id: int, turn: int):
     st = state(dp, peer_id)
     st.tx.seq = turn
     put(dp, peer_id, st)
-    dst = "fd00:b::2" if peer_id == 0 else "fd00:c::2"
-    r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst=dst) / Raw(b"data")))
+    r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst=DST[peer_id]) / Raw(b"data")))
     assert r.verdict in ("TC_ACT_OK", "TC_ACT_REDIRECT"), r
     return wire.mrc_tlv(Ether(r.out)).path_id, r.delta
 
@@ -117,16 +122,34 @@ def set_acks(dp, peer_id, **fields):
     put(dp, peer_id, st)
 
 
-def take_out_x0(dp):
-    """X's path 0 has an unacknowledged send while later sends on path 1
-    are acknowledged: the next packet whose turn it is takes it out."""
-    took, _ = send(dp, 0, 0)
+def unwatch(dp):
+    """Every hop's watch given up: the rule of downs alone is tested (the
+    watch, tested below, would suspect the hop at the first overdue send)."""
+    for i in range(C["MRC_MAX_HOPS"]):
+        h = dp.att.maps["hops"].lookup(layout.Index(i))
+        if h.watch_ns or h.watch2_ns:
+            h.watch_ns = h.watch_who = h.watch2_ns = h.watch2_who = 0
+            dp.att.maps["hops"].update(layout.Index(i), h)
+
+
+def take_out(dp, peer_id):
+    """The peer's path 0 has an unacknowledged send while later sends on
+    path 1 are acknowledged: the next packet whose turn it is takes it
+    out (the hop's watch given up first)."""
+    took, _ = send(dp, peer_id, 0)
     assert took == 0
-    sent = live(dp, 0, 0).unacked_since_ns
+    unwatch(dp)
+    sent = live(dp, peer_id, 0).unacked_since_ns
     assert sent
-    set_acks(dp, 0, ns1=sent + 2 * WINDOW_NS, max_ns=sent + 2 * WINDOW_NS)
-    took, _ = send(dp, 0, 0)
-    assert took == 1 and live(dp, 0, 0).down_ns
+    set_acks(dp, peer_id, ns1=sent + 2 * WINDOW_NS, max_ns=sent + 2 * WINDOW_NS)
+    took, _ = send(dp, peer_id, 0)
+    assert took == 1 and live(dp, peer_id, 0).down_ns
+
+
+def take_out_x0(dp):
+    """X's path 0, then Z's, out through hop A: it is suspect."""
+    take_out(dp, 0)
+    take_out(dp, 2)
 
 
 def hop(dp, sid):
@@ -142,12 +165,31 @@ def test_paths_through_one_first_hop_share_a_hop_id(two_peers):
     assert ipaddress.IPv6Address(bytes(hop(dp, HOP_A).sid.addr)) == ipaddress.IPv6Address(HOP_A)
 
 
-def test_a_path_out_makes_its_hop_suspect_and_the_other_peers_path_is_probed_then_out(two_peers):
+def test_one_path_out_alone_suspects_nothing(two_peers):
+    """A lone down (most often a false one on a loaded machine) suspects
+    nothing, nor does the same path still out at its next probe."""
+    dp = two_peers
+    take_out(dp, 0)
+    assert hop(dp, HOP_A).suspects == 0
+    st = state(dp, 0)
+    st.paths[0].live.next_probe_ns = 0      # due a probe now
+    put(dp, 0, st)
+    took, delta = send(dp, 0, 0)
+    assert took == 1 and delta.get("tx_probe") == 1
+    assert hop(dp, HOP_A).suspects == 0
+    took, delta = send(dp, 1, 0)        # Y's path through A: used, not probed
+    assert took == 0 and "tx_probe" not in delta
+
+
+def test_two_paths_out_make_their_hop_suspect_and_a_third_peers_path_is_probed_then_out(two_peers):
     dp = two_peers
     before = time.monotonic_ns()
-    take_out_x0(dp)
+    take_out(dp, 0)
+    x_down = live(dp, 0, 0).down_ns
+    take_out(dp, 2)
     a = hop(dp, HOP_A)
-    assert a.suspects == 1 and before <= a.suspect_ns <= time.monotonic_ns()
+    # suspect from the first down on
+    assert a.suspects == 1 and before <= a.suspect_ns == x_down <= time.monotonic_ns()
     assert hop(dp, HOP_B).suspects == 0
     # Y's turn on path 0 (through A, not heard since): the packet takes
     # path 1 and a probe copy tests path 0
@@ -170,7 +212,7 @@ def test_a_path_out_makes_its_hop_suspect_and_the_other_peers_path_is_probed_the
     assert live(dp, 1, 0).down_ns
     assert hop(dp, HOP_A).shared_downs == 1
     kinds = [(e["peer_id"], e["path_id"], e["type"]) for e in ev.read(dp.att)]
-    assert kinds[-2:] == [(0, 0, "down"), (1, 0, "shared-down")]
+    assert kinds[-3:] == [(0, 0, "down"), (2, 0, "down"), (1, 0, "shared-down")]
 
 
 def test_an_answered_probe_clears_the_path(two_peers):
@@ -194,6 +236,97 @@ def test_a_path_heard_since_the_suspicion_is_not_probed(two_peers):
     assert probe_ns(dp, 1, 0) == 0
 
 
+def who(peer_id, path_id):
+    return peer_id << 16 | path_id
+
+
+def test_an_overdue_watched_send_makes_its_hop_suspect_at_once(two_peers):
+    """X's send on path 0 is hop A's watch; X acknowledges later sends on
+    path 1 but not it: the next packet of any peer through A (Y's) finds
+    the hop suspect before X's path 0 has had another turn, and its path
+    through A is skipped for a probe copy."""
+    dp = two_peers
+    took, _ = send(dp, 0, 0)
+    assert took == 0
+    sent = live(dp, 0, 0).unacked_since_ns
+    a = hop(dp, HOP_A)
+    assert a.watch_who == who(0, 0) and sent <= a.watch_ns
+    # Y's path through A while X's send is merely not heard yet: used,
+    # and the watch stays on the older, unheard send
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta
+    assert hop(dp, HOP_A).watch_who == who(0, 0) and hop(dp, HOP_A).suspects == 0
+    watched = hop(dp, HOP_A).watch_ns
+    # X hears later sends on path 1, a window after, and not the watched one
+    set_acks(dp, 0, ns1=watched + 2 * WINDOW_NS, max_ns=watched + 2 * WINDOW_NS)
+    # Y's path 0 was used since the suspicion began only by a send not yet
+    # heard: skipped, tested by a probe copy
+    took, delta = send(dp, 1, 0)
+    assert took == 1 and delta.get("tx_probe") == 1
+    a = hop(dp, HOP_A)
+    assert a.suspects == 1 and a.watch_suspects == 1 and a.suspect_ns == watched
+    assert not live(dp, 0, 0).down_ns          # X's path: its own turn judges it
+    assert hop(dp, HOP_B).suspects == 0
+    # Z, heard on path 0 after the watched send: its path is clear
+    set_acks(dp, 2, ns0=watched + 1)
+    took, delta = send(dp, 2, 0)
+    assert took == 0 and "tx_probe" not in delta
+
+
+def test_a_heard_watched_send_passes_the_watch_on(two_peers):
+    """The watch moves to the next send through the hop once its send is
+    heard; a heard send suspects nothing however late the others are."""
+    dp = two_peers
+    send(dp, 0, 0)
+    watched = hop(dp, HOP_A).watch_ns
+    set_acks(dp, 0, ns0=watched, ns1=watched + 5 * WINDOW_NS, max_ns=watched + 5 * WINDOW_NS)
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta
+    a = hop(dp, HOP_A)
+    assert a.suspects == 0 and a.watch_who == who(1, 0) and a.watch_ns > watched
+
+
+def test_a_watch_is_heard_by_an_acknowledgement_past_the_send_before_it(two_peers):
+    """An acknowledgement is its report block's lower bound: one past the
+    path's send before the watched one means the watched one arrived."""
+    dp = two_peers
+    send(dp, 0, 0)
+    first = hop(dp, HOP_A).watch_ns
+    set_acks(dp, 0, ns0=first)
+    send(dp, 0, 0)                      # the first was heard: this is watched
+    a = hop(dp, HOP_A)
+    assert a.watch_who == who(0, 0) and a.watch_ns > first and a.watch_after_ns == first
+    later = a.watch_ns + 5 * WINDOW_NS
+    set_acks(dp, 0, ns0=first + 1, ns1=later, max_ns=later)
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta and hop(dp, HOP_A).suspects == 0
+
+
+def test_another_peers_send_takes_the_second_watch_and_is_judged(two_peers):
+    """X's send watched and unheard: Y's send through the same hop takes
+    the second watch (X's own next send does not); Y acknowledging later
+    sends but not it suspects the hop, while X has reported nothing."""
+    dp = two_peers
+    send(dp, 0, 0)
+    first = hop(dp, HOP_A).watch_ns
+    send(dp, 0, 0)                      # X again: not a second watch
+    a = hop(dp, HOP_A)
+    assert a.watch_ns == first and a.watch_who == who(0, 0) and a.watch2_ns == 0
+    took, delta = send(dp, 1, 0)
+    assert took == 0 and "tx_probe" not in delta
+    a = hop(dp, HOP_A)
+    assert a.watch_ns == first and a.watch2_who == who(1, 0) and a.watch2_ns > first
+    assert a.suspects == 0
+    second = a.watch2_ns
+    # Y hears later sends on path 1 a window after, not the watched one
+    set_acks(dp, 1, ns1=second + 2 * WINDOW_NS, max_ns=second + 2 * WINDOW_NS)
+    took, delta = send(dp, 2, 0)
+    a = hop(dp, HOP_A)
+    assert a.suspects == 1 and a.watch_suspects == 1 and a.suspect_ns == second
+    assert took == 1 and delta.get("tx_probe") == 1
+    assert hop(dp, HOP_B).suspects == 0
+
+
 def test_shared_fate_off(two_peers):
     dp = two_peers
     cfg = dp.att.maps["config"].lookup(layout.Index(0))
@@ -203,3 +336,22 @@ def test_shared_fate_off(two_peers):
     assert hop(dp, HOP_A).suspects == 0
     took, delta = send(dp, 1, 0)
     assert took == 0 and "tx_probe" not in delta
+    assert hop(dp, HOP_A).watch_ns == 0         # no watch either
+
+
+def test_failing_open_takes_the_path_heard_last(two_peers):
+    """Every path of Y out and none due a probe: the packet fails open on
+    the one the peer heard from last (a live path taken out falsely
+    rather than a silent one), not on its turn's."""
+    dp = two_peers
+    now = time.monotonic_ns()
+    st = state(dp, 1)
+    for path_id in (0, 1):
+        st.paths[path_id].live.down_ns = now
+        st.paths[path_id].live.down_after_ns = now + 10 * WINDOW_NS   # no ack brings it back
+        st.paths[path_id].live.next_probe_ns = now + 10**12
+    st.acks.ns[0] = now - 5 * WINDOW_NS
+    st.acks.ns[1] = now - 2 * WINDOW_NS
+    put(dp, 1, st)
+    took, delta = send(dp, 1, 0)
+    assert took == 1 and delta.get("tx_fail_open") == 1
