@@ -11,7 +11,7 @@ demo: setup
 	$(PY) -m mrc_ebpf.demo
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --durations=15
 
 test-unit: setup
 	$(PY) -m pytest -q tests -m "not root"
