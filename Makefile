@@ -1,6 +1,8 @@
 # mrc-ebpf: `make demo` runs the main job, `make test` the tests.
 # Both run `make setup` first, which installs only what is missing.
 PY := .venv/bin/python
+# compiled datapaths are kept here, not in /var/cache (datapath/build_cache.py)
+export MRC_EBPF_CACHE ?= $(CURDIR)/build/bpf-cache
 
 .PHONY: setup demo test test-unit fuzz vm-test bench clean install-unit
 
@@ -40,4 +42,4 @@ install-unit:
 	@if [ -z "$(DESTDIR)" ] && command -v systemctl >/dev/null; then systemctl daemon-reload || true; fi
 
 clean:
-	rm -rf .venv *.egg-info .pytest_cache bench-results vm_tests/out
+	rm -rf .venv *.egg-info .pytest_cache bench-results vm_tests/out build/bpf-cache

@@ -15,6 +15,9 @@ from mrc_ebpf.lab import procs
 from mrc_ebpf.lab.topology import Diamond, KernelPeerLine, Topology
 
 ROOT = Path(__file__).resolve().parent.parent
+# attaches share compiled builds (datapath/build_cache.py) in the tree, not
+# in /var/cache; the Makefile sets the same
+os.environ.setdefault("MRC_EBPF_CACHE", str(ROOT / "build" / "bpf-cache"))
 MRCCTL = procs.MRCCTL
 XFER = [sys.executable, str(ROOT / "tests" / "tools" / "xfer.py")]
 INJECT = [sys.executable, str(ROOT / "tests" / "tools" / "inject.py")]

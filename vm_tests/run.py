@@ -208,6 +208,8 @@ export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # For tests: they run under TCG emulation, ~5-50x slower than the host
 # (a bcc compile takes ~1 min): scale subprocess timeouts by this.
 export MRC_IN_VM=1 MRC_TIMEOUT_SCALE=5
+# the guest's compiled datapaths (its kernel's), kept in its own /tmp
+export MRC_EBPF_CACHE=/tmp/mrc-ebpf-cache
 # SIGINT first, so pytest still prints what it has (and the junit XML);
 # the dmesg dump below must happen whatever pytest does.
 timeout --signal=INT --kill-after=30 {pytest_timeout} \\

@@ -1,6 +1,7 @@
 """The bpf(2) calls the loader needs on pinned objects, through ctypes.
 
-bcc compiles and loads; every later command works on pinned maps and
+bcc compiles and loads (or build_cache.py loads a kept build); every
+later command works on pinned maps and
 programs from a new process, without compiling, so it needs only these:
 open a pin, pin, look up / update / delete / iterate a map, and ask the
 kernel an object's id.
@@ -17,6 +18,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _NR_BPF = 321  # x86_64
 
 BPF_MAP_CREATE = 0
+BPF_PROG_LOAD = 5
 BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
@@ -59,6 +61,16 @@ class _MapCreateAttr(ctypes.Structure):
                 ("value_size", ctypes.c_uint32), ("max_entries", ctypes.c_uint32),
                 ("map_flags", ctypes.c_uint32), ("inner_map_fd", ctypes.c_uint32),
                 ("numa_node", ctypes.c_uint32), ("map_name", ctypes.c_char * 16)]
+
+
+@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
+class _ProgLoadAttr(ctypes.Structure):
+    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
+                ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
+                ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
+                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
+                ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16),
+                ("prog_ifindex", ctypes.c_uint32), ("expected_attach_type", ctypes.c_uint32)]
 
 
 @mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
@@ -130,12 +142,25 @@ def obj_get(path: str) -> int:
     return _bpf(BPF_OBJ_GET, attr)
 
 
-def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str) -> int:
-    """A new map (an fd): for state Python alone keeps beside the
-    datapath's maps, pinned with them (not something the programs read)."""
+def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str,
+               flags: int = 0) -> int:
+    """A new map (an fd), without BTF: state Python alone keeps beside the
+    datapath's maps, or a cached build's maps (build_cache.py)."""
     attr = _MapCreateAttr(map_type=map_type, key_size=key_size, value_size=value_size,
-                          max_entries=max_entries, map_name=name.encode()[:15])
+                          max_entries=max_entries, map_flags=flags, map_name=name.encode()[:15])
     return _bpf(BPF_MAP_CREATE, attr)
+
+
+def prog_load(prog_type: int, insns: bytes, license: str, name: str,
+              expected_attach_type: int = 0) -> int:
+    """BPF_PROG_LOAD of ready instructions (map references already fds):
+    a program's fd, or BpfError with the verifier's errno."""
+    code = ctypes.create_string_buffer(insns, len(insns))
+    lic = ctypes.create_string_buffer(license.encode())
+    attr = _ProgLoadAttr(prog_type=prog_type, insn_cnt=len(insns) // 8,
+                         insns=ctypes.addressof(code), license=ctypes.addressof(lic),
+                         prog_name=name.encode()[:15], expected_attach_type=expected_attach_type)
+    return _bpf(BPF_PROG_LOAD, attr)
 
 
 def obj_pin(fd: int, path: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, offload, pins, source
+from mrc_ebpf.datapath import bpfsys, build_cache, hooks, layout, lock, offload, pins, source
 from mrc_ebpf.datapath import routes, xdp_chain
 from mrc_ebpf.datapath.journal import Journal
 from mrc_ebpf.errors import MrcError
@@ -44,11 +44,16 @@ def parse_sid(text: str) -> ipaddress.IPv6Address:
     return sid
 
 
-def compile_datapath(rx_attach_type: int = 0):
+CFLAGS = ["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"]
+# function in bpf/mrc.c -> its bcc program type
+PROGRAM_TYPES = {"mrc_tx": "SCHED_CLS", "mrc_rx": "XDP", "mrc_fb": "SCHED_CLS"}
+
+
+def compile_datapath(rx_attach_type: int = 0, text: bytes | None = None):
     """Compile and load the programs; returns (bcc module, tx, rx, fb).
     RX_ATTACH_TYPE: mrc_rx's expected_attach_type, which must be that of
     the XDP program it tail-calls (xdp_chain.tail_call_profile)."""
-    module = build_datapath()
+    module = build_datapath(text)
     from bcc import BPF
     try:
         tx = module.load_func("mrc_tx", BPF.SCHED_CLS)
@@ -59,19 +64,42 @@ def compile_datapath(rx_attach_type: int = 0):
     return module, tx, rx, fb
 
 
-def build_datapath():
-    """Compile bpf/mrc.c: a bcc module whose maps exist, nothing loaded yet."""
+def load_datapath(rx_attach_type: int = 0):
+    """As compile_datapath, but from the build cache when it holds this
+    build (build_cache.py); the module offers only module[symbol].map_fd."""
+    _require_bcc()
+    text = source.expand().encode()
+    where = build_cache.directory()
+    if where is None:
+        return compile_datapath(rx_attach_type, text)
+    build_key = build_cache.key(text, CFLAGS)
+    build = build_cache.load(where, build_key, {"mrc_rx": rx_attach_type})
+    if build is not None:
+        p = build.programs
+        return build, p["mrc_tx"], p["mrc_rx"], p["mrc_fb"]
+    module, tx, rx, fb = compile_datapath(rx_attach_type, text)
+    build_cache.store(where, build_key, module, PROGRAM_TYPES)
+    return module, tx, rx, fb
+
+
+def _require_bcc() -> None:
     try:
-        from bcc import BPF
+        import bcc  # noqa: F401
     except ImportError:
         raise MrcError("bcc is not installed: apt-get install python3-bpfcc, and use a venv "
                        "made with --system-site-packages (`make setup` does both)")
+
+
+def build_datapath(text: bytes | None = None):
+    """Compile bpf/mrc.c: a bcc module whose maps exist, nothing loaded yet."""
+    _require_bcc()
+    from bcc import BPF
     build = Path(f"/lib/modules/{os.uname().release}/build")
     if not (build / "include").exists() and not (build / "Makefile").exists():
         raise MrcError(f"kernel headers missing at {build}: apt-get install linux-headers-amd64 "
                        f"and link them there (`make setup` does this)")
     try:
-        return BPF(text=source.expand().encode(), cflags=["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"])
+        return BPF(text=text or source.expand().encode(), cflags=CFLAGS)
     except Exception as e:  # bcc raises bare Exception; the compiler's messages went to stderr
         raise MrcError(f"cannot load the datapath: {e}")
 
@@ -368,7 +396,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
     if len(attach_types) > 1:
         raise MrcError("the devices' XDP programs were loaded with different attach types "
                        "(bcc's and libbpf's): mrc_rx can chain to one kind only; attach them apart")
-    module, tx, rx, fb = compile_datapath(attach_types.pop() if attach_types else 0)
+    module, tx, rx, fb = load_datapath(attach_types.pop() if attach_types else 0)
     undo: list = []
     with lock.writer(), IPRoute() as ipr:
         found = _check_free(ipr, devices, mode)     # again: another writer may have been first

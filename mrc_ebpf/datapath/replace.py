@@ -31,20 +31,15 @@ from pathlib import Path
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, loader, pins, xdp_chain
+from mrc_ebpf.datapath import bpfsys, build_cache, hooks, layout, lock, loader, pins, xdp_chain
 from mrc_ebpf.errors import MrcError
 
 XDP_FLAGS_REPLACE = 1 << 4
 # program pin -> (function in bpf/mrc.c, bcc program type name)
-PROGRAMS = {loader.PROG_TX: ("mrc_tx", "SCHED_CLS"), loader.PROG_RX: ("mrc_rx", "XDP"),
-            loader.PROG_FB: ("mrc_fb", "SCHED_CLS")}
+PROGRAMS = {pin: (function, loader.PROGRAM_TYPES[function]) for pin, function in
+            ((loader.PROG_TX, "mrc_tx"), (loader.PROG_RX, "mrc_rx"), (loader.PROG_FB, "mrc_fb"))}
 LAYOUT_CHANGED = "layout changed: detach and attach"
 
-# struct bpf_insn: code, dst_reg:4 | src_reg:4, off, imm; a 64-bit load
-# of an immediate (BPF_LD | BPF_DW | BPF_IMM) takes two slots
-_INSN = 8
-_LD_IMM64 = 0x18
-_PSEUDO_MAP_FD, _PSEUDO_MAP_VALUE = 1, 2
 
 
 def map_names() -> list[str]:
@@ -84,27 +79,17 @@ def check_layout(module, directory: Path, old_fds: dict[str, int]) -> dict[int, 
 
 
 def relocate(insns: bytes, relocation: dict[int, int]) -> bytes:
-    """INSNS with every map reference (a 64-bit load of a map fd or of a
-    map value's address) turned from the new build's map to the running
-    one; MrcError for a reference to a map the relocation does not know."""
-    out = bytearray(insns)
-    i = 0
-    while i + _INSN <= len(out):
-        if out[i] == _LD_IMM64:
-            src = out[i + 1] >> 4
-            if src in (_PSEUDO_MAP_FD, _PSEUDO_MAP_VALUE):
-                fd = int.from_bytes(out[i + 4:i + 8], "little", signed=True)
-                if fd not in relocation:
-                    name = _map_name(fd)
-                    raise MrcError(f"{LAYOUT_CHANGED} (the new build uses a map that is not "
-                                   f"pinned{': ' + name if name else ''})")
-                out[i + 4:i + 8] = relocation[fd].to_bytes(4, "little", signed=True)
-            elif src != 0:
-                raise MrcError(f"cannot relocate the new build: a 64-bit load of kind {src}")
-            i += 2 * _INSN
-        else:
-            i += _INSN
-    return bytes(out)
+    """INSNS with every map reference turned from the new build's map to
+    the running one; MrcError for a reference to a map the relocation
+    does not know."""
+    try:
+        return build_cache.relocate(insns, relocation)
+    except build_cache.RelocationError as e:
+        if e.fd is None:
+            raise MrcError(f"cannot relocate the new build: a 64-bit load of kind {e.kind}")
+        name = _map_name(e.fd)
+        raise MrcError(f"{LAYOUT_CHANGED} (the new build uses a map that is not "
+                       f"pinned{': ' + name if name else ''})")
 
 
 def _map_name(fd: int) -> str:
