@@ -1,10 +1,10 @@
 """The bpf(2) calls the loader needs on pinned objects, through ctypes.
 
-bcc compiles and loads (or build_cache.py loads a kept build); every
-later command works on pinned maps and
+bcc compiles and loads; every later command works on pinned maps and
 programs from a new process, without compiling, so it needs only these:
 open a pin, pin, look up / update / delete / iterate a map, and ask the
-kernel an object's id.
+kernel an object's id; and to load a kept build without bcc
+(build_cache.py), create a map and load a program.
 """
 from __future__ import annotations
 
