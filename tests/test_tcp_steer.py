@@ -71,11 +71,12 @@ def test_retransmissions_avoid_a_black_hole(spray):
     # the datapath saw the retransmissions and moved them, only when told to
     assert steered["seen"] >= steered["TcpRetransSegs"] // 2 and steered["steered"] > 0
     assert sprayed["steered"] == 0 and sprayed["seen"] == 0
-    # TCP's own count: sprayed, a quarter of its retransmissions are lost
-    # again; steered, (almost) none
+    # TCP's own count: sprayed, some of its retransmissions are lost again
+    # (2% to 13% of them in our runs and CI's, varying with host and load);
+    # steered, (almost) none
     lost = {k: r["TcpExtTCPLostRetransmit"] / r["TcpRetransSegs"] for k, r in
             (("steered", steered), ("sprayed", sprayed))}
-    assert lost["sprayed"] > 0.05, lost
+    assert sprayed["TcpExtTCPLostRetransmit"] >= 10, lost
     assert lost["steered"] < lost["sprayed"] / 4, lost
     assert steered["TcpExtTCPTimeouts"] <= sprayed["TcpExtTCPTimeouts"]
 
