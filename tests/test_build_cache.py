@@ -42,12 +42,14 @@ def loaded(ns) -> dict:
 def test_a_cached_build_loads_the_same_programs_and_carries_traffic(interop, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("MRC_EBPF_CACHE", str(cache))
-    interop.attach()                                    # compiles, keeps the build
+    attach = lambda: json.loads(mrcctl("attach", "a0", "--sid", interop.A_SID, "-j",
+                                       netns=interop.A).stdout)["build"]
+    assert attach() == "compiled"                       # and keeps the build
     [entry] = cache.glob("*.json")
     kept = entry.stat().st_ino
     compiled = loaded(interop.A)
     mrcctl("detach", "a0", netns=interop.A)
-    interop.attach()                                    # loads the kept build
+    assert attach() == "cached"
     cached = loaded(interop.A)
     assert entry.stat().st_ino == kept                  # not compiled and kept again
     assert compiled["btf"] == {True} and cached["btf"] == {False}
@@ -59,7 +61,7 @@ def test_a_cached_build_loads_the_same_programs_and_carries_traffic(interop, tmp
     # a damaged build is dropped and compiled again, not loaded
     mrcctl("detach", "a0", netns=interop.A)
     entry.write_text(entry.read_text()[:-200])
-    interop.attach()
+    assert attach() == "compiled"
     assert loaded(interop.A)["tags"] == compiled["tags"]
     assert json.loads(entry.read_text())["format"] == build_cache.FORMAT
 

@@ -208,8 +208,10 @@ def test_loss_drops_about_half_and_counts_every_packet(line):
     after = faults.status(line.R, "r0")
     dropped, passed = after["dropped"] - before["dropped"], after["passed"] - before["passed"]
     assert (after["mode"], after["loss"]) == ("loss", 0.5)
-    assert dropped + passed == n
-    assert received == passed
+    # every packet judged; a few more may be the hosts' own MLD reports,
+    # sent at random moments after link-up (ND is let through uncounted)
+    assert n <= dropped + passed <= n + 3
+    assert received <= passed <= received + 3
     assert abs(dropped - n / 2) < 5 * math.sqrt(n / 4), f"{dropped} of {n} dropped"
     assert faults.list_faults(line.R) == [after]
 

@@ -68,6 +68,24 @@ def relocate(insns: bytes, relocation: dict[int, int]) -> bytes:
     return bytes(out)
 
 
+def cached(text: bytes, cflags: list[str], programs: dict[str, str], compile,
+           attach_types: dict[str, int] | None = None):
+    """(module, {function: program}) for the build of TEXT: loaded from the
+    cache when it holds it, else COMPILE() (a bcc module and its loaded
+    PROGRAMS, function -> program type name), then kept.  The module
+    offers module[symbol].map_fd, the programs .fd, either way."""
+    where = directory()
+    if where is None:
+        return compile()
+    build_key = key(text, cflags)
+    build = load(where, build_key, attach_types or {})
+    if build is not None:
+        return build, build.programs
+    module, progs = compile()
+    store(where, build_key, module, programs)
+    return module, progs
+
+
 def directory() -> Path | None:
     """Where builds are kept, or None for nowhere (off, or not safe)."""
     setting = os.environ.get("MRC_EBPF_CACHE", DEFAULT_DIR)
@@ -177,6 +195,8 @@ class CachedBuild:
         self.tables, self.programs = {}, {}
         for fd in fds:
             os.close(fd)
+
+    cleanup = close          # bcc's name for it
 
     def __del__(self):
         try:

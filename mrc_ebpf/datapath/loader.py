@@ -69,17 +69,13 @@ def load_datapath(rx_attach_type: int = 0):
     build (build_cache.py); the module offers only module[symbol].map_fd."""
     _require_bcc()
     text = source.expand().encode()
-    where = build_cache.directory()
-    if where is None:
-        return compile_datapath(rx_attach_type, text)
-    build_key = build_cache.key(text, CFLAGS)
-    build = build_cache.load(where, build_key, {"mrc_rx": rx_attach_type})
-    if build is not None:
-        p = build.programs
-        return build, p["mrc_tx"], p["mrc_rx"], p["mrc_fb"]
-    module, tx, rx, fb = compile_datapath(rx_attach_type, text)
-    build_cache.store(where, build_key, module, PROGRAM_TYPES)
-    return module, tx, rx, fb
+
+    def compile():
+        module, tx, rx, fb = compile_datapath(rx_attach_type, text)
+        return module, {"mrc_tx": tx, "mrc_rx": rx, "mrc_fb": fb}
+    module, progs = build_cache.cached(text, CFLAGS, PROGRAM_TYPES, compile,
+                                       {"mrc_rx": rx_attach_type})
+    return module, progs["mrc_tx"], progs["mrc_rx"], progs["mrc_fb"]
 
 
 def _require_bcc() -> None:
@@ -453,7 +449,8 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             "timers": timers, "pins": str(directory), "auth": auth.describe(auth_value),
             "xdp_chained": [{"device": d, "id": o["id"], "name": o["name"]}
                             for d, (_, o) in zip(devices, found) if o],
-            "shared_fate": bool(shared_fate)}
+            "shared_fate": bool(shared_fate),
+            "build": "cached" if isinstance(module, build_cache.CachedBuild) else "compiled"}
 
 
 def _unhook(ipr: IPRoute, member: layout.Device | None, device: str, ids: tuple[int, int, int],

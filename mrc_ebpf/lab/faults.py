@@ -58,7 +58,7 @@ from pathlib import Path
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import bpfsys, hooks, mirrors, pins, source
+from mrc_ebpf.datapath import bpfsys, build_cache, hooks, mirrors, pins, source
 from mrc_ebpf.lab.netns import NetnsGone, inside
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.datapath.source import LAB_BPF_DIR
@@ -169,11 +169,18 @@ def _compile():
         from bcc import BPF
     except ImportError:
         raise MrcError("bcc is not installed: apt-get install python3-bpfcc (see README)")
-    try:
-        module = BPF(src_file=str(SOURCE).encode())
-        return module, module.load_func(b"fault_ingress", BPF.SCHED_CLS)
-    except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
-        raise MrcError(f"cannot load {SOURCE.name}: {e}")
+
+    def compile():
+        try:
+            module = BPF(src_file=str(SOURCE).encode())
+            return module, {"fault_ingress": module.load_func(b"fault_ingress", BPF.SCHED_CLS)}
+        except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
+            raise MrcError(f"cannot load {SOURCE.name}: {e}")
+    # a kept build (datapath/build_cache.py): a fault is injected in a
+    # second, not after a 4 s compile
+    module, progs = build_cache.cached(source.expand(SOURCE).encode(), [],
+                                       {"fault_ingress": "SCHED_CLS"}, compile)
+    return module, progs["fault_ingress"]
 
 
 def _remove_filter(ipr: IPRoute, index: int, flags: int) -> dict:
