@@ -56,34 +56,11 @@ static __always_inline __u64 failover_ack_window(struct mrc_peer_acks *acks, con
 	__u64 base = (__u64)cfg->ack_timeout_us * 1000;
 	__u64 wide = acks->window_ns;
 
-	if (!wide)
-		return base;
-	if (now > acks->window_hold_ns) {
-		wide = wide / 2 > base ? wide / 2 : 0;
-		acks->window_ns = wide;
+	if (wide && now > acks->window_hold_ns) {
+		acks->window_ns = wide / 2 > base ? wide / 2 : 0;
 		acks->window_hold_ns = now + MRC_REORDER_HOLD_NS;
 	}
-	return wide > base ? wide : base;
-}
-
-/*
- * The path's own queue, as the peer last reported it, widens its window:
- * equally sprayed paths' queues drift apart by up to a buffer's depth
- * under load, and a live path must not go down for standing behind the
- * others.  Bounded by reorder_max_us (0: the window is ack_timeout).  The
- * price is a black hole seen about a queue late when every path queues
- * alike.  Measurements, and the variants tried and taken out:
- * docs/design/failover.md.
- */
-static __always_inline __u64 failover_queue_allowance(const struct mrc_config *cfg,
-					     struct mrc_peer_state *st, __u16 path_id)
-{
-	struct mrc_path_health *h = peer_path_health(st, path_id);
-	__u64 max = (__u64)cfg->reorder_max_us * 1000;
-	__u64 queue;
-
-	queue = (__u64)h->qdelay_us * 1000;
-	return queue < max ? queue : max;
+	return peer_ack_window(acks, cfg);
 }
 
 /*
@@ -172,7 +149,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 		since = probe;
 	if (!since)
 		return PATH_USE;
-	window = failover_ack_window(acks, cfg, now) + failover_queue_allowance(cfg, st, path_id);
+	window = failover_ack_window(acks, cfg, now) + peer_path_queue_allowance(cfg, st, path_id);
 	if (acks->max_ns > since + window || acks->last_ns > since + window * MRC_SILENCE_FACTOR) {
 		/* the floor (min_active) may keep it in use: logged once per
 		 * overdue send */

@@ -59,4 +59,33 @@ static __always_inline __u64 *peer_path_acked(struct mrc_peer_state *st, __u32 p
 	return &st->acks.ns[path_id & (MRC_MAX_PATHS - 1)];
 }
 
+/* The peer's acknowledgement window as it stands: ack_timeout, or the
+ * wider one late packets taught (failover_ack_window also halves that
+ * back when its hold is over; shared fate only reads it). */
+static __always_inline __u64 peer_ack_window(const struct mrc_peer_acks *acks,
+					     const struct mrc_config *cfg)
+{
+	__u64 base = (__u64)cfg->ack_timeout_us * 1000;
+
+	return acks->window_ns > base ? acks->window_ns : base;
+}
+
+/*
+ * The path's own queue, as the peer last reported it, widens its window:
+ * equally sprayed paths' queues drift apart by up to a buffer's depth
+ * under load, and a live path must not go down for standing behind the
+ * others.  Bounded by reorder_max_us (0: the window is ack_timeout).  The
+ * price is a black hole seen about a queue late when every path queues
+ * alike.  Measurements, and the variants tried and taken out:
+ * docs/design/failover.md.
+ */
+static __always_inline __u64 peer_path_queue_allowance(const struct mrc_config *cfg,
+						       struct mrc_peer_state *st, __u32 path_id)
+{
+	__u64 max = (__u64)cfg->reorder_max_us * 1000;
+	__u64 queue = (__u64)peer_path_health(st, path_id)->qdelay_us * 1000;
+
+	return queue < max ? queue : max;
+}
+
 #endif

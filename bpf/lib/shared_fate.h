@@ -105,7 +105,7 @@ static __always_inline void shared_fate_watch_one(const struct mrc_config *cfg, 
 						  __u64 *wns, __u64 *wwho, __u64 *wafter, __u64 now)
 {
 	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
-	__u64 w = *wns, who, after, window, queue;
+	__u64 w = *wns, who, after, window;
 	struct mrc_peer_state *ws;
 	__u32 peer_id, path_id;
 
@@ -121,12 +121,8 @@ static __always_inline void shared_fate_watch_one(const struct mrc_config *cfg, 
 	ws = mrc_peer_state.lookup(&peer_id);
 	if (!ws || *peer_path_acked(ws, path_id) > after)
 		return;
-	window = (__u64)cfg->ack_timeout_us * 1000;
-	if (ws->acks.window_ns > window)
-		window = ws->acks.window_ns;
-	/* the path's own reported queue, as failover_queue_allowance() */
-	queue = (__u64)peer_path_health(ws, path_id)->qdelay_us * 1000;
-	window += queue < (__u64)cfg->reorder_max_us * 1000 ? queue : (__u64)cfg->reorder_max_us * 1000;
+	/* the window failover judges the path by, read without halving it */
+	window = peer_ack_window(&ws->acks, cfg) + peer_path_queue_allowance(cfg, ws, path_id);
 	if (ws->acks.max_ns <= w + window)
 		return;
 	/* one CPU judges it; the next send through the hop is watched */
