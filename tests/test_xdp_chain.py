@@ -126,8 +126,7 @@ def test_attach_chains_to_the_device_program_and_detach_puts_it_back(interop, co
         # (bcc loads with none) and the chain carried into a new map
         pinned = Path(status["pins"])
         assert xdp_chain.rx_attach_type(pinned, 1) == 0
-        fresh = bpfsys._bpf(xdp_chain.BPF_MAP_CREATE, xdp_chain._MapCreateAttr(
-            map_type=xdp_chain.BPF_MAP_TYPE_PROG_ARRAY, key_size=4, value_size=4, max_entries=8))
+        fresh = bpfsys.map_create(xdp_chain.BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 8, "chain_copy")
         try:
             xdp_chain.copy_chain(pinned, fresh, 1)
             assert xdp_chain.chained_id(fresh, 0) == counter.id

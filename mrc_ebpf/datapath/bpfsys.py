@@ -152,14 +152,15 @@ def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, 
 
 
 def prog_load(prog_type: int, insns: bytes, license: str, name: str,
-              expected_attach_type: int = 0) -> int:
+              expected_attach_type: int = 0, flags: int = 0) -> int:
     """BPF_PROG_LOAD of ready instructions (map references already fds):
     a program's fd, or BpfError with the verifier's errno."""
     code = ctypes.create_string_buffer(insns, len(insns))
     lic = ctypes.create_string_buffer(license.encode())
     attr = _ProgLoadAttr(prog_type=prog_type, insn_cnt=len(insns) // 8,
                          insns=ctypes.addressof(code), license=ctypes.addressof(lic),
-                         prog_name=name.encode()[:15], expected_attach_type=expected_attach_type)
+                         prog_flags=flags, prog_name=name.encode()[:15],
+                         expected_attach_type=expected_attach_type)
     return _bpf(BPF_PROG_LOAD, attr)
 
 

@@ -86,6 +86,26 @@ def cached(text: bytes, cflags: list[str], programs: dict[str, str], compile,
     return module, progs
 
 
+def one_program(source_file: Path, function: str, kind: str = "SCHED_CLS"):
+    """(module, program) for a C file of one program (the lab's): bcc
+    compiles it as its src_file, or the cache loads it."""
+    from mrc_ebpf.datapath import source
+    from mrc_ebpf.errors import MrcError
+    try:
+        from bcc import BPF
+    except ImportError:
+        raise MrcError("bcc is not installed: apt-get install python3-bpfcc (see README)")
+
+    def compile():
+        try:
+            module = BPF(src_file=str(source_file).encode())
+            return module, {function: module.load_func(function.encode(), getattr(BPF, kind))}
+        except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
+            raise MrcError(f"cannot load {source_file.name}: {e}")
+    module, progs = cached(source.expand(source_file).encode(), [], {function: kind}, compile)
+    return module, progs[function]
+
+
 def directory() -> Path | None:
     """Where builds are kept, or None for nowhere (off, or not safe)."""
     setting = os.environ.get("MRC_EBPF_CACHE", DEFAULT_DIR)

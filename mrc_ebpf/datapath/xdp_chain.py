@@ -49,23 +49,6 @@ def prog_fd_by_id(prog_id: int) -> int:
     return bpfsys._bpf(BPF_PROG_GET_FD_BY_ID, _GetFdAttr(prog_id=prog_id))
 
 
-@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
-class _MapCreateAttr(ctypes.Structure):
-    _fields_ = [("map_type", ctypes.c_uint32), ("key_size", ctypes.c_uint32),
-                ("value_size", ctypes.c_uint32), ("max_entries", ctypes.c_uint32)]
-
-
-@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
-class _ProgLoadAttr(ctypes.Structure):
-    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
-                ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
-                ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
-                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
-                ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16),
-                ("prog_ifindex", ctypes.c_uint32), ("expected_attach_type", ctypes.c_uint32)]
-
-
-BPF_MAP_CREATE, BPF_PROG_LOAD = 0, 5
 BPF_MAP_TYPE_PROG_ARRAY = 3
 BPF_XDP = 37                        # enum bpf_attach_type: what libbpf loads SEC("xdp") with
 BPF_F_XDP_HAS_FRAGS = 1 << 5
@@ -83,26 +66,20 @@ def tail_call_profile(prog_id: int) -> tuple[int, bool]:
     so a scratch prog array takes PROG_ID first (making it the array's
     model) and a two-instruction caller is loaded each way until one fits."""
     fd = prog_fd_by_id(prog_id)
-    array = bpfsys._bpf(BPF_MAP_CREATE, _MapCreateAttr(map_type=BPF_MAP_TYPE_PROG_ARRAY,
-                                                        key_size=4, value_size=4, max_entries=1))
+    array = bpfsys.map_create(BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 1, "mrc_chain_probe")
     try:
         _slot_update(array, 0, fd)
-        insns = (ctypes.c_uint64 * 6)(
+        insns = bytes((ctypes.c_uint64 * 6)(
             _insn(0x18, dst=2, src=1, imm=array), 0,     # r2 = the prog array
             _insn(0xb7, dst=3, imm=0),                   # r3 = 0
             _insn(0x85, imm=12),                         # bpf_tail_call(ctx, r2, r3)
             _insn(0xb7, dst=0, imm=2),                   # return XDP_PASS
-            _insn(0x95))
-        license = ctypes.create_string_buffer(b"GPL")
+            _insn(0x95)))
         for frags in (False, True):
             for attach_type in (0, BPF_XDP):
-                attr = _ProgLoadAttr(prog_type=BPF_PROG_TYPE_XDP, insn_cnt=6,
-                                     insns=ctypes.addressof(insns),
-                                     license=ctypes.addressof(license),
-                                     prog_flags=BPF_F_XDP_HAS_FRAGS if frags else 0,
-                                     expected_attach_type=attach_type, prog_name=b"mrc_chain_probe")
                 try:
-                    os.close(bpfsys._bpf(BPF_PROG_LOAD, attr))
+                    os.close(bpfsys.prog_load(BPF_PROG_TYPE_XDP, insns, "GPL", "mrc_chain_probe",
+                                              attach_type, BPF_F_XDP_HAS_FRAGS if frags else 0))
                     return attach_type, frags
                 except BpfError:
                     continue

@@ -30,7 +30,7 @@ from pathlib import Path
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import bpfsys, build_cache, hooks, mirrors, pins, source
+from mrc_ebpf.datapath import bpfsys, build_cache, hooks, mirrors, pins
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab.netns import inside
 from mrc_ebpf.datapath.source import LAB_BPF_DIR
@@ -84,21 +84,8 @@ def install(fabric: str, devices: list[tuple[str, str, int]], threshold_ns: int)
     (the caller deletes the namespaces, which takes the filters)."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
-    try:
-        from bcc import BPF
-    except ImportError:
-        raise MrcError("bcc is not installed: apt-get install python3-bpfcc (see README)")
     pins.ensure_bpffs()
-
-    def compile():
-        try:
-            module = BPF(src_file=str(SOURCE).encode())
-            return module, {"ecn_mark": module.load_func(b"ecn_mark", BPF.SCHED_CLS)}
-        except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
-            raise MrcError(f"cannot load {SOURCE.name}: {e}")
-    module, progs = build_cache.cached(source.expand(SOURCE).encode(), [],
-                                       {"ecn_mark": "SCHED_CLS"}, compile)
-    fn = progs["ecn_mark"]
+    module, fn = build_cache.one_program(SOURCE, "ecn_mark")
     table = module[MAP.encode()]
     path = pin_path(fabric)
     try:

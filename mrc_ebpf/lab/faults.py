@@ -165,22 +165,9 @@ def _describe(netns: str, dev: str, cfg: Config, directory: Path) -> dict:
 
 
 def _compile():
-    try:
-        from bcc import BPF
-    except ImportError:
-        raise MrcError("bcc is not installed: apt-get install python3-bpfcc (see README)")
-
-    def compile():
-        try:
-            module = BPF(src_file=str(SOURCE).encode())
-            return module, {"fault_ingress": module.load_func(b"fault_ingress", BPF.SCHED_CLS)}
-        except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
-            raise MrcError(f"cannot load {SOURCE.name}: {e}")
     # a kept build (datapath/build_cache.py): a fault is injected in a
     # second, not after a 4 s compile
-    module, progs = build_cache.cached(source.expand(SOURCE).encode(), [],
-                                       {"fault_ingress": "SCHED_CLS"}, compile)
-    return module, progs["fault_ingress"]
+    return build_cache.one_program(SOURCE, "fault_ingress")
 
 
 def _remove_filter(ipr: IPRoute, index: int, flags: int) -> dict:
