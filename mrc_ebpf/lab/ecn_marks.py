@@ -88,11 +88,14 @@ def install(fabric: str, devices: list[tuple[str, str, int]], threshold_ns: int)
     module, fn = build_cache.one_program(SOURCE, "ecn_mark")
     table = module[MAP.encode()]
     path = pin_path(fabric)
+    undo = []
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             path.unlink()             # a fabric of that name that is gone
         bpfsys.obj_pin(table.map_fd, str(path))
+        queues = bpfsys.PinnedMap(str(path), QueueKey, Queue)
+        undo.append(queues.close)
         found = {}
         for ns, dev, rate in devices:
             with inside(ns), IPRoute() as ipr:
@@ -102,7 +105,7 @@ def install(fabric: str, devices: list[tuple[str, str, int]], threshold_ns: int)
                 index = index[0]
                 mac = ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
                 q = Queue(ns_per_kbyte=round(8e12 / rate), threshold_ns=threshold_ns)
-                table[table.Key.from_buffer_copy(key_of(mac))] = table.Leaf.from_buffer_copy(q)
+                queues.update(key_of(mac), q)
                 if not hooks.has_clsact(ipr, index):
                     hooks.add_clsact(ipr, index)
                 try:
@@ -117,6 +120,8 @@ def install(fabric: str, devices: list[tuple[str, str, int]], threshold_ns: int)
             path.unlink()
         raise
     finally:
+        for step in undo:
+            step()
         module.cleanup()          # the pin and the filters hold what must stay
 
 
