@@ -4,7 +4,8 @@ MRC (rr spraying with datapath failover) and kernel ECMP.
 Fabric: K spines, h1 (under l1) sends to h2 (under l2).  At t_fail the
 link s1 -> l2 is black-holed on its receiving end (faults.inject on l2's
 TC ingress from s1; s1 and h1 see nothing wrong).  Loading the fault
-program is a bcc compile (seconds), so it is installed before the run
+program takes a second even from the build cache (a compile, uncached),
+so it is installed before the run
 (`fabric fail s1>l2 --mode loss=1e-9`: drops practically nothing) and at
 t_fail its pinned config is switched to blackhole with one map write
 (faults.rearm); t_fail is the time that call returned (`trigger_us` is how
@@ -141,7 +142,7 @@ def _arm(fab_mod, fab, spines=("s1",)):
 
 def _disarm(fab, spines=("s1",)):
     """Back to the armed state (practically no drops) between runs: one map
-    write again, not a heal and a new inject (a bcc compile each)."""
+    write again, not a heal and a new inject (a program load each)."""
     from mrc_ebpf.lab import faults
     for s in spines:
         faults.rearm(fab.ns("l2"), s, "loss", 1e-9)
