@@ -25,11 +25,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from mrc_ebpf.datapath import bpfsys
+from mrc_ebpf.datapath import bpfsys, source
+from mrc_ebpf.errors import MrcError
 
 FORMAT = 1
 DEFAULT_DIR = "/var/cache/mrc-ebpf"
-PROGRAM_TYPES = {"SCHED_CLS": 3, "XDP": 6}      # enum bpf_prog_type
 
 # struct bpf_insn: code, dst_reg:4 | src_reg:4, off, imm; a 64-bit load
 # of an immediate (BPF_LD | BPF_DW | BPF_IMM) takes two slots
@@ -89,8 +89,6 @@ def cached(text: bytes, cflags: list[str], programs: dict[str, str], compile,
 def one_program(source_file: Path, function: str, kind: str = "SCHED_CLS"):
     """(module, program) for a C file of one program (the lab's): bcc
     compiles it as its src_file, or the cache loads it."""
-    from mrc_ebpf.datapath import source
-    from mrc_ebpf.errors import MrcError
     try:
         from bcc import BPF
     except ImportError:
@@ -229,6 +227,7 @@ def load(where: Path, build_key: str, attach_types: dict[str, int]) -> CachedBui
     """The build kept under BUILD_KEY, its maps created and programs loaded
     (ATTACH_TYPES: function -> expected_attach_type, where one is needed);
     None when there is none or it does not load (it is then dropped)."""
+    from bcc import BPF     # its program type numbers, as compile() used them
     path = where / f"{build_key}.json"
     try:
         entry = json.loads(path.read_text())
@@ -246,11 +245,11 @@ def load(where: Path, build_key: str, attach_types: dict[str, int]) -> CachedBui
             fds.append(fd)
         for function, p in entry["programs"].items():
             insns = relocate(base64.b64decode(p["insns"]), dict(enumerate(fds)))
-            fd = bpfsys.prog_load(PROGRAM_TYPES[p["type"]], insns, entry["license"], function,
+            fd = bpfsys.prog_load(getattr(BPF, p["type"]), insns, entry["license"], function,
                                   attach_types.get(function, 0))
             build.programs[function] = Program(fd)
         return build
-    except (bpfsys.BpfError, KeyError, ValueError, TypeError, RelocationError):
+    except (bpfsys.BpfError, KeyError, ValueError, TypeError, AttributeError, RelocationError):
         build.close()
         try:
             path.unlink()

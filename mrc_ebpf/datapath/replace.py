@@ -41,7 +41,6 @@ PROGRAMS = {pin: (function, loader.PROGRAM_TYPES[function]) for pin, function in
 LAYOUT_CHANGED = "layout changed: detach and attach"
 
 
-
 def map_names() -> list[str]:
     """Every map the datapath has, all of them pinned by attach.  The
     chain map is one of them: the new mrc_rx tail-calls through the
