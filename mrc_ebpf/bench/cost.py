@@ -2,6 +2,7 @@
 
     mrcctl bench cost [--short]          (the scenario)
     python -m mrc_ebpf.bench.cost [--runs N] [-j]   (the test-run part alone)
+    python -m mrc_ebpf.bench.cost --key-cost 60 [-j]   (what a key costs alone)
 
 Part 1, per-packet cost by BPF_PROG_TEST_RUN:
 Loads the datapath without attaching it, gives one peer 1, 16 and 256
@@ -9,9 +10,11 @@ paths, and times mrc_tx on an IPv6/UDP packet for that peer and mrc_rx on
 what mrc_tx produced.  Each test run is a single run (repeat=1): both
 programs change the packet, so repeating on the kernel's copy would time
 the pass-through path from the second run on.  The kernel times each run;
-the table shows percentiles over N runs, without and then with a key
-(authenticated TLVs, lib/auth.h).  Numbers are for comparing with each
-other on one machine, not absolute.
+the table shows percentiles over N runs.  Numbers are for comparing
+with each other on one machine, not absolute.  What a key costs
+(authenticated TLVs, lib/auth.h) is measured apart, paired batch by batch
+with the same packets unkeyed (measure_key_cost): only a ratio taken
+within milliseconds survives a shared machine's load.
 
 Part 2, throughput: two namespaces joined by one veth pair (pfifo on both
 ends, so a full XDP ring pushes back rather than drops).  iperf3 floods
@@ -36,6 +39,7 @@ import argparse
 import ctypes
 import ipaddress
 import json
+import statistics
 import time
 
 from scapy.layers.inet import UDP
@@ -84,12 +88,10 @@ BENCH_KEY = bytes.fromhex("000102030405060708090a0b0c0d0e0f")
 
 
 def measure(runs: int = 20000, policies=("rr", "bytes", "adaptive"), repeat: int = 1,
-            keys=(False, True)) -> list[list[dict]]:
-    """`repeat` rounds of every (policy, paths) point, without and with a
-    key (authenticated TLVs: signed by TX, verified by RX), one compile.
-    Without and with a key alternate in batches, the order flipping each
-    batch: on a shared machine the load moves more between seconds than a
-    key costs, and a ratio of two points timed apart measures the load."""
+            keys=(False,)) -> list[list[dict]]:
+    """`repeat` rounds of every (policy, paths) point, one compile; with
+    keys=(False, True) also with a key, the two alternating in batches
+    (the key's own cost is measured_key_cost's, paired)."""
     module, tx, rx, _ = compile_datapath()
     try:
         return [_measure_keys(module, tx, rx, runs, policies, keys) for _ in range(repeat)]
@@ -101,7 +103,7 @@ BATCHES = 10    # per point and key setting
 
 
 def _measure_keys(module, tx, rx, runs, policies, keys) -> list[dict]:
-    packet = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / IPv6(src="fd00:a::a", dst="fd00:b::b") / UDP(dport=9) / bytes(64))
+    packet = _packet()
     rows = {keyed: [] for keyed in keys}
     per = max(1, runs // BATCHES)
     for policy in policies:
@@ -110,24 +112,151 @@ def _measure_keys(module, tx, rx, runs, policies, keys) -> list[dict]:
             frames, tx_ns, rx_ns = {}, {k: [] for k in keys}, {k: [] for k in keys}
             for keyed in keys:
                 _set_key(module, keyed)
-                ret, _, out = bpfsys.prog_test_run(tx.fd, packet, 1)
-                assert ret == 0 and len(out) > len(packet), "TX did not encapsulate"
-                frames[keyed] = _inbound(out, per * BATCHES, keyed)
+                frames[keyed] = _inbound(_tx_once(tx, packet), per * BATCHES, keyed)
             for b in range(BATCHES):
                 for keyed in (keys if b % 2 == 0 else tuple(reversed(keys))):
                     _set_key(module, keyed)
-                    for _ in range(per):
-                        ret, ns, out = bpfsys.prog_test_run(tx.fd, packet, 1)
-                        assert ret == 0 and len(out) > len(packet), "TX did not encapsulate"
-                        tx_ns[keyed].append(ns)
-                    for frame in frames[keyed][b * per:(b + 1) * per]:
-                        ret, ns, _ = bpfsys.prog_test_run(rx.fd, frame, 1)
-                        assert ret == 2, "RX did not pass the packet up (XDP_PASS)"
-                        rx_ns[keyed].append(ns)
+                    tx_ns[keyed] += _timed_tx(tx, packet, per)
+                    rx_ns[keyed] += _timed_rx(rx, frames[keyed][b * per:(b + 1) * per])
             for keyed in keys:
                 rows[keyed].append({"policy": policy, "paths": n_paths, "key": keyed,
                                     "tx_ns": _percentiles(tx_ns[keyed]), "rx_ns": _percentiles(rx_ns[keyed])})
     return [row for keyed in keys for row in rows[keyed]]
+
+
+def _packet() -> bytes:
+    return bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") /
+                 IPv6(src="fd00:a::a", dst="fd00:b::b") / UDP(dport=9) / bytes(64))
+
+
+def _tx_once(tx, packet: bytes) -> bytes:
+    ret, _, out = bpfsys.prog_test_run(tx.fd, packet, 1)
+    assert ret == 0 and len(out) > len(packet), "TX did not encapsulate"
+    return out
+
+
+def _timed_tx(tx, packet: bytes, n: int, feedback: bool = False) -> list[int]:
+    ns = []
+    for _ in range(n):
+        ret, t, out = bpfsys.prog_test_run(tx.fd, packet, 1)
+        assert ret == 0 and len(out) > len(packet), "TX did not encapsulate"
+        assert not feedback or out[_tlv_at(out) + layout.MrcTlv.flags.offset] & layout.C["MRC_F_FEEDBACK"], \
+            "TX sent no feedback"
+        ns.append(t)
+    return ns
+
+
+def _timed_rx(rx, frames: list[bytes]) -> list[int]:
+    ns = []
+    for frame in frames:
+        ret, t, _ = bpfsys.prog_test_run(rx.fd, frame, 1)
+        assert ret == 2, "RX did not pass the packet up (XDP_PASS)"
+        ns.append(t)
+    return ns
+
+
+# ------------------------------------------------------------ what a key costs, paired
+
+# (what, paths, feedback): the rr policy; the last row's packets carry
+# feedback, as most do once two hosts talk both ways (the MAC then covers
+# the feedback words too: lib/auth.h)
+KEY_COST_POINTS = (("data", 1, False), ("data", 16, False), ("data", 256, False), ("feedback", 1, True))
+
+
+def _iqm(ns: list[int]) -> float:
+    """The mean of the middle half: the test run's clock ticks in 10 ns on
+    some machines, and a median snaps to the tick."""
+    ns = sorted(ns)
+    return statistics.mean(ns[len(ns) // 4:3 * len(ns) // 4])
+
+
+def measure_key_cost(batches: int = 20, per: int = 200) -> list[dict]:
+    """The per-packet cost of a key, paired: one compile, no key and key
+    alternating in batches of `per` packets (the order flipping every
+    batch), so both sides of a ratio ran within milliseconds of each
+    other: on a shared machine the load moves the cost by more between
+    seconds than a key does, and these machines' CPUs also switch between
+    two speeds ~1.4x apart for seconds at a time.  Programs that do nothing
+    (XDP_PASS, TC_ACT_OK) run in the same batches: the floor under every
+    row (the syscall and the timer).  One row per (point, key, batch),
+    each side the batch's interquartile mean; key_cost_ratios sums up."""
+    from bcc import BPF
+    from mrc_ebpf.datapath import source
+    module, tx, rx, _ = compile_datapath()
+    empty = BPF(text=b"int tx(struct __sk_buff *s) { return 0; } "
+                     b"int rx(struct xdp_md *x) { return XDP_PASS; }")
+    try:
+        etx, erx = empty.load_func("tx", BPF.SCHED_CLS), empty.load_func("rx", BPF.XDP)
+        names = source.counter_names()
+
+        def counted(*which) -> int:
+            return sum(sum(module["mrc_counters"][ctypes.c_int(names.index(n))]) for n in which)
+        refused = [n for n in names if n.startswith("rx_auth_")]
+        packet, rows = _packet(), []
+        for what, n_paths, feedback in KEY_COST_POINTS:
+            _configure(module, n_paths, "rr")
+            filed = counted("rx_mrc_tlv", "rx_feedback")
+            if feedback:    # the path's peer sends RX's packets, so TX reports to it
+                path = layout.Path.from_buffer_copy(bytes(module["mrc_paths"][ctypes.c_int(0)]))
+                ctypes.memmove(path.peer_sid.addr, ipaddress.IPv6Address(PEER_SID).packed, 16)
+                module["mrc_paths"][ctypes.c_int(0)] = module["mrc_paths"].Leaf.from_buffer_copy(bytes(path))
+            frames = {}
+            for keyed in (False, True):
+                _set_key(module, keyed)
+                frames[keyed] = _inbound(_tx_once(tx, packet), batches * per, keyed, feedback)
+            for b in range(batches):
+                for keyed in ((False, True) if b % 2 == 0 else (True, False)):
+                    _set_key(module, keyed)
+                    batch = frames[keyed][b * per:(b + 1) * per]
+                    if feedback:
+                        # the peer acknowledges TX's path first, as a live
+                        # one does: unacknowledged the path goes down and
+                        # every packet is a probe, not the cost of feedback
+                        probes = counted("tx_probe")
+                        bpfsys.prog_test_run(rx.fd, _acked(batch[0], keyed), 1)
+                        t = _timed_tx(tx, packet, per, feedback=True)
+                        r = _timed_rx(rx, batch[1:])
+                        assert counted("tx_probe") == probes, \
+                            "TX's path went down: the feedback row would time its probes"
+                    else:
+                        t, r = _timed_tx(tx, packet, per), _timed_rx(rx, batch)
+                    floor_tx = [bpfsys.prog_test_run(etx.fd, packet, 1)[1] for _ in range(max(1, per // 4))]
+                    floor_rx = [bpfsys.prog_test_run(erx.fd, batch[0], 1)[1] for _ in range(max(1, per // 4))]
+                    rows.append({"what": what, "paths": n_paths, "key": keyed, "batch": b,
+                                 "tx": _iqm(t), "rx": _iqm(r), "floor_tx": _iqm(floor_tx),
+                                 "floor_rx": _iqm(floor_rx)})
+            # what was timed is what a peer's packets cost: every TLV
+            # filed (and its feedback), none refused
+            assert counted(*refused) == 0, "RX refused a TLV: the keyed rows would time a refusal"
+            assert counted("rx_mrc_tlv", "rx_feedback") - filed == \
+                2 * batches * per * (2 if feedback else 1), "RX did not file every TLV"
+        return rows
+    finally:
+        empty.cleanup()
+        module.cleanup()
+
+
+def key_cost_ratios(rows: list[dict]) -> list[dict]:
+    """Per point: key / no key, the median over batch pairs (a batch with
+    a key over the no-key batch next to it); +ns likewise; "own" with the
+    floor taken out of both sides (the programs alone)."""
+    out = []
+    for what, n_paths, _ in KEY_COST_POINTS:
+        plain = [r for r in rows if (r["what"], r["paths"], r["key"]) == (what, n_paths, False)]
+        keyed = [r for r in rows if (r["what"], r["paths"], r["key"]) == (what, n_paths, True)]
+        if not plain:
+            continue
+        row = {"what": what, "paths": n_paths, "pairs": len(plain)}
+        for side in ("tx", "rx"):
+            pairs = list(zip(plain, keyed))
+            row[f"{side}_ns"] = statistics.median(a[side] for a in plain)
+            row[f"{side}_ns_key"] = statistics.median(b[side] for b in keyed)
+            row[f"{side}_key_over_no_key"] = statistics.median(b[side] / a[side] for a, b in pairs)
+            row[f"{side}_plus_ns"] = statistics.median(b[side] - a[side] for a, b in pairs)
+            row[f"{side}_own_key_over_no_key"] = statistics.median(
+                (b[side] - b[f"floor_{side}"]) / (a[side] - a[f"floor_{side}"]) for a, b in pairs)
+        out.append(row)
+    return out
 
 
 def _set_key(module, keyed: bool) -> None:
@@ -138,28 +267,53 @@ def _set_key(module, keyed: bool) -> None:
     module["mrc_rx_peers"].clear()
 
 
-def _inbound(out: bytes, runs: int, keyed: bool) -> list[bytes]:
+def _tlv_at(frame) -> int:
+    """Where an SRH frame's TLV begins (after Ethernet, IPv6, the SRH's segments)."""
+    return 14 + 40 + 8 + 16 * (frame[14 + 40 + 4] + 1)
+
+
+def _sign(frame: bytearray) -> None:
+    """The MAC a peer holding BENCH_KEY would put on this frame's TLV."""
+    from mrc_ebpf.datapath import auth
+    at = _tlv_at(frame)
+    mac_at = at + layout.C["MRC_TLV_MAC_OFF"]
+    frame[mac_at:mac_at + 8] = auth.tlv_mac(BENCH_KEY, PEER_SID, SID, bytes(frame[at:at + layout.C["MRC_TLV_SIZE"]]))
+
+
+def _inbound(out: bytes, runs: int, keyed: bool, feedback: bool = False) -> list[bytes]:
     """What the peer would send us, as RX sees it: our SID as destination,
     and a new path_seq each run (a repeated one would be a late packet, and
     with a key a replay, not filed: cheaper than the real thing), signed
-    when keyed."""
-    from mrc_ebpf.datapath import auth
+    when keyed; with `feedback`, saying it carries feedback (its fb_*
+    words as TX wrote them)."""
     inbound = bytearray(out)
     inbound[14 + 8:14 + 24] = ipaddress.IPv6Address(PEER_SID).packed
     inbound[14 + 24:14 + 40] = ipaddress.IPv6Address(SID).packed
     inbound[14 + 40 + 3] = 0                  # segments left: we are the last
     inbound[14 + 48:14 + 64] = ipaddress.IPv6Address(SID).packed
-    tlv_at = 14 + 40 + 8 + 16 * (inbound[14 + 40 + 4] + 1)
+    tlv_at = _tlv_at(inbound)
     assert inbound[tlv_at] == layout.C["MRC_TLV_TYPE"]
-    seq_at, mac_at = tlv_at + layout.MrcTlv.path_seq.offset, tlv_at + layout.C["MRC_TLV_MAC_OFF"]
+    if feedback:
+        inbound[tlv_at + layout.MrcTlv.flags.offset] |= layout.C["MRC_F_FEEDBACK"]
+    seq_at = tlv_at + layout.MrcTlv.path_seq.offset
     frames = []
     for i in range(runs):
         inbound[seq_at:seq_at + 4] = (i + 1).to_bytes(4, "big")
         if keyed:
-            tlv = bytes(inbound[tlv_at:tlv_at + layout.C["MRC_TLV_SIZE"]])
-            inbound[mac_at:mac_at + 8] = auth.tlv_mac(BENCH_KEY, PEER_SID, SID, tlv)
+            _sign(inbound)
         frames.append(bytes(inbound))
     return frames
+
+
+def _acked(frame: bytes, keyed: bool) -> bytes:
+    """The frame acknowledging, in its feedback, what TX sent on its path
+    up to now (bpf_ktime_get_ns is CLOCK_MONOTONIC)."""
+    f = bytearray(frame)
+    at = _tlv_at(f) + layout.MrcTlv.fb_path_tx32.offset
+    f[at:at + 4] = (time.monotonic_ns() & 0xffffffff).to_bytes(4, "big")
+    if keyed:
+        _sign(f)
+    return bytes(f)
 
 
 # ------------------------------------------------------------ peers in the maps (scale)
@@ -217,8 +371,7 @@ def measure_peers(runs: int = 20000, peer_counts=PEERS_AT, n_paths: int = 256, p
     from mrc_ebpf.datapath import memory
     active = layout.C["MRC_MAX_ACTIVE_PEERS"] if active is None else active
     module, tx, rx, _ = compile_datapath()
-    packet = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") /
-                   IPv6(src="fd00:a::a", dst="fd00:b::b") / UDP(dport=9) / bytes(64))
+    packet = _packet()
     cpus = bpfsys.possible_cpus()
     try:
         reps = []
@@ -232,15 +385,8 @@ def measure_peers(runs: int = 20000, peer_counts=PEERS_AT, n_paths: int = 256, p
                 else:
                     _fill_peers(module, n, n_paths, policy, active)
                 _set_key(module, False)
-                tx_ns, rx_ns = [], []
-                for _ in range(runs):
-                    ret, ns, out = bpfsys.prog_test_run(tx.fd, packet, 1)
-                    assert ret == 0 and len(out) > len(packet), "TX did not encapsulate"
-                    tx_ns.append(ns)
-                for frame in _inbound(out, runs, False):
-                    ret, ns, _ = bpfsys.prog_test_run(rx.fd, frame, 1)
-                    assert ret == 2, "RX did not pass the packet up (XDP_PASS)"
-                    rx_ns.append(ns)
+                tx_ns = _timed_tx(tx, packet, runs)
+                rx_ns = _timed_rx(rx, _inbound(_tx_once(tx, packet), runs, False))
                 mem = maps_memlock(module)
                 in_use = {"peers": n or 1, "peer_by_sid": n or 1}
                 grow = sum(memory.model(128, in_use).values()) - sum(memory.model(cpus, in_use).values())
@@ -267,6 +413,7 @@ A_SID, B_SID, B_DT6, A_DT6 = "fc00:a::1", "fc00:b::1", "fc00:b::6", "fc00:a::6"
 def params(short: bool) -> dict:
     return {"runs": 1000 if short else 20000, "paths": [1, 16, 256], "policies": ["rr", "bytes", "adaptive"],
             "peers": [1, 1000] if short else list(PEERS_AT),
+            "key_batches": 10 if short else 20, "key_per": 100 if short else 200,
             "flood_seconds": 1.0 if short else 5.0, "payload_bytes": 64, "repeat": 1 if short else 3,
             "setups": list(SETUPS), "sender": "iperf3 -u -l 64 -b 0 (one thread)",
             "counted_at": "receiver interface rx_packets, middle of the run (0.5 s trimmed each end)"}
@@ -372,16 +519,15 @@ def run(p: dict, env) -> dict:
                                                     "memlock_128_cpus", "maps")}
                              | {"tx_ns_median": spread([rep[i]["tx_ns"]["median"] for rep in reps]),
                                 "rx_ns_median": spread([rep[i]["rx_ns"]["median"] for rep in reps])})
-    flat, key_cost = {}, {}
+    flat = {}
     for pol in p["policies"]:
-        rows = [r for r in prog_rows if r["policy"] == pol and not r["key"]]
-        keyed = [r for r in prog_rows if r["policy"] == pol and r["key"]]
+        rows = [r for r in prog_rows if r["policy"] == pol]
         for d in ("tx", "rx"):
             med = [r[f"{d}_ns_median"]["median"] for r in rows]
             flat[f"{pol}_{d}_256_over_1"] = med[-1] / med[0]
-            for r, k in zip(rows, keyed):
-                key_cost[f"{pol}_{r['paths']}_{d}_key_over_none"] = \
-                    k[f"{d}_ns_median"]["median"] / r[f"{d}_ns_median"]["median"]
+    log(f"cost: a key's cost, {p['key_batches']} pairs of {p['key_per']}-packet batches per point")
+    key_batches = [row for _ in range(p["repeat"]) for row in measure_key_cost(p["key_batches"], p["key_per"])]
+    key_cost = key_cost_ratios(key_batches)
     runs = {s: [] for s in p["setups"]}
     with namespaces("c", ["A", "B"]) as ns:
         _pair(env, ns)
@@ -421,7 +567,9 @@ def run(p: dict, env) -> dict:
                           "frame_bytes": runs[setup][0]["frame_bytes"],
                           "ratio_to_none": spread(ratios), "runs": runs[setup]}
     mrc_vs_kernel = spread([m["pps"] / k["pps"] for m, k in zip(runs["mrc"], runs["kernel"])])
-    notes = []
+    notes = ["key / no key per packet, paired batches: " +
+             ", ".join(f"{r['what']} {r['paths']} paths TX {r['tx_key_over_no_key']:.3f} "
+                       f"RX {r['rx_key_over_no_key']:.3f}" for r in key_cost)]
     if runs.get("mrc-key") and runs.get("mrc"):
         keyed = spread([k["pps"] / m["pps"] for k, m in zip(runs["mrc-key"], runs["mrc"])])
         notes.append(f"mrc with a key / without pps ratio {keyed['median']:.2f}")
@@ -438,7 +586,7 @@ def run(p: dict, env) -> dict:
                 one[f"{d}_ns_median"]["median"] / own[f"{d}_ns_median"]["median"]
     return {"prog_test_run": prog_rows, "flatness_256_over_1": flat, "throughput": through,
             "peers": peer_rows, "flatness_peers": peers_flat,
-            "mrc_over_kernel_pps": mrc_vs_kernel, "key_over_no_key_ns": key_cost,
+            "mrc_over_kernel_pps": mrc_vs_kernel, "key_cost": key_cost, "key_cost_batches": key_batches,
             "notes": notes + [
                       f"mrc/kernel pps ratio {mrc_vs_kernel['median']:.2f} "
                       f"(min {mrc_vs_kernel['min']:.2f}, max {mrc_vs_kernel['max']:.2f})",
@@ -449,9 +597,12 @@ def run(p: dict, env) -> dict:
 def table(results: dict):
     from mrc_ebpf.bench.runner import fmt_spread
     headers = ["what", "setting", "TX ns/pkt", "RX ns/pkt", "pps", "payload Gbit/s", "vs none"]
-    rows = [("prog_test_run", f"{r['policy']}, {r['paths']} paths{', key' if r.get('key') else ''}",
-             fmt_spread(r["tx_ns_median"]),
+    rows = [("prog_test_run", f"{r['policy']}, {r['paths']} paths", fmt_spread(r["tx_ns_median"]),
              fmt_spread(r["rx_ns_median"]), "", "", "") for r in results["prog_test_run"]]
+    for r in results.get("key_cost", []):
+        rows.append(("key / no key", f"rr, {r['paths']} paths, {r['what']} packets, {r['pairs']} batch pairs",
+                     f"{r['tx_key_over_no_key']:.3f} ({r['tx_plus_ns']:+.0f} ns)",
+                     f"{r['rx_key_over_no_key']:.3f} ({r['rx_plus_ns']:+.0f} ns)", "", "", ""))
     for r in results.get("peers", []):
         rows.append(("peers in the maps", f"{r['peers']} ({r['layout']}, {r['paths']} paths), "
                      f"{r['memlock'] / 2**20:.1f} MiB ({r['memlock_128_cpus'] / 2**20:.1f} at 128 CPUs)",
@@ -490,10 +641,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20000)
     parser.add_argument("-j", "--json", action="store_true")
+    parser.add_argument("--key-cost", metavar="BATCHES", type=int,
+                        help="Instead: what a key costs, paired (measure_key_cost), BATCHES pairs of "
+                             "200-packet batches per point")
     parser.add_argument("--peers", metavar="N,N,...",
                         help="Instead: the cost with N peers in the maps (e.g. 1,1000,100000), "
                              "and the maps' memlock")
     args = parser.parse_args()
+    if args.key_cost:
+        rows = key_cost_ratios(measure_key_cost(args.key_cost, 200))
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return
+        print(tabulate([(r["what"], r["paths"], f"{r['tx_ns']:.0f} / {r['tx_ns_key']:.0f}",
+                         f"{r['rx_ns']:.0f} / {r['rx_ns_key']:.0f}", f"{r['tx_key_over_no_key']:.3f}",
+                         f"{r['rx_key_over_no_key']:.3f}", f"{r['tx_plus_ns']:+.0f}", f"{r['rx_plus_ns']:+.0f}")
+                        for r in rows],
+                       headers=["packets", "paths", "TX ns no key / key", "RX ns no key / key",
+                                "TX key / no key", "RX key / no key", "TX +ns", "RX +ns"]))
+        return
     if args.peers:
         rows = measure_peers(args.runs, tuple(int(n) for n in args.peers.split(",")))[0]
         if args.json:
@@ -510,10 +676,9 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     keys = ("p10", "median", "p90")
-    print(tabulate([(r["policy"], r["paths"], "yes" if r["key"] else "no", *(r["tx_ns"][k] for k in keys),
+    print(tabulate([(r["policy"], r["paths"], *(r["tx_ns"][k] for k in keys),
                      *(r["rx_ns"][k] for k in keys)) for r in rows],
-                   headers=["policy", "paths", "key", "TX ns p10", "median", "p90", "RX ns p10", "median",
-                            "p90"]))
+                   headers=["policy", "paths", "TX ns p10", "median", "p90", "RX ns p10", "median", "p90"]))
 
 
 if __name__ == "__main__":
