@@ -395,6 +395,12 @@ def test_fabric_hash_up_show_and_switch():
     (["bench", "spray-vs-ecmp", "--hosts-default", "-C", "cubic"],
      "--hosts-default leaves the hosts alone: not with --host-sysctl or -C"),
     (["bench", "cost", "--modes", "ecmp"], "cost has no modes to choose"),
+    (["bench", "spray-vs-ecmp", "--param", 'flows={"1500": [1, 4]}'],
+     'spray-vs-ecmp: no flow counts for MTU 9000 in flows {"1500": [1, 4]} '
+     '(a list like [1, 4] for each of mtus [1500, 9000], or --mtu)'),
+    (["bench", "spray-vs-ecmp", "--param", 'flows={"1500": [0]}', "--mtu", "1500"],
+     'spray-vs-ecmp: no flow counts for MTU 1500 in flows {"1500": [0]} '
+     '(a list like [1, 4] for each of mtus [1500], or --mtu)'),
     (["bench", "spray-vs-ecmp", "--param", 'encoding="usid"'], "spray-vs-ecmp: bad encoding 'usid': srh or ev"),
     (["bench", "spray-vs-ecmp", "--param", 'encoding="ev"', "--modes", "ecmp,bytes"],
      "spray-vs-ecmp with encoding ev runs only the MRC modes: rr, bytes, adaptive, single"),

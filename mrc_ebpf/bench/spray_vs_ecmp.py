@@ -68,8 +68,10 @@ def params(short: bool) -> dict:
 
 
 def set_mtu(p: dict, mtu: int) -> None:
-    """`mrcctl bench --mtu`: one fabric of that MTU, with the first MTU's flow counts."""
-    p["flows"] = {str(mtu): p["flows"][str(p["mtus"][0])]}
+    """`mrcctl bench --mtu`: one fabric of that MTU, with its own flow
+    counts if `flows` has them, else the first MTU's."""
+    counts = p["flows"].get(str(mtu), p["flows"].get(str(p["mtus"][0])))
+    p["flows"] = {} if counts is None else {str(mtu): counts}
     p["mtus"] = [mtu]
 
 
@@ -129,6 +131,11 @@ def steps(p: dict) -> int:
 
 
 def check(p: dict) -> None:
+    for mtu in p["mtus"]:
+        counts = p["flows"].get(str(mtu)) if isinstance(mtu, int) else None
+        if not (isinstance(counts, list) and counts and all(type(n) is int and n >= 1 for n in counts)):
+            raise MrcError(f"spray-vs-ecmp: no flow counts for MTU {mtu} in flows {json.dumps(p['flows'])} "
+                           f"(a list like [1, 4] for each of mtus {json.dumps(p['mtus'])}, or --mtu)")
     if p["encoding"] not in ("srh", "ev"):
         raise MrcError(f"spray-vs-ecmp: bad encoding {p['encoding']!r}: srh or ev")
     if p["encoding"] == "ev" and set(p["modes"]) - {"rr", "bytes", "adaptive", "single"}:
