@@ -91,7 +91,7 @@ def measure(runs: int = 20000, policies=("rr", "bytes", "adaptive"), repeat: int
             keys=(False,)) -> list[list[dict]]:
     """`repeat` rounds of every (policy, paths) point, one compile; with
     keys=(False, True) also with a key, the two alternating in batches
-    (the key's own cost is measured_key_cost's, paired)."""
+    (what a key costs alone: measure_key_cost, paired)."""
     module, tx, rx, _ = compile_datapath()
     try:
         return [_measure_keys(module, tx, rx, runs, policies, keys) for _ in range(repeat)]
