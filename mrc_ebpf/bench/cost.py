@@ -87,41 +87,32 @@ def _percentiles(samples: list[int]) -> dict:
 BENCH_KEY = bytes.fromhex("000102030405060708090a0b0c0d0e0f")
 
 
-def measure(runs: int = 20000, policies=("rr", "bytes", "adaptive"), repeat: int = 1,
-            keys=(False,)) -> list[list[dict]]:
-    """`repeat` rounds of every (policy, paths) point, one compile; with
-    keys=(False, True) also with a key, the two alternating in batches
-    (what a key costs alone: measure_key_cost, paired)."""
+def measure(runs: int = 20000, policies=("rr", "bytes", "adaptive"), repeat: int = 1) -> list[list[dict]]:
+    """`repeat` rounds of every (policy, paths) point without a key, one
+    compile (what a key costs: measure_key_cost, paired)."""
     module, tx, rx, _ = compile_datapath()
     try:
-        return [_measure_keys(module, tx, rx, runs, policies, keys) for _ in range(repeat)]
+        return [_measure_points(module, tx, rx, runs, policies) for _ in range(repeat)]
     finally:
         module.cleanup()
 
 
-BATCHES = 10    # per point and key setting
-
-
-def _measure_keys(module, tx, rx, runs, policies, keys) -> list[dict]:
+def _measure_points(module, tx, rx, runs, policies) -> list[dict]:
     packet = _packet()
-    rows = {keyed: [] for keyed in keys}
-    per = max(1, runs // BATCHES)
+    _set_key(module, False)
+    rows = []
     for policy in policies:
         for n_paths in (1, 16, 256):
             _configure(module, n_paths, policy)
-            frames, tx_ns, rx_ns = {}, {k: [] for k in keys}, {k: [] for k in keys}
-            for keyed in keys:
-                _set_key(module, keyed)
-                frames[keyed] = _inbound(_tx_once(tx, packet), per * BATCHES, keyed)
-            for b in range(BATCHES):
-                for keyed in (keys if b % 2 == 0 else tuple(reversed(keys))):
-                    _set_key(module, keyed)
-                    tx_ns[keyed] += _timed_tx(tx, packet, per)
-                    rx_ns[keyed] += _timed_rx(rx, frames[keyed][b * per:(b + 1) * per])
-            for keyed in keys:
-                rows[keyed].append({"policy": policy, "paths": n_paths, "key": keyed,
-                                    "tx_ns": _percentiles(tx_ns[keyed]), "rx_ns": _percentiles(rx_ns[keyed])})
-    return [row for keyed in keys for row in rows[keyed]]
+            tx_ns, rx_ns = _timed_point(tx, rx, packet, runs)
+            rows.append({"policy": policy, "paths": n_paths, "key": False,
+                         "tx_ns": _percentiles(tx_ns), "rx_ns": _percentiles(rx_ns)})
+    return rows
+
+
+def _timed_point(tx, rx, packet: bytes, runs: int) -> tuple[list[int], list[int]]:
+    """TX on `packet` and RX on what TX made, `runs` single runs each."""
+    return _timed_tx(tx, packet, runs), _timed_rx(rx, _inbound(_tx_once(tx, packet), runs, False))
 
 
 def _packet() -> bytes:
@@ -385,8 +376,7 @@ def measure_peers(runs: int = 20000, peer_counts=PEERS_AT, n_paths: int = 256, p
                 else:
                     _fill_peers(module, n, n_paths, policy, active)
                 _set_key(module, False)
-                tx_ns = _timed_tx(tx, packet, runs)
-                rx_ns = _timed_rx(rx, _inbound(_tx_once(tx, packet), runs, False))
+                tx_ns, rx_ns = _timed_point(tx, rx, packet, runs)
                 mem = maps_memlock(module)
                 in_use = {"peers": n or 1, "peer_by_sid": n or 1}
                 grow = sum(memory.model(128, in_use).values()) - sum(memory.model(cpus, in_use).values())
