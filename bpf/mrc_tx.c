@@ -144,7 +144,7 @@ int mrc_tx(struct __sk_buff *skb)
 		skb->mark = mark;
 	}
 	if (retrans)
-		tcp_steer_pick(peer, &choice);
+		tcp_steer_pick(peer, cfg, &choice);
 	choice.control = control;
 	path = mrc_paths.lookup(&choice.path_index);
 	if (!path || path->state != MRC_PATH_UP)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * TCP retransmissions go to the path the peer heard most recently.
+ * TCP retransmissions go to a path the peer heard lately.
  *
  * When a path fails, the segments sprayed into it before the datapath
  * takes it out are lost; TCP repairs them (RACK, SACK) about a round trip
@@ -9,9 +9,9 @@
  * retransmission costs TCP another round, or an RTO when nothing was sent
  * after it (docs/design/tcp.md).  A retransmission is recognised without
  * any state of the socket: a segment that ends at or below the highest
- * sequence this flow has sent.  It then leaves on the path whose latest
- * acknowledgement is the newest: a path in a black hole is acknowledged
- * no more, so it is never the one chosen.
+ * sequence this flow has sent.  It keeps its spray turn's path if the
+ * peer acknowledged that path about as lately as any (a black-holed path
+ * is acknowledged no more, so it falls behind), else it goes on another.
  *
  * tx_flows is direct-mapped by a hash of the flow's addresses and ports:
  * O(1), no lock, and a collision only makes one segment look new (sprayed
@@ -164,46 +164,68 @@ static __always_inline void tcp_steer_heard(struct mrc_peer_state *st, __u16 pat
 }
 
 /*
- * A retransmission's path: the one heard most recently, if it is up and
- * heard later than the path the spray gave it.
+ * May a retransmission that the spray gave `given` go on path `id`
+ * instead: a path of the packet's own set (up, and of the class of the
+ * given one: a path may have been deleted, or be another class's reserve,
+ * since it was heard), not down, and heard from lately (`fresh`)?
  */
-static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, struct path_choice *choice)
+static __always_inline int tcp_steer_usable(const struct mrc_peer *peer, struct mrc_peer_state *st,
+					    const struct mrc_path *given, __u32 id, __u64 fresh)
 {
-	__u32 row = peer->template_id, index;
-	struct mrc_peer_acks *acks;
-	struct mrc_peer_tx *ptx;
-	struct mrc_path_live *live;
-	struct mrc_path *path, *given;
-	__u32 id;
+	__u32 index = peer->template_id * MRC_MAX_PATHS + id;
+	struct mrc_path *path;
 
-	if (choice->probe)
+	if (id >= peer->n_paths || id >= MRC_MAX_PATHS)
+		return 0;
+	path = mrc_paths.lookup(&index);
+	if (!path || path->state != MRC_PATH_UP || path->tclass != given->tclass)
+		return 0;
+	return !peer_path_live(st, id)->down_ns && *peer_path_acked(st, id) >= fresh;
+}
+
+/*
+ * A retransmission's path.  The spray's, if the peer has heard that path
+ * lately: within two report intervals of the newest acknowledgement of
+ * any path (peer_tx.heard_ns), the lag a live path's acknowledgement has
+ * when the peer reports its paths a block at a time (lib/feedback.h).
+ * Else a random other path that was heard lately, or else the one heard
+ * most recently.  Random, not always the heard path: with one path of four
+ * black-holed, all its retransmissions on the heard path made that path
+ * carry 6-13% more than the others (tests/test_tcp_steer.py), a queue
+ * that reorders the flow.  Two candidates at most: O(1) like the spray.
+ */
+static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, const struct mrc_config *cfg,
+					   struct path_choice *choice)
+{
+	struct mrc_peer_state *st = choice->st;
+	struct mrc_path *given;
+	__u64 lag = 2 * 1000 * (__u64)cfg->fb_interval_us, fresh;
+	__u32 id, n = peer->n_paths, index;
+
+	if (choice->probe || !st)
 		return;
-	if (!choice->st)
-		return;
-	acks = &choice->st->acks;
-	ptx = &choice->st->tx;
-	if (!acks->last_ns)
+	if (!st->acks.last_ns)
 		return;		/* no feedback from this peer: nothing to go by */
 	count(MRC_TX_TCP_RETRANS);
-	id = ptx->heard_path;
-	if (id >= peer->n_paths || id >= MRC_MAX_PATHS || id == choice->path_id ||
-	    ptx->heard_ns <= *peer_path_acked(choice->st, choice->path_id))
+	if (st->tx.heard_ns <= lag || n < 2)
 		return;
-	index = row * MRC_MAX_PATHS + id;
-	/* still a path of the packet's own set: up, and of the class of the
-	 * path the spray gave it (a path may have been deleted, or be another
-	 * class's reserve, since it was heard) */
-	path = mrc_paths.lookup(&index);
+	fresh = st->tx.heard_ns - lag;
+	if (*peer_path_acked(st, choice->path_id) >= fresh)
+		return;
 	given = mrc_paths.lookup(&choice->path_index);
-	if (!path || !given || path->state != MRC_PATH_UP || path->tclass != given->tclass)
+	if (!given)
 		return;
-	live = peer_path_live(choice->st, id);
-	if (live->down_ns)
-		return;
+	id = (choice->path_id + 1 + bpf_get_prandom_u32() % (n - 1)) % n;
+	if (!tcp_steer_usable(peer, st, given, id, fresh)) {
+		id = st->tx.heard_path;
+		if (id == choice->path_id || !tcp_steer_usable(peer, st, given, id, 0))
+			return;
+	}
+	index = peer->template_id * MRC_MAX_PATHS + id;
 	count(MRC_TX_RETRANS_STEERED);
 	choice->path_id = id;
 	choice->path_index = index;
-	choice->live = live;
+	choice->live = peer_path_live(st, id);
 }
 
 #endif
