@@ -500,7 +500,7 @@ struct mrc_config {
 	__u32	probe_us;	/* a down path is tried once per this */
 	__u32	fb_interval_us;	/* one-way traffic: feedback at least this often */
 	__u32	reorder_max_us;	/* late packets widen ack_timeout up to this */
-	__u32	retrans_steer;	/* 1: TCP retransmissions take the path heard last (lib/tcp_steer.h) */
+	__u32	retrans_steer;	/* 1: TCP retransmissions avoid paths not heard lately (lib/tcp_steer.h) */
 	__u32	n_devices;
 	struct mrc_device devices[MRC_MAX_DEVICES];
 	__u32	min_active;	/* a peer keeps at least this many paths in use (0: no floor) */

@@ -226,9 +226,9 @@ def test_reorder(runs):
         assert abs(delays["0"]["ping_idle_extra_ms"]["median"]) < 0.25 * float(top)
         for run in delays[top]["runs"]:
             assert run["slow_link_tbf"]["drops"] <= 0.02 * max(1, run["slow_link_tbf"]["packets"])
-    # rr is blind to the delay (only TCP's retransmissions, steered to the
-    # path heard last, avoid the slow path: its share falls below a quarter
-    # by them); adaptive hears of the queue and moves off it
+    # rr is blind to the delay (only TCP's retransmissions, steered off a
+    # path not heard lately, avoid the slow path: its share falls below a
+    # quarter by them); adaptive hears of the queue and moves off it
     rr, adaptive = (r["policies"][p][top]["slow_path_share"]["median"] for p in ("rr", "adaptive"))
     assert rr > 0.1 and adaptive < 0.7 * rr, (rr, adaptive)
     # the contenders ran the same levels before MRC: ECMP's one flow on one

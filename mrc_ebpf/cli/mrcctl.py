@@ -95,8 +95,9 @@ def cli(ctx, json_, pretty, netns_name):
 @click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["reorder_max_us"], show_default=True,
               help="Late packets widen --ack-timeout-us up to this; 0 keeps it fixed.")
 @click.option("--retrans-steer/--no-retrans-steer", default=True, show_default=True,
-              help="TCP retransmissions take the path the peer acknowledged last, not their "
-                   "spray turn (a failed path's losses are not resent into it).")
+              help="A TCP retransmission whose spray turn is a path the peer has stopped "
+                   "acknowledging goes on one it acknowledges (a failed path's losses are "
+                   "not resent into it).")
 @click.option("--min-active", type=click.IntRange(0, 256), default=0, show_default=True,
               help="The datapath takes no path out that would leave a peer fewer than this many "
                    "usable ones (MRC's ev_min_active); each refusal is an event (kept).")
