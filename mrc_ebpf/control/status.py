@@ -211,7 +211,7 @@ def _granularity(device: str, member: layout.Device | None, problems: list) -> d
     if asked is None:
         told = offload.describe("", segs, 0, 0)
     else:
-        mbps = member.link_mbps or offload.link_mbps(device)
+        mbps = member.link_mbps or offload.wire_mbps(device)
         told = offload.describe(asked, segs, mbps, member.mtu)
         want = offload.choose(asked, device, member.mtu, member.link_mbps)
         if segs != want:

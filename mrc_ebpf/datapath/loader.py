@@ -349,7 +349,7 @@ def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granular
 
 def _granularity_fields(granularity: str, device: str, member: layout.Device) -> dict:
     told = offload.describe(granularity, offload.gso_max_segs(device),
-                            member.link_mbps or offload.link_mbps(device), member.mtu)
+                            member.link_mbps or offload.wire_mbps(device), member.mtu)
     return {"granularity": told["what"], "granularity_why": told["why"]}
 
 
