@@ -20,7 +20,7 @@ from scapy.all import IPv6, IPv6ExtHdrSegmentRouting, rdpcap
 from conftest import XFER, mrcctl
 from mrc_ebpf.datapath import wire
 
-pytestmark = pytest.mark.root
+
 
 
 def _gso_max_segs(t, ns, dev) -> int:
@@ -36,6 +36,7 @@ def _hook(status: dict) -> dict:
     return status[0]["hooks"][0] if isinstance(status, list) else status["hooks"][0]
 
 
+@pytest.mark.root
 def test_default_attach_keeps_offloads_and_says_why(spray):
     """attach's defaults on a veth: generic XDP (native would turn TSO
     off on the peer, the sender's side of the wire) and bursts as large
@@ -55,6 +56,7 @@ def test_default_attach_keeps_offloads_and_says_why(spray):
     assert _gso_max_segs(t, spray.A, "a0") == before
 
 
+@pytest.mark.root
 def test_granularity_packet_and_link_rate(spray):
     """per-packet stays an option (gso_max_segs 1); a slower fabric link
     sizes auto's bursts: 50 us at 1 Gbit/s is 6,250 B, 4 segments of 1500."""
@@ -92,6 +94,7 @@ def _stop(proc) -> str:
     return err.decode()
 
 
+@pytest.mark.root
 def test_bursts_leave_whole_spread_over_every_path_and_arrive_whole(spray, tmp_path):
     """A paced 16 MB TCP transfer under the default attach: on A's wire
     the frames are bursts (longer than the MTU: segmentation offload
@@ -151,3 +154,23 @@ def test_bursts_leave_whole_spread_over_every_path_and_arrive_whole(spray, tmp_p
     # the receiver: the segments arrive merged (a burst is one skb up the stack)
     arrived = [p[IPv6].plen for p in rdpcap(str(in_pcap)) if IPv6 in p]
     assert max(arrived) > 3 * 1400 and sum(1 for n in arrived if n > 1500) > 0.5 * len(arrived)
+
+
+@pytest.mark.parametrize("name", ["auto", "packet", "burst"])
+def test_granularity_names_match_the_c_header(name):
+    """mrc_device.granularity: offload.GRANULARITIES is in MRC_GRAN_* order."""
+    from mrc_ebpf.datapath import offload
+    from mrc_ebpf.datapath.source import C
+    assert offload.GRANULARITIES.index(name) == C[f"MRC_GRAN_{name.upper()}"]
+
+
+def test_burst_sizes():
+    """50 us of link time: full bursts from 10.5 Gbit/s up at 1500 B,
+    one segment at 200 Mbit/s (the lab's shaped fabrics: per packet)."""
+    from mrc_ebpf.datapath.offload import GSO_MAX_SEGS, burst_segs
+    assert burst_segs(1500, 0) == GSO_MAX_SEGS
+    assert burst_segs(1500, 100_000) == GSO_MAX_SEGS
+    assert burst_segs(1500, 10_000) == 41
+    assert burst_segs(9000, 10_000) == 6
+    assert burst_segs(1500, 1_000) == 4
+    assert burst_segs(1500, 200) == 1

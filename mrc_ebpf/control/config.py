@@ -213,9 +213,10 @@ def _attach(r: _Reader, node) -> dict:
            "sid": str(r.checked(sid_node, parse_sid, r.scalar(sid_node, str, "sid"))),
            "mode": r.choice(m["mode"][1], "mode", MODES) if "mode" in m else "auto",
            "granularity": (r.choice(m["granularity"][1], "granularity", GRANULARITIES)
-                           if "granularity" in m else "auto")}
-    if "link_rate_mbps" in m:       # auto sizes bursts for this rate, not the device's speed
-        out["link_rate_mbps"] = r.integer(m["link_rate_mbps"][1], "link_rate_mbps", *LINK_RATE_RANGE)
+                           if "granularity" in m else "auto"),
+           # auto sizes bursts for this rate (Mbit/s), 0: the device's own speed
+           "link_rate_mbps": (r.integer(m["link_rate_mbps"][1], "link_rate_mbps", *LINK_RATE_RANGE)
+                              if "link_rate_mbps" in m else 0)}
     for name, (lo, hi) in TIMER_RANGES.items():
         out[name] = r.integer(m[name][1], name, lo, hi) if name in m else layout.TIMER_DEFAULTS[name]
     out["retrans_steer"] = r.scalar(m["retrans_steer"][1], bool, "retrans_steer") \
@@ -573,9 +574,8 @@ def running_with_ids(att: Attachment, key_file: str | None = None,
     applied = read_applied(att)
     devices = att.device_names()
     attach = {"devices": devices, "sid": str(ipaddress.IPv6Address(bytes(cfg.sid))),
-              "mode": applied.get("mode") or used_mode(att), "granularity": granularity(att)}
-    if cfg.devices[0].link_mbps:
-        attach["link_rate_mbps"] = cfg.devices[0].link_mbps
+              "mode": applied.get("mode") or used_mode(att), "granularity": granularity(att),
+              "link_rate_mbps": cfg.devices[0].link_mbps}
     for name in TIMER_RANGES:
         attach[name] = getattr(cfg, name)
     attach["retrans_steer"] = bool(cfg.retrans_steer)
