@@ -96,7 +96,7 @@ def _print_version(ctx, _param, value):
               help="Bytes to send in all (K/M/G powers of 1024), instead of -t.")
 @click.option("-w", "--window", metavar="SIZE",
               help="Socket buffer size (SO_SNDBUF and SO_RCVBUF) of the data sockets, both ends.")
-@click.option("-f", "--format", "unit", type=click.Choice(list("kmgtKMGT")), metavar="[kmgtKMGT]",
+@click.option("-f", "--format", "unit", metavar="[kmgtKMGT]",
               help="Rate unit: k/m/g/t bits, K/M/G/T bytes per second (default adaptive bits).")
 @click.option("-4", "--version4", "only4", is_flag=True, help="IPv4 only.")
 @click.option("-6", "--version6", "only6", is_flag=True, help="IPv6 only.")
@@ -156,6 +156,8 @@ def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
         raise MrcError("give -s (server) or -c HOST (client)")
     if only4 and only6:
         raise MrcError("give -4 or -6, not both")
+    if unit is not None and (len(unit) != 1 or unit not in "kmgtKMGT"):
+        raise MrcError(f"bad format {unit!r}: one of k m g t K M G T")
     family = socket.AF_INET if only4 else socket.AF_INET6 if only6 else 0
     if bidir:
         raise MrcError("--bidir is not supported by mrc-perf yet: run two tests, one with -R")

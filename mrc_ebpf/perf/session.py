@@ -259,11 +259,16 @@ def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc,
 def _drain(params, streams, threads) -> None:
     """Wait for what is still in flight after the sender stopped."""
     if params.protocol == "tcp":
-        for s in streams:
-            s.freeze()
+        if not params.bytes:
+            for s in streams:
+                s.freeze()
         give_up = time.monotonic() + TCP_DRAIN_MAX
         for t in threads:
             t.join(max(0.0, give_up - time.monotonic()))
+        if params.bytes:    # -n: the bytes asked for are counted, up to the last one's arrival
+            for s in streams:
+                s.freeze()
+                s.end_ns = s.last_ns or s.end_ns
         return
     give_up = _now() + int(DRAIN_MAX * 1e9)
     while _now() < give_up:
