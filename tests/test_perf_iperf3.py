@@ -76,7 +76,7 @@ def test_rate_format_units_like_iperf3():
 def test_new_flags_bad_input_one_line():
     _one_line_error(_cli("-c", "fd00:99::1", "-f", "x"), "bad format 'x': one of k m g t K M G T")
     _one_line_error(_cli("-c", "fd00:99::1", "-4", "-6"), "give -4 or -6, not both")
-    _one_line_error(_cli("-c", "fd00:99::1", "--bidir"), "--bidir is not supported")
+    _one_line_error(_cli("-c", "fd00:99::1", "--bidir", "-R"), "give -R or --bidir, not both")
     _one_line_error(_cli("-c", "fd00:99::1", "-w", "big"), "bad window 'big'")
     _one_line_error(_cli("-c", "fd00:99::1", "-n", "lots"), "bad number of bytes 'lots'")
     _one_line_error(_cli("-c", "fd00:99::1", "-O", "-1"), "bad omit")
@@ -252,3 +252,35 @@ def test_server_output_logfile_verbose(topo, tmp_path):
         _one_line_error(refused, "Connection refused")
         doc = perf_client(topo, net.A, net.B4, "--no-mrc", "-t", "1")
     assert doc["end"]["sum_received"]["bytes"] > 0
+
+
+@root
+def test_bidir(topo, tmp_path):
+    """--bidir: -P streams each way at once; iperf3's layout (sum /
+    sum_bidir_reverse per interval, *_bidir_reverse at the end), its keys
+    covered, each half's intervals adding up to its summary."""
+    net = Line(topo)
+    for n, args in enumerate((["-t", "1", "--bidir"], ["-u", "-b", "10M", "-t", "1", "--bidir", "-P", "2"])):
+        with perf_server(topo, net.B, tmp_path, "--no-mrc", name=f"bidir{n}"):
+            ours = perf_client(topo, net.A, net.B6, "--no-mrc", *args)
+        with iperf3_server(topo, net.B, tmp_path):
+            theirs = iperf3_client(topo, net.A, net.B6, *args)
+        missing = key_paths(theirs) - key_paths(ours)
+        assert not missing, (args, sorted(missing))
+        p = ours["start"]["test_start"]["num_streams"]
+        end = ours["end"]
+        assert len(end["streams"]) == len(theirs["end"]["streams"]) == 2 * p
+        assert len(ours["start"]["connected"]) == 2 * p
+        for half, sent, received in (("sum", "sum_sent", "sum_received"),
+                                     ("sum_bidir_reverse", "sum_sent_bidir_reverse",
+                                      "sum_received_bidir_reverse")):
+            assert 0 < end[received]["bytes"] <= end[sent]["bytes"]
+            # the client sends the first half, receives the second
+            first = half == "sum"
+            assert all(i[half]["sender"] is first for i in ours["intervals"])
+            mine = end[sent] if first else end[received]
+            assert sum(i[half]["bytes"] for i in ours["intervals"]) == mine["bytes"]
+        for rep in ours["intervals"]:
+            assert [s["sender"] for s in rep["streams"]] == [True] * p + [False] * p
+        if "-u" in args:
+            assert end["sum_received"]["lost_packets"] == end["sum_received_bidir_reverse"]["lost_packets"] == 0

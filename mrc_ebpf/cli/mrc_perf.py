@@ -100,7 +100,7 @@ def _print_version(ctx, _param, value):
               help="Rate unit: k/m/g/t bits, K/M/G/T bytes per second (default adaptive bits).")
 @click.option("-4", "--version4", "only4", is_flag=True, help="IPv4 only.")
 @click.option("-6", "--version6", "only6", is_flag=True, help="IPv6 only.")
-@click.option("--bidir", is_flag=True, help="Both directions at once (not supported yet: an error).")
+@click.option("--bidir", is_flag=True, help="Both directions at once: -P streams each way.")
 @click.option("--get-server-output", is_flag=True,
               help="Print the server's report too (its JSON under server_output_json with -J "
                    "when the server runs -J, else its text).")
@@ -159,12 +159,10 @@ def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
     if unit is not None and (len(unit) != 1 or unit not in "kmgtKMGT"):
         raise MrcError(f"bad format {unit!r}: one of k m g t K M G T")
     family = socket.AF_INET if only4 else socket.AF_INET6 if only6 else 0
-    if bidir:
-        raise MrcError("--bidir is not supported by mrc-perf yet: run two tests, one with -R")
     out = perf.Output(json_mode, stream=_LOG, verbose=verbose, unit=unit)
     if server:
         for flag, given in (("-C", congestion), ("-O", omit), ("-n", nbytes), ("-w", window),
-                            ("--get-server-output", get_server_output)):
+                            ("--get-server-output", get_server_output), ("--bidir", bidir)):
             if given:
                 raise MrcError(f"{flag} is a client option: the client asks for it")
         out.detail(f"mrc-perf {_version()}")
@@ -186,7 +184,7 @@ def _run(server, host, port, one_off, bind, duration, streams, udp, bitrate, len
                          interval=interval, reverse=reverse, congestion=congestion,
                          mptcp=mptcp, omit=omit, bytes=parse_size(nbytes, "number of bytes") if nbytes else 0,
                          window=parse_size(window, "window") if window else 0,
-                         get_server_output=get_server_output).check()
+                         get_server_output=get_server_output, bidir=bidir).check()
     out.detail(f"mrc-perf {_version()}")
     doc = perf.run_client(host, port, params, out, bind=bind, mrc_device=mrc_dev, use_mrc=not no_mrc,
                           family=family)

@@ -39,6 +39,7 @@ class Params:
     bytes: int = 0              # bytes to send in all, instead of a duration (iperf3 -n); 0: -t
     window: int = 0             # SO_SNDBUF / SO_RCVBUF of the data sockets (iperf3 -w); 0: the kernel's
     get_server_output: bool = False     # the server sends its own report (iperf3 --get-server-output)
+    bidir: bool = False         # both directions at once (iperf3 --bidir): streams each way
 
     def check(self) -> "Params":
         if self.protocol not in ("tcp", "udp"):
@@ -62,6 +63,8 @@ class Params:
                 raise MrcError(f"bad congestion control name {self.congestion!r}")
         if self.mptcp and self.protocol != "tcp":
             raise MrcError("MPTCP (-m) applies to TCP only")
+        if self.bidir and self.reverse:
+            raise MrcError("give -R or --bidir, not both")
         if not 0 <= self.omit <= 600:
             raise MrcError(f"bad omit {self.omit}: 0..600 seconds")
         if self.bytes < 0:
@@ -69,6 +72,11 @@ class Params:
         if not 0 <= self.window <= 512 << 20:
             raise MrcError(f"bad window {self.window}: 0 .. 512 MBytes")
         return self
+
+    @property
+    def total_streams(self) -> int:
+        """Data connections: `streams` each way with --bidir."""
+        return self.streams * (2 if self.bidir else 1)
 
     @property
     def run_seconds(self) -> float:
@@ -89,7 +97,8 @@ class Params:
                        congestion=None if data.get("congestion") is None else str(data["congestion"]),
                        mptcp=bool(data.get("mptcp", False)), omit=float(data.get("omit", 0)),
                        bytes=int(data.get("bytes", 0)), window=int(data.get("window", 0)),
-                       get_server_output=bool(data.get("get_server_output", False))).check()
+                       get_server_output=bool(data.get("get_server_output", False)),
+                       bidir=bool(data.get("bidir", False))).check()
         except (KeyError, TypeError, ValueError):
             raise MrcError("malformed test parameters")
 

@@ -184,6 +184,8 @@ def document(doc: dict) -> dict:
                     "receiver": _mrc_figures(doc["end"]["receiver"])},
         },
     }
+    if "bidir_reverse" in doc:
+        _add_reverse_half(out, doc, kind, local_sender)
     server_output = doc.get("server_output") or {}
     if "json" in server_output:           # iperf3 --get-server-output
         out["server_output_json"] = server_output["json"]
@@ -192,6 +194,33 @@ def document(doc: dict) -> dict:
     if doc.get("error"):
         out["error"] = doc["error"]
     return out
+
+
+def _add_reverse_half(out: dict, doc: dict, kind: str, local_sender: bool) -> None:
+    """--bidir in iperf3's layout: each interval's streams are both halves'
+    (the reverse half's with the other `sender`), its `sum` the client's
+    sending half and `sum_bidir_reverse` the server's; end.streams both
+    halves', then sum_sent / sum_received and their *_bidir_reverse."""
+    back = {**doc, **doc["bidir_reverse"]}
+    role = back["local"]["role"]
+    rev = [_interval(i, kind, role, not local_sender) for i in back["local"]["intervals"]]
+    for i, r in zip(out["intervals"], rev):
+        i["streams"].extend(r["streams"])
+        i["sum_bidir_reverse"] = r["sum"]
+    end = _end(back, kind, not local_sender)
+    out["end"]["streams"].extend(end["streams"])
+    if "sum" in end:
+        out["end"]["sum_bidir_reverse"] = end["sum"]
+    out["end"]["sum_sent_bidir_reverse"] = end["sum_sent"]
+    out["end"]["sum_received_bidir_reverse"] = end["sum_received"]
+    mrc = out["mrc"]
+    mrc["bidir_reverse"] = {
+        "local": {"role": role, "intervals": rev},
+        "remote": {"role": back["remote"]["role"],
+                   "intervals": [_interval(i, kind, back["remote"]["role"], local_sender)
+                                 for i in back["remote"]["intervals"]]},
+        "end": {"sender": _mrc_figures(back["end"]["sender"]),
+                "receiver": _mrc_figures(back["end"]["receiver"])}}
 
 
 def _num(x):

@@ -322,6 +322,10 @@ def _print_end(out: Output, doc: dict, params: Params) -> None:
     out.detail("Test Complete. Summary Results:")
     for text in summary_lines(doc["end"], params.protocol, params.streams > 1, out.unit):
         out.line(text)
+    if "bidir_reverse" in doc:              # --bidir: the server's sending half
+        for text in summary_lines(doc["bidir_reverse"]["end"], params.protocol, params.streams > 1,
+                                  out.unit)[1:]:
+            out.line(text if text.startswith("[ ID]") else text + " (reverse)")
     cpu = {k: doc[k].get("cpu") for k in ("local", "remote")}
     if cpu["local"] and cpu["remote"]:       # iperf3 -V's line
         out.detail("CPU Utilization: " + ", ".join(
@@ -449,7 +453,7 @@ def _client_test(ctrl, cookie_text, params, out, mrc_device, use_mrc) -> dict:
         mrc.peer_sid = reply.get("sid")
     socks, connected = [], []
     try:
-        for i in range(1, params.streams + 1):
+        for i in range(1, params.streams * (2 if params.bidir else 1) + 1):
             if params.protocol == "tcp":
                 s = stream_socket(csock.family, params.mptcp)
             else:
@@ -479,12 +483,8 @@ def _client_test(ctrl, cookie_text, params, out, mrc_device, use_mrc) -> dict:
             _udp_handshake(ctrl, socks)
         t0 = _now()
         _announce(out, mrc, connected)
-        role = "receiver" if params.reverse else "sender"
-        streams, feeds = _make_streams(role, params, socks)
-        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0,
-                                  congestion_of(socks[0]) if params.protocol == "tcp" else None)
-        doc = _document("client", csock, params, connected, local, remote, timestamp,
-                        start_extra(cookie_text, params, socks[0], bufs))
+        doc = _test_both_or_one("client", ctrl, params, socks, None, mrc, out, t0, connected, timestamp,
+                                start_extra(cookie_text, params, socks[0], bufs))
         _print_end(out, doc, params)
         if params.get_server_output:
             got = ctrl.expect("output", SETUP_TIMEOUT, "the server")
@@ -518,22 +518,102 @@ def _udp_handshake(ctrl: Control, socks) -> None:
                    f"(a firewall, or no route back?)")
 
 
-def _make_streams(role, params, socks, addrs=None):
+def _make_streams(role, params, socks, addrs=None, ids=None):
     """Stream objects for this side, and the (socket, {id: receiver}) feeds
-    that UDP receive loops read."""
+    that UDP receive loops read.  `ids`: the streams' numbers (default
+    1..streams); with `addrs`, socks is the server's one UDP socket."""
     tcp = params.protocol == "tcp"
+    ids = list(ids or range(1, params.streams + 1))
     if role == "sender":
         if tcp:
-            return [TcpSender(i, s) for i, s in enumerate(socks, 1)], []
+            return [TcpSender(i, s) for i, s in zip(ids, socks)], []
         if addrs:       # the server's one UDP socket, to each client stream
-            return [UdpSender(i, socks[0], addrs[i]) for i in range(1, params.streams + 1)], []
-        return [UdpSender(i, s) for i, s in enumerate(socks, 1)], []
+            return [UdpSender(i, socks[0], addrs[i]) for i in ids], []
+        return [UdpSender(i, s) for i, s in zip(ids, socks)], []
     if tcp:
-        return [TcpReceiver(i, s) for i, s in enumerate(socks, 1)], []
-    streams = [UdpReceiver(i) for i in range(1, params.streams + 1)]
-    if len(socks) == 1 and params.streams > 1:
+        return [TcpReceiver(i, s) for i, s in zip(ids, socks)], []
+    streams = [UdpReceiver(i) for i in ids]
+    if addrs or (len(socks) == 1 and len(ids) > 1):
         return streams, [(socks[0], {s.id: s for s in streams})]
     return streams, [(sock, {s.id: s}) for sock, s in zip(socks, streams)]
+
+
+def _run_both(ctrl, params, socks, addrs, mrc, out, t0, congestion, first_sends: bool):
+    """--bidir: this end sends on one half of the streams and receives on
+    the other, at once (`first_sends`: the first `streams` are this end's
+    to send, as the client's are).  Both ends send `end` when their
+    senders stop, then `results` when their receivers have drained, so
+    the messages cross in a fixed order.  Returns ((sending half's local,
+    remote), (receiving half's local, remote))."""
+    n = params.streams
+    first, second = list(range(1, n + 1)), list(range(n + 1, 2 * n + 1))
+    send_ids, recv_ids = (first, second) if first_sends else (second, first)
+    if addrs:                               # the server's one UDP socket
+        send_socks = recv_socks = socks
+    else:
+        send_socks = [socks[i - 1] for i in send_ids]
+        recv_socks = [socks[i - 1] for i in recv_ids]
+    senders, _ = _make_streams("sender", params, send_socks, addrs, send_ids)
+    receivers, feeds = _make_streams("receiver", params, recv_socks, addrs, recv_ids)
+    stop_send, stop_recv = threading.Event(), threading.Event()
+    rec_send = Recorder(senders, params, "sender", mrc, out)
+    rec_recv = Recorder(receivers, params, "receiver", None, out)
+    deadline = t0 + int(params.run_seconds * 1e9)
+    send_threads = _workers("sender", params, senders, [], stop_send, deadline, t0)
+    recv_threads = _workers("receiver", params, receivers, feeds, stop_recv, deadline, t0)
+    rec_send.begin(t0)
+    rec_recv.begin(t0)
+    for t in send_threads + recv_threads:
+        t.start()
+    try:
+        for t in send_threads:
+            t.join()
+        summary = rec_send.finish(_now())
+        local_send = _results("sender", mrc, rec_send, summary,
+                              next((s.error for s in senders if s.error), None), congestion, params, senders)
+        ctrl.send({"op": "end", "results": local_send})
+        remote_send = ctrl.expect("end", params.run_seconds + 60, "the peer")["results"]
+        _drain(params, receivers, recv_threads)
+        stop_recv.set()
+        for t in recv_threads:
+            t.join()
+        if params.protocol == "udp":
+            sent = {s["id"]: s["packets"] for s in remote_send["summary"]["streams"]}
+            for s in receivers:
+                s.sent = sent.get(s.id)
+        last = max(s.end_ns for s in receivers)
+        summary = rec_recv.finish(last or _now())
+        local_recv = _results("receiver", None, rec_recv, summary,
+                              next((s.error for s in receivers if s.error), None), congestion, params,
+                              receivers)
+        ctrl.send({"op": "results", "results": local_recv})
+        remote_recv = ctrl.expect("results", TCP_DRAIN_MAX + 30, "the peer")["results"]
+        return (local_send, remote_recv), (local_recv, remote_send)
+    finally:
+        stop_send.set()
+        stop_recv.set()
+        rec_send.stop.set()
+        rec_recv.stop.set()
+
+
+def _test_both_or_one(who, ctrl, params, socks, addrs, mrc, out, t0, connected, timestamp, extra) -> dict:
+    """Run the test (one direction, or both with --bidir) and make its record."""
+    congestion = congestion_of(socks[0]) if params.protocol == "tcp" else None
+    client = who == "client"
+    if not params.bidir:
+        role = ("receiver" if params.reverse else "sender") if client else \
+            ("sender" if params.reverse else "receiver")
+        streams, feeds = _make_streams(role, params, socks, addrs)
+        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0, congestion)
+        return _document(who, ctrl.sock, params, connected, local, remote, timestamp, extra)
+    mine, theirs = _run_both(ctrl, params, socks, addrs, mrc, out, t0, congestion, first_sends=client)
+    # the record's main half is the client's sending one, as iperf3's sum / sum_sent
+    forward, backward = (mine, theirs) if client else (theirs, mine)
+    doc = _document(who, ctrl.sock, params, connected, *forward, timestamp, extra)
+    back = _document(who, ctrl.sock, params, connected, *backward, timestamp, extra)
+    doc["bidir_reverse"] = {k: back[k] for k in ("local", "remote", "end")}
+    doc["error"] = doc["error"] or back["error"]
+    return doc
 
 
 # --------------------------------------------------------------------- server
@@ -638,7 +718,7 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc, json_
         ctrl.send({"op": "accept", "sid": mrc.sid if mrc else None})
         timestamp = time.time()
         if params.protocol == "tcp":
-            socks = _accept_streams(listener, cookie, params.streams)
+            socks = _accept_streams(listener, cookie, params.total_streams)
             try:
                 for s in socks:
                     set_congestion(s, params.congestion)
@@ -649,7 +729,7 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc, json_
             connected = [_conn_info(i, s) for i, s in enumerate(socks, 1)]
             addrs = None
         else:
-            addrs = _udp_hellos(usock, params.streams)
+            addrs = _udp_hellos(usock, params.total_streams)
             socks = [usock]
             lh, lp = conn.getsockname()[0], usock.getsockname()[1]
             connected = [{"id": i, "local_host": lh, "local_port": lp, "remote_host": a[0],
@@ -657,12 +737,8 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc, json_
         ctrl.send({"op": "start"})
         t0 = _now()
         _announce(out, mrc, connected)
-        role = "sender" if params.reverse else "receiver"
-        streams, feeds = _make_streams(role, params, socks, addrs)
-        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0,
-                                  congestion_of(socks[0]) if params.protocol == "tcp" else None)
-        doc = _document("server", conn, params, connected, local, remote, timestamp,
-                        start_extra(cookie_text, params, socks[0], buffer_sizes(socks[0])))
+        doc = _test_both_or_one("server", ctrl, params, socks, addrs, mrc, out, t0, connected, timestamp,
+                                start_extra(cookie_text, params, socks[0], buffer_sizes(socks[0])))
         _print_end(out, doc, params)
         if params.get_server_output:        # iperf3: the server's JSON if it runs -J, else its text
             if json_mode:
