@@ -196,6 +196,14 @@ def test_mrc_perf_client_against_iperf3_server(topo, tmp_path):
     assert 0 <= received["lost_packets"] < 0.05 * received["packets"]
     assert received["bytes"] > 0 and ours["intervals"][0]["sum"]["packets"] > 0
 
+    # --bidir: what the iperf3 server received of ours, and sent us, are its own figures
+    with iperf3_json_server(topo, net.B, tmp_path, "bidir") as server:
+        ours = perf_client(topo, net.A, net.B6, "--no-mrc", "-t", "1", "--bidir")
+        theirs = server.doc()
+    for key in ("sum_received", "sum_sent_bidir_reverse"):
+        assert ours["end"][key]["bytes"] == theirs["end"][key]["bytes"] > 0, key
+    assert ours["end"]["sum_received_bidir_reverse"]["bytes"] > 0
+
 
 @root
 def test_iperf3_client_against_mrc_perf_server(topo, tmp_path):
@@ -203,7 +211,7 @@ def test_iperf3_client_against_mrc_perf_server(topo, tmp_path):
     results, and both ends' reports agree."""
     net = Line(topo)
     for n, args in enumerate((["-t", "1", "-P", "2"], ["-t", "1", "-R"],
-                              ["-u", "-b", "20M", "-t", "1"])):
+                              ["-u", "-b", "20M", "-t", "1"], ["-t", "1", "--bidir"])):
         with perf_json_server(topo, net.B, tmp_path, "--no-mrc", name=f"srv{n}") as server:
             theirs = iperf3_client(topo, net.A, net.B6, *args)
             ours = server.doc()
@@ -212,11 +220,14 @@ def test_iperf3_client_against_mrc_perf_server(topo, tmp_path):
         assert read_result(theirs)["received_bytes"] == read_result(ours)["received_bytes"] > 0
         assert read_result(theirs)["sent_bytes"] == read_result(ours)["sent_bytes"]
         assert len(theirs["end"]["streams"]) == len(ours["end"]["streams"]) == \
-            theirs["start"]["test_start"]["num_streams"]
+            theirs["start"]["test_start"]["num_streams"] * (2 if "--bidir" in args else 1)
         if "-u" in args:
             assert theirs["end"]["sum_received"]["lost_packets"] == 0
             assert theirs["end"]["sum_received"]["packets"] == ours["end"]["sum_received"]["packets"]
         assert ours["start"]["cookie"] == theirs["start"]["cookie"]
+        if "--bidir" in args:
+            for key in ("sum_sent_bidir_reverse", "sum_received_bidir_reverse"):
+                assert theirs["end"][key]["bytes"] == ours["end"][key]["bytes"] > 0, key
 
     # --get-server-output: iperf3 prints the mrc-perf server's own document
     with perf_json_server(topo, net.B, tmp_path, "--no-mrc", name="gso"):

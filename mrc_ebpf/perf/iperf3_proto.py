@@ -144,6 +144,8 @@ def params_to_iperf3(p: Params) -> dict:
            "client_version": "3.12"}
     if p.reverse:
         out["reverse"] = True
+    if p.bidir:
+        out["bidirectional"] = True
     if p.window:
         out["window"] = p.window
     if p.bitrate:
@@ -158,8 +160,6 @@ def params_to_iperf3(p: Params) -> dict:
 def params_from_iperf3(j: dict, udp_length: int) -> tuple[Params, bool]:
     """get_parameters(): iperf3's JSON -> Params, and whether the client
     uses 64-bit UDP counters.  What mrc-perf cannot do is refused."""
-    if j.get("bidirectional"):
-        raise MrcError("the iperf3 client asks for --bidir, which mrc-perf does not support")
     if j.get("sctp"):
         raise MrcError("the iperf3 client asks for SCTP, which mrc-perf does not support")
     if j.get("blockcount"):
@@ -172,7 +172,8 @@ def params_from_iperf3(j: dict, udp_length: int) -> tuple[Params, bool]:
                    interval=1.0, reverse=bool(j.get("reverse")), congestion=j.get("congestion"),
                    omit=float(j.get("omit", 0)), bytes=int(j.get("num", 0)),
                    window=int(j.get("window", 0)),
-                   get_server_output=bool(j.get("get_server_output")))
+                   get_server_output=bool(j.get("get_server_output")),
+                   bidir=bool(j.get("bidirectional")))
         if udp and not p.bitrate:
             p.bitrate = 1_000_000
         return p.check(), bool(j.get("udp_counters_64bit"))
@@ -182,39 +183,42 @@ def params_from_iperf3(j: dict, udp_length: int) -> tuple[Params, bool]:
 
 # ------------------------------------------------------------ results
 
-def _results_json(role: str, params: Params, summary: dict, streams, cpu: dict,
-                  congestion: str | None) -> dict:
-    """send_results(): this end's figures, per stream."""
+def _results_json(halves, params: Params, cpu: dict, congestion: str | None) -> dict:
+    """send_results(): this end's figures, per stream, of every half
+    (role, ids, streams, summary)."""
     tcp = params.protocol == "tcp"
+    sends = any(role == "sender" for role, *_ in halves)
     out = {"cpu_util_total": cpu["total"], "cpu_util_user": cpu["user"],
            "cpu_util_system": cpu["system"],
-           "sender_has_retransmits": (1 if tcp else 0) if role == "sender" else -1, "streams": []}
+           "sender_has_retransmits": (1 if tcp else 0) if sends else -1, "streams": []}
     if congestion:
         out["congestion_used"] = congestion
-    for i, (r, s) in enumerate(zip(summary["streams"], streams), 1):
-        if role == "sender":
-            packets, jitter, errors = r.get("packets", 0), 0.0, 0
-        elif tcp:
-            packets, jitter, errors = 0, 0.0, 0
-        else:       # iperf3's receiver: highest count seen, and the gaps in it
-            packets, jitter, errors = s.next_seq, r["jitter_ms"] / 1000, r["lost"]
-        out["streams"].append({
-            "id": stream_id(i), "bytes": r["bytes"],
-            "retransmits": r.get("retransmits", -1) if role == "sender" and tcp else -1,
-            "jitter": jitter, "errors": errors, "packets": packets,
-            "start_time": 0, "end_time": summary["seconds"]})
+    for role, ids, streams, summary in halves:
+        for i, r, s in zip(ids, summary["streams"], streams):
+            if role == "sender":
+                packets, jitter, errors = r.get("packets", 0), 0.0, 0
+            elif tcp:
+                packets, jitter, errors = 0, 0.0, 0
+            else:       # iperf3's receiver: highest count seen, and the gaps in it
+                packets, jitter, errors = s.next_seq, r["jitter_ms"] / 1000, r["lost"]
+            out["streams"].append({
+                "id": stream_id(i), "bytes": r["bytes"],
+                "retransmits": r.get("retransmits", -1) if role == "sender" and tcp else -1,
+                "jitter": jitter, "errors": errors, "packets": packets,
+                "start_time": 0, "end_time": summary["seconds"]})
     return out
 
 
-def _remote_side(j: dict, role: str, params: Params) -> dict:
-    """get_results(): the iperf3 peer's figures as session's side record."""
+def _remote_side(j: dict, role: str, params: Params, ids) -> dict:
+    """get_results(): the iperf3 peer's figures of streams `ids` (all in
+    `role`) as session's side record."""
     by_id = {}
     for s in j.get("streams") or []:
         if isinstance(s, dict) and "id" in s:
             by_id[s["id"]] = s
     tcp = params.protocol == "tcp"
     streams, seconds = [], 0.0
-    for i in range(1, params.streams + 1):
+    for i in ids:
         s = by_id.get(stream_id(i))
         if s is None:
             raise MrcError(f"protocol error: the iperf3 peer's results lack stream {stream_id(i)}")
@@ -251,56 +255,105 @@ def _remote_side(j: dict, role: str, params: Params) -> dict:
             "intervals": [], "error": None, "cpu": cpu,
             "summary": {"start": 0.0, "end": round(seconds, 6), "seconds": round(seconds, 6),
                         "streams": streams, "sum": summ, "mrc": None}}
-    if "server_output_json" in j:
-        side["server_output"] = {"json": j["server_output_json"]}
-    elif "server_output_text" in j:
-        side["server_output"] = {"text": j["server_output_text"]}
     return side
 
 
 # ------------------------------------------------------------ the test
 
-def _run(role, params, socks, out, mrc, t0, counters64, end_when, send_seconds):
-    """Run this end's streams.  end_when(): blocks until the test's end
-    (client: its deadline; server: the client's TEST_END); a sender stops
-    after send_seconds at the latest."""
+def _run(halves, params, out, mrc, t0, counters64, end_when, send_seconds):
+    """Run this end's halves of the test, each (role, ids, sockets), at
+    once.  end_when(sender threads): blocks until the test's end (client:
+    its deadline; server: the client's TEST_END); a sender stops after
+    send_seconds at the latest.  Returns (role, ids, streams, recorder,
+    summary, error) per half."""
     from mrc_ebpf.perf import session
     tcp = params.protocol == "tcp"
     stop = threading.Event()
-    if role == "sender":
-        streams = [TcpSender(i, s) if tcp else UdpSender(i, s, fmt="iperf3", counters64=counters64)
-                   for i, s in enumerate(socks, 1)]
-    else:
-        streams = [TcpReceiver(i, s) if tcp else UdpReceiver(i) for i, s in enumerate(socks, 1)]
-    recorder = session.Recorder(streams, params, role, mrc, out)
     deadline = t0 + int(send_seconds * 1e9)
-    if role == "sender":
-        threads = session._workers("sender", params, streams, [], stop, deadline, t0)
-    elif tcp:
-        threads = [threading.Thread(target=s.run, args=(stop, params.length), daemon=True) for s in streams]
-    else:
-        threads = [threading.Thread(target=receive_iperf3, args=(sk, s, stop, counters64), daemon=True)
-                   for sk, s in zip(socks, streams)]
-    recorder.begin(t0)
-    for t in threads:
-        t.start()
-    try:
-        end_when(threads, stop)
-        end = _now()
-        if role == "receiver" and tcp:
-            for s in streams:
-                s.freeze()
-        stop.set()
+    runs, senders = [], []
+    for n, (role, ids, socks) in enumerate(halves):
+        if role == "sender":
+            streams = [TcpSender(i, s) if tcp else UdpSender(i, s, fmt="iperf3", counters64=counters64)
+                       for i, s in zip(ids, socks)]
+            threads = session._workers("sender", params, streams, [], stop, deadline, t0)
+            senders += threads
+        else:
+            streams = [TcpReceiver(i, s) if tcp else UdpReceiver(i) for i, s in zip(ids, socks)]
+            if tcp:
+                threads = [threading.Thread(target=s.run, args=(stop, params.length), daemon=True)
+                           for s in streams]
+            else:
+                threads = [threading.Thread(target=receive_iperf3, args=(sk, s, stop, counters64),
+                                            daemon=True) for sk, s in zip(socks, streams)]
+        recorder = session.Recorder(streams, params, role, mrc if n == 0 else None, out)
+        runs.append((role, ids, streams, recorder, threads))
+    for *_, recorder, threads in runs:
+        recorder.begin(t0)
+    for *_, threads in runs:
         for t in threads:
-            t.join(10)
-        if role == "receiver":
-            end = max([s.end_ns if not tcp else s.last_ns for s in streams] + [0]) or end
-        summary = recorder.finish(min(end, _now()))
+            t.start()
+    try:
+        end_when(senders)
+        end = _now()
+        for role, _, streams, _, _ in runs:
+            if role == "receiver" and tcp:
+                for s in streams:
+                    s.freeze()
+        stop.set()
+        results = []
+        for role, ids, streams, recorder, threads in runs:
+            for t in threads:
+                t.join(10)
+            last = end
+            if role == "receiver":
+                last = max([s.last_ns if tcp else s.end_ns for s in streams] + [0]) or end
+            summary = recorder.finish(min(last, _now()))
+            error = next((s.error for s in streams if s.error), None)
+            results.append((role, ids, streams, recorder, summary, error))
+        return results
     finally:
         stop.set()
-        recorder.stop.set()
-    error = next((s.error for s in streams if s.error), None)
-    return streams, recorder, summary, error
+        for run in runs:
+            run[3].stop.set()
+
+
+def _halves(params: Params, socks, client: bool):
+    """(role, ids, sockets) of this end: the client's first `streams`
+    send (iperf3 makes the senders first with --bidir)."""
+    n = params.streams
+    first, second = list(range(1, n + 1)), list(range(n + 1, 2 * n + 1))
+    if params.bidir:
+        mine = "sender" if client else "receiver"
+        other = "receiver" if client else "sender"
+        return [(mine, first, socks[:n]), (other, second, socks[n:])]
+    sends = params.reverse != client
+    return [("sender" if sends else "receiver", first, socks)]
+
+
+def _finish(who, sock, params, connected, results, remote_json, cpu, timestamp, extra, congestion):
+    """session's record of the test from this end's halves and the peer's results."""
+    from mrc_ebpf.perf import session
+    docs = []
+    for role, ids, streams, recorder, summary, error in results:
+        other = "receiver" if role == "sender" else "sender"
+        remote = _remote_side(remote_json, other, params, ids)
+        if role == "receiver" and params.protocol == "udp":   # the sender's counts close the loss
+            for s, r in zip(streams, remote["summary"]["streams"]):
+                s.sent = r["packets"]
+            summary = recorder._report(recorder.first, recorder.prev, final=True)
+        local = session._results(role, recorder.mrc, recorder, summary, error, congestion, params, streams)
+        local["cpu"] = cpu
+        docs.append(session._document(who, sock, params, connected, local, remote, timestamp, extra))
+    doc = docs[0]
+    if len(docs) > 1:
+        doc["bidir_reverse"] = {k: docs[1][k] for k in ("local", "remote", "end")}
+        doc["error"] = doc["error"] or docs[1]["error"]
+    doc["peer"] = "iperf3"
+    if "server_output_json" in remote_json:
+        doc["server_output"] = {"json": remote_json["server_output_json"]}
+    elif "server_output_text" in remote_json:
+        doc["server_output"] = {"text": remote_json["server_output_text"]}
+    return doc
 
 
 def client_test(csock: socket.socket, cookie_text: str, params: Params, out, mrc_device, use_mrc) -> dict:
@@ -323,7 +376,7 @@ def client_test(csock: socket.socket, cookie_text: str, params: Params, out, mrc
     mrc = MrcView.open(mrc_device, remote_addr[0]) if use_mrc else None
     socks, connected, bufs = [], [], {}
     try:
-        for i in range(1, params.streams + 1):
+        for i in range(1, params.total_streams + 1):
             tcp = params.protocol == "tcp"
             s = socket.socket(csock.family, socket.SOCK_STREAM if tcp else socket.SOCK_DGRAM)
             socks.append(s)
@@ -356,39 +409,31 @@ def client_test(csock: socket.socket, cookie_text: str, params: Params, out, mrc
         _expect(csock, TEST_RUNNING, SETUP_TIMEOUT)
         t0 = _now()
         session._announce(out, mrc, connected)
-        role = "receiver" if params.reverse else "sender"
 
-        def until_end(threads, stop):
-            if role == "sender":
-                for t in threads:
-                    t.join()
-            else:
+        def until_end(senders):
+            for t in senders:               # they stop at the deadline, or after -n bytes
+                t.join()
+            if not senders:
                 time.sleep(max(0.0, (t0 + params.run_seconds * 1e9 - _now()) / 1e9))
 
-        streams, recorder, summary, error = _run(role, params, socks, out, mrc, t0, False,
-                                                 until_end, params.run_seconds)
+        results = _run(_halves(params, socks, client=True), params, out, mrc, t0, False, until_end,
+                       params.run_seconds)
         send_state(csock, TEST_END)
         _expect(csock, EXCHANGE_RESULTS, 30)
         congestion = congestion_of(socks[0]) if params.protocol == "tcp" else None
-        json_write(csock, _results_json(role, params, summary, streams, recorder.cpu, congestion))
-        remote = _remote_side(json_read(csock, 30), "receiver" if role == "sender" else "sender", params)
-        if role == "receiver" and params.protocol == "udp":   # the sender's counts close the loss
-            for s, r in zip(streams, remote["summary"]["streams"]):
-                s.sent = r["packets"]
-            summary = recorder._report(recorder.first, recorder.prev, final=True)
+        cpu = results[0][3].cpu
+        json_write(csock, _results_json([(r[0], r[1], r[2], r[4]) for r in results], params, cpu,
+                                        congestion))
+        remote_json = json_read(csock, 30)
         _expect(csock, DISPLAY_RESULTS, 30)
         send_state(csock, IPERF_DONE)
-        local = session._results(role, mrc, recorder, summary, error, congestion, params, streams)
-        doc = session._document("client", csock, params, connected, local, remote, timestamp,
-                                session.start_extra(cookie_text, params, socks[0], bufs))
-        doc["peer"] = "iperf3"
+        doc = _finish("client", csock, params, connected, results, remote_json, cpu, timestamp,
+                      session.start_extra(cookie_text, params, socks[0], bufs), congestion)
         session._print_end(out, doc, params)
-        if remote.get("server_output"):
-            doc["server_output"] = remote["server_output"]
-            if "text" in remote["server_output"]:
-                out.line("")
-                out.line("Server output:")
-                out.line(remote["server_output"]["text"])
+        if "text" in doc.get("server_output", {}):
+            out.line("")
+            out.line("Server output:")
+            out.line(doc["server_output"]["text"])
         out.line("")
         out.line("mrc-perf Done.")
         return doc
@@ -419,10 +464,10 @@ def serve_one(listener, conn, addr, port, bind, out, cookie_text, mrc_device, us
         send_state(conn, CREATE_STREAMS)
         timestamp = time.time()
         give_up = time.monotonic() + SETUP_TIMEOUT
-        while len(socks) < params.streams:
+        while len(socks) < params.total_streams:
             left = give_up - time.monotonic()
             if left <= 0:
-                raise MrcError(f"only {len(socks)} of {params.streams} data streams connected within "
+                raise MrcError(f"only {len(socks)} of {params.total_streams} data streams connected within "
                                f"{SETUP_TIMEOUT:.0f} s")
             if tcp:
                 listener.settimeout(left)
@@ -465,26 +510,22 @@ def serve_one(listener, conn, addr, port, bind, out, cookie_text, mrc_device, us
         send_state(conn, TEST_RUNNING)
         t0 = _now()
         session._announce(out, mrc, connected)
-        role = "sender" if params.reverse else "receiver"
 
-        def until_end(threads, stop):
+        def until_end(senders):
             _expect(conn, TEST_END, params.run_seconds + 60)
 
-        streams, recorder, summary, error = _run(role, params, socks, out, mrc, t0, counters64,
-                                                 until_end, params.run_seconds + 60)
+        results = _run(_halves(params, socks, client=False), params, out, mrc, t0, counters64, until_end,
+                       params.run_seconds + 60)
         send_state(conn, EXCHANGE_RESULTS)
-        remote = _remote_side(json_read(conn, 30), "receiver" if role == "sender" else "sender", params)
-        if role == "receiver" and not tcp:
-            for s, r in zip(streams, remote["summary"]["streams"]):
-                s.sent = r["packets"]
-            summary = recorder._report(recorder.first, recorder.prev, final=True)
+        remote_json = json_read(conn, 30)
         congestion = congestion_of(socks[0]) if tcp else None
-        local = session._results(role, mrc, recorder, summary, error, congestion, params, streams)
-        doc = session._document("server", conn, params, connected, local, remote, timestamp,
-                                session.start_extra(cookie_text, params, socks[0], buffer_sizes(socks[0])))
-        doc["peer"] = "iperf3"
+        cpu = results[0][3].cpu
+        doc = _finish("server", conn, params, connected, results, remote_json, cpu, timestamp,
+                      session.start_extra(cookie_text, params, socks[0], buffer_sizes(socks[0])),
+                      congestion)
         session._print_end(out, doc, params)
-        results = _results_json(role, params, summary, streams, recorder.cpu, congestion)
+        # as iperf3's receiver: the UDP loss is the gaps in the counts
+        results = _results_json([(r[0], r[1], r[2], r[4]) for r in results], params, cpu, congestion)
         if params.get_server_output:
             if json_mode:
                 from mrc_ebpf.perf.iperf_json import document
