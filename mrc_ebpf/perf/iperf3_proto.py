@@ -408,7 +408,7 @@ def client_test(csock: socket.socket, cookie_text: str, params: Params, out, mrc
         _expect(csock, TEST_START, SETUP_TIMEOUT)
         _expect(csock, TEST_RUNNING, SETUP_TIMEOUT)
         t0 = _now()
-        session._announce(out, mrc, connected)
+        session._announce(out, mrc, connected, params)
 
         def until_end(senders):
             for t in senders:               # they stop at the deadline, or after -n bytes
@@ -509,7 +509,7 @@ def serve_one(listener, conn, addr, port, bind, out, cookie_text, mrc_device, us
         send_state(conn, TEST_START)
         send_state(conn, TEST_RUNNING)
         t0 = _now()
-        session._announce(out, mrc, connected)
+        session._announce(out, mrc, connected, params)
 
         def until_end(senders):
             _expect(conn, TEST_END, params.run_seconds + 60)

@@ -172,6 +172,7 @@ def document(doc: dict) -> dict:
         "end": _end(doc, kind, local_sender),
         "mrc": {
             "version": MRC_KEY_VERSION, "role": start["role"], "test": test,
+            "peer": doc.get("peer", "mrc-perf"),
             "control": {k: start[k] for k in ("local_host", "local_port", "remote_host", "remote_port")},
             "local": {"role": local_role, "datapath": doc["local"]["mrc"],
                       "tcp_congestion": doc["local"]["tcp_congestion"],

@@ -187,8 +187,12 @@ def _cpu_percent(a: tuple, b: tuple) -> dict:
     return {"total": user + system, "user": user, "system": system}
 
 
-def _announce(out, mrc, connected: list[dict]) -> None:
+def _announce(out, mrc, connected: list[dict], params: Params | None = None) -> None:
     """iperf3's opening lines, and which datapath this end reads."""
+    if params is not None:          # iperf3 -V's line
+        what = f"{params.bytes} bytes to send" if params.bytes else f"{params.duration:g} second test"
+        out.detail(f"Starting Test: protocol: {params.protocol.upper()}, {params.streams} streams, "
+                   f"{params.length} byte blocks, omitting {params.omit:g} seconds, {what}, tos 0")
     if mrc:
         out.line(f"MRC datapath here: {mrc.device} SID {mrc.sid}; per-path lines follow each interval")
     for c in connected:
@@ -482,7 +486,7 @@ def _client_test(ctrl, cookie_text, params, out, mrc_device, use_mrc) -> dict:
         else:
             _udp_handshake(ctrl, socks)
         t0 = _now()
-        _announce(out, mrc, connected)
+        _announce(out, mrc, connected, params)
         doc = _test_both_or_one("client", ctrl, params, socks, None, mrc, out, t0, connected, timestamp,
                                 start_extra(cookie_text, params, socks[0], bufs))
         _print_end(out, doc, params)
@@ -736,7 +740,7 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc, json_
                           "remote_port": a[1]} for i, a in sorted(addrs.items())]
         ctrl.send({"op": "start"})
         t0 = _now()
-        _announce(out, mrc, connected)
+        _announce(out, mrc, connected, params)
         doc = _test_both_or_one("server", ctrl, params, socks, addrs, mrc, out, t0, connected, timestamp,
                                 start_extra(cookie_text, params, socks[0], buffer_sizes(socks[0])))
         _print_end(out, doc, params)
