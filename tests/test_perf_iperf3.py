@@ -228,6 +228,12 @@ def test_iperf3_client_against_mrc_perf_server(topo, tmp_path):
         if "--bidir" in args:
             for key in ("sum_sent_bidir_reverse", "sum_received_bidir_reverse"):
                 assert theirs["end"][key]["bytes"] == ours["end"][key]["bytes"] > 0, key
+        if n == 0:      # the server's -J covers iperf3 -s -J's keys too
+            with iperf3_json_server(topo, net.B, tmp_path, "srv-ref") as server:
+                iperf3_client(topo, net.A, net.B6, *args)
+                reference = server.doc()
+            missing = key_paths(reference) - key_paths(ours)
+            assert not missing, sorted(missing)
 
     # --get-server-output: iperf3 prints the mrc-perf server's own document
     with perf_json_server(topo, net.B, tmp_path, "--no-mrc", name="gso"):
