@@ -430,10 +430,7 @@ def client_test(csock: socket.socket, cookie_text: str, params: Params, out, mrc
         doc = _finish("client", csock, params, connected, results, remote_json, cpu, timestamp,
                       session.start_extra(cookie_text, params, socks[0], bufs), congestion)
         session._print_end(out, doc, params)
-        if "text" in doc.get("server_output", {}):
-            out.line("")
-            out.line("Server output:")
-            out.line(doc["server_output"]["text"])
+        session.print_server_output(out, doc.get("server_output", {}))
         out.line("")
         out.line("mrc-perf Done.")
         return doc

@@ -293,6 +293,19 @@ def _results(role, mrc, recorder, summary, error, congestion, params, streams) -
 SIDE_KEYS = ("role", "mrc", "tcp_congestion", "intervals", "mptcp_subflows", "cpu")
 
 
+def print_server_output(out: Output, server_output: dict) -> None:
+    """--get-server-output in text mode, as iperf3 prints it."""
+    if "text" in server_output:
+        out.line("")
+        out.line("Server output:")
+        out.line(server_output["text"].rstrip("\n"))
+    elif "json" in server_output:
+        import json
+        out.line("")
+        out.line("Server JSON output:")
+        out.line(json.dumps(server_output["json"], indent=2))
+
+
 def start_extra(cookie_text: str, params: Params, sock: socket.socket, bufs: dict) -> dict:
     """iperf3's start figures: the cookie, the first data stream's MSS and
     its socket buffers (read before it connected, as iperf3 does)."""
@@ -493,10 +506,7 @@ def _client_test(ctrl, cookie_text, params, out, mrc_device, use_mrc) -> dict:
         if params.get_server_output:
             got = ctrl.expect("output", SETUP_TIMEOUT, "the server")
             doc["server_output"] = {k: got[k] for k in ("json", "text") if got.get(k) is not None}
-            if "text" in doc["server_output"]:
-                out.line("")
-                out.line("Server output:")
-                out.line(doc["server_output"]["text"])
+            print_server_output(out, doc["server_output"])
         out.line("")
         out.line("mrc-perf Done.")
         return doc
