@@ -1,6 +1,11 @@
 """The control connection: test parameters out, results back, as one JSON
 object per line.
 
+The client opens with a 37-byte cookie, as iperf3's clients do (36
+characters and a NUL; mrc-perf's start with "mrcperf"); an mrc-perf server
+answers one byte "M" and the JSON lines follow, an iperf3 server answers
+PARAM_EXCHANGE and the client speaks iperf3's protocol (perf/iperf3_proto.py);
+a server seeing another cookie does the same for an iperf3 client.
 Client -> server: params.  Server -> client: accept (or error), then
 start once every data stream has arrived.  After the test the sending
 side sends `end` with its results; the receiving side drains, then sends
