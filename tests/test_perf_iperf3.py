@@ -135,6 +135,7 @@ def test_window_bytes_omit(topo, tmp_path):
         doc = perf_client(topo, net.A, net.B6, "--no-mrc", "-n", "3M", "-P", "2")
     assert doc["end"]["sum_sent"]["bytes"] == 3 << 20 == doc["end"]["sum_received"]["bytes"]
     assert doc["start"]["test_start"]["bytes"] == 3 << 20
+    assert doc["start"]["test_start"]["duration"] == 0         # as iperf3 -n writes it
     assert [s["sender"]["bytes"] for s in doc["end"]["streams"]] == [3 << 19, 3 << 19]
     with perf_server(topo, net.B, tmp_path, "--no-mrc", name="nu"):
         doc = perf_client(topo, net.A, net.B6, "--no-mrc", "-u", "-b", "50M", "-l", "1000", "-n", "100K")

@@ -162,7 +162,9 @@ def document(doc: dict) -> dict:
             out_start[key] = start[key]
     out_start["test_start"] = {"protocol": kind.upper(), "num_streams": test["streams"],
                                "blksize": test["length"], "omit": _num(test.get("omit", 0)),
-                               "duration": _num(test["duration"]), "bytes": test.get("bytes", 0),
+                               # -n: iperf3 writes duration 0
+                               "duration": 0 if test.get("bytes") else _num(test["duration"]),
+                               "bytes": test.get("bytes", 0),
                                "blocks": 0, "reverse": int(test["reverse"]), "tos": 0,
                                "target_bitrate": test["bitrate"]}
     local_role, remote_role = doc["local"]["role"], doc["remote"]["role"]
