@@ -80,6 +80,9 @@ def test_new_flags_bad_input_one_line():
     _one_line_error(_cli("-c", "fd00:99::1", "-w", "big"), "bad window 'big'")
     _one_line_error(_cli("-c", "fd00:99::1", "-n", "lots"), "bad number of bytes 'lots'")
     _one_line_error(_cli("-c", "fd00:99::1", "-O", "-1"), "bad omit")
+    # click's own checks come as one line too
+    _one_line_error(_cli("-c", "fd00:99::1", "-O", "soon"), "Invalid value for '-O'")
+    _one_line_error(_cli("-c", "fd00:99::1", "--no-such-flag"), "No such option")
     _one_line_error(_cli("-s", "-O", "2"), "-O is a client option")
     _one_line_error(_cli("-c", "fd00:99::1", "--logfile", "/nonexistent/dir/log"),
                     "cannot open log file /nonexistent/dir/log")

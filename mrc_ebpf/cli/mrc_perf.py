@@ -62,7 +62,22 @@ def _print_version(ctx, _param, value):
     ctx.exit(0)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Command):
+    """Bad arguments as one line on stderr (exit 2), not click's usage block."""
+
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.ClickException as e:
+            click.echo(f"mrc-perf: error: {e.format_message()} (mrc-perf --help)", err=True)
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            sys.exit(EXIT_ERROR)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.command(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-s", "--server", is_flag=True, help="Run as a server.")
 @click.option("-c", "--client", "host", metavar="HOST", help="Run as a client, testing to HOST.")
 @click.option("-p", "--port", type=click.IntRange(1, 65535), default=5201, show_default=True,
