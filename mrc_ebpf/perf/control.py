@@ -74,6 +74,8 @@ class Params:
             raise MrcError(f"bad omit {self.omit}: 0..600 seconds")
         if self.bytes < 0:
             raise MrcError("bad number of bytes: must not be negative")
+        if 0 < self.bytes < self.streams:
+            raise MrcError(f"bad number of bytes {self.bytes}: at least one per stream (-P {self.streams})")
         if not 0 <= self.window <= 512 << 20:
             raise MrcError(f"bad window {self.window}: 0 .. 512 MBytes")
         return self
