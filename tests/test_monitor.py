@@ -1,0 +1,137 @@
+"""`mrcctl monitor`: every reader gets every event (issue 31).
+
+Events come from real failover on the sprayed Diamond: the lab's fault
+program drops half of the packets on every router's link towards B, with
+fast timers, so paths go down and come back up by the thousand (about
+2,500 events a second here).  The witness is the datapath's own event
+sequence numbers and its log, read by `stats --events -j`."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import MRCCTL, ROOT, mrcctl
+from mrc_ebpf.lab import faults
+
+pytestmark = pytest.mark.root
+
+# fast failover so that a second of traffic makes thousands of events
+FAST = ("--ack-timeout-us", "200", "--probe-us", "50", "--reorder-max-us", "0")
+LOG = 1024      # MRC_EVENTS
+
+
+def _log(net) -> list[dict]:
+    return json.loads(mrcctl("stats", "--events", "-j", netns=net.A).stdout)["events"]
+
+
+def _flap(net, packets: int, pps=20000, routers=4):
+    holes = [(r, "rup") for r in net.R[:routers]]
+    for h in holes:
+        faults.inject(*h, "loss", 0.5)
+    try:
+        net.udp(packets, pps=pps)
+    finally:
+        for h in holes:
+            faults.heal(*h)
+
+
+class Reader:
+    """`mrcctl monitor -j` in A, its lines in a file (a pipe left unread
+    would block it)."""
+
+    def __init__(self, net, path):
+        self.path = path
+        self.out = open(path, "w")
+        self.proc = net.t.popen(net.A, [*MRCCTL, "monitor", "-j"], cwd=ROOT, stdout=self.out,
+                                stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()
+        m = re.search(r"monitoring path events on a0 \(from seq (\d+)\)", line)
+        if not m:
+            self.stop()
+            raise AssertionError(f"monitor did not start: {line}")
+        self.start = int(m.group(1))
+
+    def stop(self) -> tuple[list[dict], str]:
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        err = self.proc.communicate(timeout=20)[1]
+        self.out.close()
+        assert self.proc.returncode == 0, err
+        return [json.loads(line) for line in open(self.path)], err
+
+
+def _wait_caught_up(readers, last: int, timeout=20.0):
+    """Until every reader has written the event LAST (or timeout)."""
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        if all(f'"seq":{last},' in open(r.path).read() for r in readers):
+            return
+        time.sleep(0.2)
+
+
+def test_two_monitors_each_see_every_event(spray, tmp_path):
+    """Two readers at once: each prints every event filed while it ran,
+    in order, none twice, none lost, the same rows as the log holds."""
+    spray.attach("rr", *FAST)
+    readers = [Reader(spray, tmp_path / f"m{i}.jsonl") for i in range(2)]
+    try:
+        # slower than the lag test's flapping: readers on a busy machine
+        # must not fall a whole log behind here
+        _flap(spray, 15000, pps=10000, routers=2)
+        log = _log(spray)
+        last = log[-1]["seq"]
+        _wait_caught_up(readers, last)
+    finally:
+        got = [r.stop() for r in readers]
+    seqs = []
+    for r, (rows, err) in zip(readers, got):
+        assert not [x for x in rows if x["type"] == "lost"], err
+        s = [x["seq"] for x in rows]
+        # everything from the seq it started at to the last one filed
+        assert s == list(range(r.start, last + 1)), (r.start, last, len(s))
+        seqs.append(s)
+    common = set(seqs[0]) & set(seqs[1])
+    assert last - max(r.start for r in readers) + 1 == len(common) > LOG
+    # both print the same events, and the ones the log still holds as it does
+    by_seq = [{x["seq"]: (x["ns"], x["type"], x["path_id"], x["peer_id"]) for x in rows}
+              for rows, _ in got]
+    assert {s: by_seq[0][s] for s in common} == {s: by_seq[1][s] for s in common}
+    for e in log:
+        if e["seq"] in common:
+            assert by_seq[0][e["seq"]] == (e["ns"], e["type"], e["path_id"], e["peer_id"]), e
+    print(f"two monitors: {len(common)} events each, {last - log[0]['seq'] + 1} in the log's window")
+
+
+def test_lagging_monitor_says_what_it_lost(spray, tmp_path):
+    """A reader stopped (SIGSTOP) while more than the log's length of
+    events are filed: once it runs again it prints a `lost` line for the
+    events written over, then the rest; lost + shown are exactly the events
+    filed, and a reader that kept up meanwhile saw them all."""
+    spray.attach("rr", *FAST)
+    slow = Reader(spray, tmp_path / "slow.jsonl")
+    fast = Reader(spray, tmp_path / "fast.jsonl")
+    try:
+        slow.proc.send_signal(signal.SIGSTOP)
+        _flap(spray, 20000)
+        last = _log(spray)[-1]["seq"]
+        assert last - slow.start + 1 > 2 * LOG, "too few events to lag"
+        slow.proc.send_signal(signal.SIGCONT)
+        _wait_caught_up([slow, fast], last)
+    finally:
+        (slow_rows, slow_err), (fast_rows, _) = slow.stop(), fast.stop()
+    lost = [x for x in slow_rows if x["type"] == "lost"]
+    shown = [x["seq"] for x in slow_rows if x["type"] != "lost"]
+    assert lost and lost[0]["first_seq"] == slow.start, lost
+    covered = sorted([s for x in lost for s in range(x["first_seq"], x["last_seq"] + 1)] + shown)
+    assert covered == list(range(slow.start, last + 1))          # each event once: lost or shown
+    assert all(x["lost"] == x["last_seq"] - x["first_seq"] + 1 for x in lost)
+    n_lost = sum(x["lost"] for x in lost)
+    assert n_lost >= last - slow.start + 1 - LOG                 # what the log no longer held
+    assert f"{len(shown)} events shown, {n_lost} lost" in slow_err, slow_err
+    assert [x["seq"] for x in fast_rows] == list(range(fast.start, last + 1))
+    print(f"lagging monitor: {n_lost} lost, {len(shown)} shown of {last - slow.start + 1}")
