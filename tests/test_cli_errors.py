@@ -111,3 +111,19 @@ def test_key_retire_show_config_save_errors(interop, tmp_path):
                     True, "cannot write /proc/nosuch/x.yaml")
     mrcctl("save", "--to", str(tmp_path / "ok.yaml"), "--key-file", str(key), netns=A)
     assert (tmp_path / "ok.yaml").read_text().startswith("version: 1")
+
+
+def test_rx_validation_doc_gives_the_lengths_rx_accepts():
+    """docs/design/rx-validation.md rules 9 and 10 against bpf/mrc_common.h
+    (the lengths RX checks: mrc_rx.c compares with MRC_TLV_LEN, and the
+    uSID header's Hdr Ext Len is MRC_DOH_LEN / 8 - 1)."""
+    from conftest import ROOT
+    from mrc_ebpf.datapath.source import C
+    rows = {int(line.split("|")[1]): line for line in
+            (ROOT / "docs" / "design" / "rx-validation.md").read_text().splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
+    assert f"has length {C['MRC_TLV_LEN']} " in rows[9]
+    assert f"version {C['MRC_VERSION']} " in rows[9]
+    assert f"Hdr Ext Len {C['MRC_DOH_LEN'] // 8 - 1} " in rows[10]
+    assert f"`MRC_DOH_LEN` {C['MRC_DOH_LEN']} bytes" in rows[10]
+    assert f"PadN({C['MRC_DOH_LEN'] - 2 - C['MRC_TLV_SIZE'] - 2})" in rows[10]
