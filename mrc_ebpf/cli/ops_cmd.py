@@ -32,7 +32,10 @@ def parse_listen(text: str) -> tuple[str, int]:
               help="Where to serve /metrics (loopback unless told otherwise).")
 @click.option("--once", is_flag=True,
               help="Print the page once and exit (e.g. for node_exporter's textfile collector).")
-def exporter(listen, once):
+@click.option("--per-path", is_flag=True,
+              help="Also one series per path (about 8 per path sent on, 21 per path received "
+                   "on); default: per peer and per sender only.")
+def exporter(listen, once, per_path):
     """Serve the datapath's counters, histograms, path states and events
     as Prometheus metrics (every attachment in this network namespace)."""
     from prometheus_client import generate_latest
@@ -42,7 +45,7 @@ def exporter(listen, once):
     host, port = parse_listen(listen)
     loader.require_root()
     pins.ensure_bpffs()
-    registry = metrics.registry()
+    registry = metrics.registry(per_path)
     if once:
         click.echo(generate_latest(registry).decode(), nl=False)
         return

@@ -705,10 +705,12 @@ def peers(att: Attachment) -> list[dict]:
     return out
 
 
-def list_paths(att: Attachment) -> list[dict]:
+def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]:
     """Every path of every peer with paths of its own, and of each
     template's peer that has learnt state (has been sent to lately): the
-    others are the template's paths, unused."""
+    others are the template's paths, unused.  every_template_peer: those
+    too, with the zeroed state their first packet would start (the
+    exporter shows template peers before they carry traffic)."""
     rows = []
     names = classes.names(att)
     now = _monotonic_ns()
@@ -718,7 +720,9 @@ def list_paths(att: Attachment) -> list[dict]:
         if peer.flags & LAST_HOP:
             peer_state = att.maps["peer_state"].lookup(layout.Index(peer.peer_id))
             if peer_state is None:
-                continue
+                if not every_template_peer:
+                    continue
+                peer_state = layout.PeerState()
             metrics = {}
         else:
             metrics = route_metrics(att, prefix)
