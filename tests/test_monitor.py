@@ -16,25 +16,39 @@ import time
 import pytest
 
 from conftest import MRCCTL, ROOT, mrcctl
+from mrc_ebpf.datapath.source import C
 from mrc_ebpf.lab import faults
 
 pytestmark = pytest.mark.root
 
 # fast failover so that a second of traffic makes thousands of events
 FAST = ("--ack-timeout-us", "200", "--probe-us", "50", "--reorder-max-us", "0")
-LOG = 1024      # MRC_EVENTS
+LOG = C["MRC_EVENTS"]       # the event log's slots
 
 
 def _log(net) -> list[dict]:
     return json.loads(mrcctl("stats", "--events", "-j", netns=net.A).stdout)["events"]
 
 
-def _flap(net, packets: int, pps=20000, routers=4):
+def _last(net) -> int:
+    return (_log(net) or [{"seq": 0}])[-1]["seq"]
+
+
+def _flap(net, events: int, pps=20000, routers=4, limit_s=20.0) -> int:
+    """Half the packets lost on ROUTERS' links towards B while UDP runs in
+    bursts of 0.5 s, until EVENTS more events were filed (how many a burst
+    makes depends on how busy the machine is); returns the last seq."""
+    first = _last(net)
     holes = [(r, "rup") for r in net.R[:routers]]
     for h in holes:
         faults.inject(*h, "loss", 0.5)
+    give_up = time.monotonic() + limit_s
     try:
-        net.udp(packets, pps=pps)
+        while True:
+            net.udp(pps // 2, pps=pps)
+            last = _last(net)
+            if last - first >= events or time.monotonic() > give_up:
+                return last
     finally:
         for h in holes:
             faults.heal(*h)
@@ -62,14 +76,14 @@ class Reader:
         err = self.proc.communicate(timeout=20)[1]
         self.out.close()
         assert self.proc.returncode == 0, err
-        return [json.loads(line) for line in open(self.path)], err
+        return [json.loads(line) for line in self.path.read_text().splitlines()], err
 
 
 def _wait_caught_up(readers, last: int, timeout=20.0):
     """Until every reader has written the event LAST (or timeout)."""
     give_up = time.monotonic() + timeout
     while time.monotonic() < give_up:
-        if all(f'"seq":{last},' in open(r.path).read() for r in readers):
+        if all(f'"seq":{last},' in r.path.read_text() for r in readers):
             return
         time.sleep(0.2)
 
@@ -82,7 +96,7 @@ def test_two_monitors_each_see_every_event(spray, tmp_path):
     try:
         # slower than the lag test's flapping: readers on a busy machine
         # must not fall a whole log behind here
-        _flap(spray, 15000, pps=10000, routers=2)
+        _flap(spray, 2 * LOG, pps=10000, routers=2)
         log = _log(spray)
         last = log[-1]["seq"]
         _wait_caught_up(readers, last)
@@ -117,7 +131,7 @@ def test_lagging_monitor_says_what_it_lost(spray, tmp_path):
     fast = Reader(spray, tmp_path / "fast.jsonl")
     try:
         slow.proc.send_signal(signal.SIGSTOP)
-        _flap(spray, 20000)
+        _flap(spray, 3 * LOG)
         last = _log(spray)[-1]["seq"]
         assert last - slow.start + 1 > 2 * LOG, "too few events to lag"
         slow.proc.send_signal(signal.SIGCONT)
