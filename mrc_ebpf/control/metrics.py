@@ -136,17 +136,13 @@ class MrcCollector:
     def _sent(self, device, att, counter, gauge):
         """Per peer prefix; every peer, template peers included before they
         carry traffic (their paths then `unknown`, counters 0)."""
+        # one walk of the peers (a template peer's rows carry its own SID)
         rows = paths.list_paths(att, every_template_peer=True)
         sids: dict[str, set[str]] = {}
         agg: dict[str, dict] = {}
-
-        def blank():
-            return {"tx_packets": 0, "tx_bytes": 0, "downs": 0, "states": dict.fromkeys(STATES, 0)}
-        for p in paths.peers(att):
-            sids[p["prefix"]] = {p["sid"]} if p.get("sid") else set()
-            agg[p["prefix"]] = blank()
         for r in rows:
-            a = agg.setdefault(r["prefix"], blank())
+            a = agg.setdefault(r["prefix"], {"tx_packets": 0, "tx_bytes": 0, "downs": 0,
+                                             "states": dict.fromkeys(STATES, 0)})
             for k in ("tx_packets", "tx_bytes", "downs"):
                 a[k] += r[k]
             a["states"][r["state"]] = a["states"].get(r["state"], 0) + 1
