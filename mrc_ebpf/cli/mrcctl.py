@@ -133,9 +133,15 @@ def cli(ctx, json_, pretty, netns_name):
 @click.option("--sid", help="This host's SRv6 SID (outer source; decapsulated here); required, except with --replace.")
 @click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
               show_default=True, help="XDP mode: native (driver) or skb (generic).")
-@click.option("--granularity", type=click.Choice(["packet", "burst"]), default="packet",
+@click.option("--granularity", type=click.Choice(["auto", "packet", "burst"]), default="auto",
               show_default=True,
-              help="Spray each packet (sets gso_max_segs 1), or each GSO burst (faster, coarser).")
+              help="auto: spray GSO bursts of at most 50 us of the slowest link's time (full "
+                   "64 KB bursts at 10 Gbit/s and up: segmentation offload kept); packet: each "
+                   "packet its own path (gso_max_segs 1: the kernel's no-GSO rate); burst: "
+                   "the device's own GSO bound.")
+@click.option("--link-rate", metavar="RATE",
+              help="The slowest link of the fabric (e.g. 200mbit, 100gbit), which auto sizes "
+                   "bursts for; default: the device's own speed.")
 @click.option("--loss-hold-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["loss_hold_us"], show_default=True,
               help="adaptive: how long a path that reported a loss is avoided.")
 @click.option("--ack-timeout-us", type=click.IntRange(50, 10_000_000), default=TIMER_DEFAULTS["ack_timeout_us"], show_default=True,
@@ -165,7 +171,7 @@ def cli(ctx, json_, pretty, netns_name):
                    "sources, then swap the programs atomically, keeping every map and setting.")
 @json_option
 @click.pass_context
-def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
+def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_timeout_us, probe_us,
            fb_interval_us, reorder_max_us, retrans_steer, min_active, shared_fate, key_file, replace):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
@@ -190,7 +196,10 @@ def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, p
         return
     if not sid:
         raise click.UsageError("Missing option '--sid'.")
-    result = loader.attach(list(devices), sid, mode, granularity, retrans_steer=retrans_steer,
+    from mrc_ebpf.lab.fabric.plan import parse_rate
+    link_mbps = -(-parse_rate(link_rate) // 1_000_000) if link_rate else 0
+    result = loader.attach(list(devices), sid, mode, granularity, link_rate_mbps=link_mbps,
+                             retrans_steer=retrans_steer,
                              key_file=key_file, loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us,
@@ -258,14 +267,17 @@ def status(ctx):
             items = [("SID", r["sid"])]
             for h in r["hooks"]:
                 items += [(f"{h['device']} XDP", f"{h['xdp_mode'] or 'none'} (prog {h['xdp_prog_id'] or '-'}"
-                                                 f"{'' if h['xdp_ours'] else ', not ours'})"),
+                                                 f"{'' if h['xdp_ours'] else ', not ours'})"
+                                                 + (f": {h['xdp_why']}" if h.get("xdp_why") else "")),
+                          (f"{h['device']} granularity", f"{h['granularity']}"
+                                                         + (f": {h['granularity_why']}"
+                                                            if h.get("granularity_why") else "")),
                           *([(f"{h['device']} XDP chained",
                                f"prog {h['xdp_chained']['id']} {h['xdp_chained']['name']} "
                                f"(gets what MRC passes)")] if h.get("xdp_chained") else []),
                           (f"{h['device']} TC egress",
                            f"prog {h['tc_prog_id'] or '-'}{'' if h['tc_ours'] else ' (missing)'}")]
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
-                     ("granularity", r["granularity"]),
                      ("peers", f"{r['peers']} ({r['templated_peers']} on templates, "
                                f"{r['active_peers']} with learnt state)"),
                      ("paths", r["paths"]),

@@ -30,6 +30,14 @@ def _pick_hosts(fab: Fabric, hosts: str | None) -> list[int]:
 ATTACH_WEIGHT = 20      # an attach (a bcc compile) against a path add, for the time left
 
 
+def link_rate_args(fab: Fabric, extra: list[str]) -> list[str]:
+    """A shaped fabric's spine links are slower than the hosts' veths:
+    granularity auto sizes bursts for them (--link-rate), unless told."""
+    if not fab.rate or any(a.startswith(("--link-rate", "--granularity")) for a in extra):
+        return []
+    return ["--link-rate", str(fab.rate)]
+
+
 def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
            ipv4: bool = False, entropy: int | None = None, progress=None, ev_order: bool = True) -> dict:
     """PROGRESS: called as progress(done, total, text) as hosts attach and paths go in.
@@ -51,6 +59,7 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
         if already:
             raise MrcError(f"already attached: {', '.join(already)} (mrcctl fabric detach first)")
         devs = [f"eth{p}" for p in range(fab.planes)]
+        extra = [*extra, *link_rate_args(fab, extra)]
         done = []
         n = len(chosen)
         per_peer = 1 + ipv4

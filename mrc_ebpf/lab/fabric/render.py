@@ -14,7 +14,7 @@ import yaml
 from mrc_ebpf.errors import MrcError
 
 from .description import Description
-from .plan import Fabric
+from .plan import parse_rate, Fabric
 
 CONFIG_VERSION = 1
 
@@ -68,6 +68,9 @@ def host_config(desc: Description, host: str, peers: list[int] | None = None, fo
     opts = desc.options(fab.host(a))
     attach = {"devices": [f"eth{p}" for p in range(fab.planes)], "sid": fab.host_sid(a),
               **opts["attach"]}
+    if fab.rate and "link_rate_mbps" not in attach and attach.get("granularity", "auto") == "auto":
+        # the spines' links, slower than the hosts' own: bursts are sized for them
+        attach["link_rate_mbps"] = -(-parse_rate(fab.rate) // 1_000_000)
     cfg: dict = {"version": CONFIG_VERSION, "attach": attach}
     if opts["classes"]:
         cfg["classes"] = [dict(c) for c in opts["classes"]]
