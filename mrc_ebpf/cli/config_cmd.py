@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from mrc_ebpf.cli.common import attached, dev_option, emit, json_option
+from mrc_ebpf.errors import MrcError
 
 
 @click.command("apply")
@@ -56,8 +57,26 @@ def show_config(ctx, device, key_file):
     """The running config in apply's format: `show-config | apply -` changes nothing."""
     from mrc_ebpf.control import config
     with attached(device) as att:
+        _check_key_file(att, key_file)
         data = config.running(att, key_file)
     emit(ctx, data, lambda d: click.echo(config.dump(d), nl=False))
+
+
+def _check_key_file(att, key_file: str | None) -> None:
+    """--key-file names the key the attachment signs with: a file that is
+    not a key, or holds another key, would be saved into a config that
+    then cannot be applied as it runs."""
+    if not key_file:
+        return
+    from mrc_ebpf.control import config
+    from mrc_ebpf.datapath import auth
+    key = auth.read_key(key_file)           # one line if missing or not a key
+    signing = config.signing_key(att)
+    if signing is None:
+        raise MrcError(f"--key-file {key_file}: {att.device} signs with no key")
+    if signing.id != auth.key_id(key):
+        raise MrcError(f"--key-file {key_file}: holds key {auth.key_id(key)}, "
+                       f"{att.device} signs with key {signing.id}")
 
 
 @click.command("save")
@@ -72,9 +91,14 @@ def save(ctx, device, target, key_file):
     """Write the running config where the systemd unit finds it at boot."""
     from mrc_ebpf.control import config
     with attached(device) as att:
+        _check_key_file(att, key_file)
         data = config.running(att, key_file)
         name = att.device
     path = Path(target) if target else config.save_path(name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MrcError(f"cannot write {path}: {e.strerror or e}")
     config.write_atomically(path, config.dump(data))
     emit(ctx, {"device": name, "file": str(path)},
          lambda r: click.echo(f"saved {r['device']}'s config to {r['file']}"))

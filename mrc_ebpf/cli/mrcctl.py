@@ -18,7 +18,8 @@ import click
 
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.cli.common import (attached, complete_attached, complete_devices, complete_prefixes,  # noqa: F401
-                                  dev_option, dumps, emit, enter_netns, json_option, lock_timeout,
+                                  dev_option, dumps, emit, enter_netns, exact_prefix, json_option,
+                                  lock_timeout,
                                   tabulate)
 from mrc_ebpf.datapath.layout import TIMER_DEFAULTS
 from mrc_ebpf.datapath.source import prefixed
@@ -28,16 +29,63 @@ EXIT_ERROR = 1
 POLICY_NAMES = prefixed("MRC_POLICY_")
 
 
+def _json_asked(argv: list[str]) -> tuple[bool, bool]:
+    """(-j, -p) as given anywhere on the command line: a usage error is
+    found before the verb's own -j is parsed.  -p counts only before the
+    verb (`fabric up -p` is --planes)."""
+    as_json = pretty = False
+    verb_seen = False
+    for tok in argv:
+        if tok == "--":
+            break
+        if tok in ("-j", "--json") or (tok.startswith("-") and not tok.startswith("--")
+                                       and "j" in tok[1:] and tok[1:].isalpha()):
+            as_json = True
+        elif tok == "--pretty" or (tok == "-p" and not verb_seen):
+            as_json = pretty = True
+        elif not tok.startswith("-"):
+            verb_seen = True
+    return as_json, pretty
+
+
 class Group(click.Group):
     """Turns MrcError (and stray OS errors) into one line and exit 1;
-    under -j the error is also a JSON document on stdout."""
+    under -j the error is also a JSON document on stdout.  Usage errors
+    (click's, exit 2 with usage lines) are made the same: one line, exit 1,
+    as docs/ops.md promises scripts."""
+
+    _argv: list[str] = []
 
     @staticmethod
     def _fail(ctx, message: str):
-        if (ctx.obj or {}).get("json"):
-            click.echo(dumps({"error": message}, ctx.obj.get("pretty", False)))
+        obj = (ctx.obj if ctx is not None else None) or {}
+        as_json, pretty = obj.get("json"), obj.get("pretty", False)
+        if not as_json:
+            as_json, pretty = _json_asked(Group._argv)
+        if as_json:
+            click.echo(dumps({"error": message}, pretty))
         click.echo(f"mrcctl: error: {message}", err=True)
         sys.exit(EXIT_ERROR)
+
+    def _usage(self, ctx, e: click.ClickException):
+        where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "mrcctl"
+        message = " ".join(e.format_message().split())      # one line
+        if isinstance(e, click.UsageError):
+            message = f"{message} (see `{where} --help`)"
+        self._fail(ctx, message)
+
+    def main(self, args=None, *rest, **extra):
+        Group._argv = list(sys.argv[1:] if args is None else args)
+        return super().main(args, *rest, **extra)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        # the top level's own options are parsed here, before invoke
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise           # `mrcctl` alone: its help, as click prints it
+        except click.ClickException as e:
+            self._usage(parent, e)
 
     def invoke(self, ctx):
         try:
@@ -46,7 +94,11 @@ class Group(click.Group):
             self._fail(ctx, str(e))
         except PermissionError as e:
             self._fail(ctx, f"{e.strerror or e}: needs root (CAP_BPF and CAP_NET_ADMIN)")
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+        except click.exceptions.NoArgsIsHelpError:
+            raise           # a group without its verb (`mrcctl path`): its help
+        except click.ClickException as e:
+            self._usage(ctx, e)
+        except (click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except Exception as e:  # a bug: say so in one line; MRC_DEBUG=1 shows where
             if os.environ.get("MRC_DEBUG"):
@@ -348,7 +400,7 @@ def path():
 
 
 @path.command("add")
-@click.argument("prefix")
+@click.argument("prefix", callback=exact_prefix)
 @click.option("--via", multiple=True, metavar="SEG1,SEG2,...",
               help="An SRH path: segments in travel order, as `ip route ... encap seg6 segs` "
                    "takes them; repeat to add several paths at once.")
@@ -403,7 +455,7 @@ def fmt_metrics(metrics: dict) -> str:
 
 
 @path.command("del")
-@click.argument("prefix", shell_complete=complete_prefixes)
+@click.argument("prefix", shell_complete=complete_prefixes, callback=exact_prefix)
 @click.option("--id", "path_id", type=int, help="Delete only this path (default: all paths of PREFIX).")
 @dev_option
 @json_option
@@ -417,7 +469,7 @@ def path_del(ctx, prefix, path_id, device):
 
 
 @path.command("policy")
-@click.argument("prefix", shell_complete=complete_prefixes)
+@click.argument("prefix", shell_complete=complete_prefixes, callback=exact_prefix)
 @click.argument("policy", type=click.Choice(POLICY_NAMES))
 @dev_option
 @json_option
