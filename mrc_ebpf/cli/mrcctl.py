@@ -510,6 +510,8 @@ path.add_command(path_template)
 path.add_command(path_bulk)
 from mrc_ebpf.cli.render_cmd import render  # noqa: E402
 cli.add_command(render)
+from mrc_ebpf.cli.unit_cmd import install_unit  # noqa: E402
+cli.add_command(install_unit)
 
 
 if __name__ == "__main__":
