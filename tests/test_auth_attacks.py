@@ -147,8 +147,8 @@ def test_replayed_feedback_revives_a_black_hole_unless_keyed(fabric, keyed, tmp_
     capture_feedback(net, pcap, count=1000)
     seen, before = len(events(net)), counters(net, net.A)
     hole = blackhole(net, BLACKHOLED, BLACKHOLED)
-    replayer = net.t.popen(net.C, [*REPLAY, "c0", net.l1c_mac, str(pcap), net.B_SID, str(REPLAY_S), "--pps", "2000"],
-                           stdout=subprocess.PIPE, text=True)
+    replayer = net.t.popen(net.C, [*REPLAY, "c0", net.l1c_mac, str(pcap), net.B_SID, str(REPLAY_S),
+                                   "--pps", "2000"], stdout=subprocess.PIPE, text=True)
     try:
         time.sleep(0.5)
         delivered = counters(net, net.B)["rx_decap"]

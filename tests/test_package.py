@@ -148,7 +148,7 @@ def test_cached_build_attaches_without_kernel_headers(installed, interop, tmp_pa
         error = json.loads(r.stdout)["error"]
         assert f"kernel headers missing at {modules}/build" in error, error
         assert "linux-headers-" in error and "make setup" not in error, error
-        assert f"no cached build for kernel {os.uname().release}" in error, error
+        assert f"build for kernel {os.uname().release} and these sources is in {cold}" in error, error
         assert json.loads(_run(bindir, "mrcctl", *ns, "status", "-j").stdout) == []
     finally:
         _run(bindir, "mrcctl", *ns, "detach", "a0", check=False)

@@ -128,20 +128,21 @@ def require_headers() -> None:
         return
     release = os.uname().release
     where = directory()
-    cache = (f"no cached build for kernel {release} and these sources in {where}"
-             if where is not None else "the build cache is off (MRC_EBPF_CACHE)")
+    cache = (f"an attach whose build for kernel {release} and these sources is in {where} "
+             f"would need none, and there is none yet" if where is not None
+             else "the build cache is off: MRC_EBPF_CACHE")
     debian = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
     if debian:
         have = debian[-1]
         common = have.parent / (have.name[:-len("-amd64")] + "-common")
-        fix = (f"link Debian's headers there: ln -s {have} {build}; ln -s {common} "
-               f"{build.parent / 'source'} (or apt-get install linux-headers-{release} "
+        fix = (f"link Debian's headers there: mkdir -p {build.parent}; ln -s {have} {build}; "
+               f"ln -s {common} {build.parent / 'source'} (or apt-get install linux-headers-{release} "
                f"where Debian has that package)")
     else:
         fix = (f"apt-get install linux-headers-{release} (a Debian kernel's own), or for another "
                f"kernel apt-get install linux-headers-amd64 and link /usr/src/linux-headers-VER-amd64 "
                f"as {build} and /usr/src/linux-headers-VER-common as {build.parent / 'source'}")
-    raise MrcError(f"kernel headers missing at {build}, and {cache}: bcc compiles against them; {fix}")
+    raise MrcError(f"kernel headers missing at {build}: bcc compiles against them ({cache}); {fix}")
 
 
 def directory() -> Path | None:
