@@ -17,18 +17,33 @@ from mrc_ebpf.errors import MrcError
               help="Allow a re-attach when the devices, SID or XDP mode differ (counters start "
                    "over, traffic stops while the programs compile); refused without it.")
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
+@click.option("--no-key", "no_key", is_flag=True,
+              help="Apply a FILE that names no key_file without the warning that its feedback is "
+                   "unauthenticated (refused if FILE names one).")
 @json_option
 @click.pass_context
-def apply(ctx, file, reattach, dry_run):
+def apply(ctx, file, reattach, dry_run, no_key):
     """Make this host's datapath what FILE (YAML; - for stdin) says.
 
     Attaches it if it is not; otherwise changes only what differs: paths
     are matched by what they are, so the ones that stay keep their ids
     and counters.  An invalid file is refused with its line; a failure
-    midway undoes everything."""
+    midway undoes everything.  The attach section's key_file (`render`
+    names the fabric's) authenticates feedback; a FILE without one is
+    applied with a warning on stderr, unless --no-key."""
     from mrc_ebpf.control import config
+    from mrc_ebpf.errors import MrcError
     cfg = config.load_file(file)
+    keyed = bool(cfg.data["attach"].get("key_file"))
+    if keyed and no_key:
+        raise MrcError(f"--no-key, but {cfg.source} names key_file {cfg.data['attach']['key_file']}: "
+                       f"drop one of them")
     result = config.apply(cfg, reattach=reattach, dry_run=dry_run)
+    result["authenticated"] = keyed
+    if not keyed and not no_key:
+        click.echo(f"mrcctl: warning: {cfg.source} names no key_file: {result['device']}'s feedback is "
+                   f"unauthenticated, anyone on the fabric can forge or replay it (`mrcctl render` "
+                   f"names the fabric's key; --no-key applies without this warning)", err=True)
 
     def human(r):
         if not r["changed"]:

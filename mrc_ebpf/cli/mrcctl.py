@@ -206,7 +206,8 @@ def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_ti
                              min_active=min_active, shared_fate=shared_fate)
     emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
-        f"{r['granularity']}{'; feedback authenticated' if r['auth']['authenticated'] else ''}; "
+        f"{r['granularity']}; feedback "
+        f"{'authenticated' if r['auth']['authenticated'] else 'unauthenticated (no --key-file)'}; "
         f"pinned at {r['pins']}"
         + "".join(f"; chained to {c['device']}'s XDP program {c['id']} {c['name']}"
                   for c in r["xdp_chained"])))
@@ -233,6 +234,17 @@ def detach(ctx, device, all_):
         "\n".join(f"detached {x['device']}" + "".join(
             f"; XDP program {b['id']} is back on {b['device']}" for b in x["xdp_restored"])
             for x in r) or "nothing attached"))
+
+
+def fmt_auth(a: dict | None) -> str:
+    """`status`'s feedback line: authenticated by which key, or not."""
+    if not a:
+        return "-"
+    if not a["authenticated"]:
+        return ("unauthenticated: no key, so anyone on the fabric can forge or replay it "
+                "(mrcctl key add --key-file FILE)")
+    return "authenticated, " + ", ".join(f"key id {k['key_id']} {'signs' if k['signs'] else 'accepted'}"
+                                         for k in a["keys"])
 
 
 def fmt_memory(mem: dict | None) -> str:
@@ -286,6 +298,7 @@ def status(ctx):
                      ("programs", ", ".join(f"{k} {v['id']}" for k, v in r["programs"].items())
                       + f"; loaded {max((v['loaded'] or '' for v in r['programs'].values()), default='') or '-'}"),
                      ("shared fate", {True: "on", False: "off"}.get(r.get("shared_fate"), "-")),
+                     ("feedback", fmt_auth(r.get("auth"))),
                      ("kernel memory", fmt_memory(r["memory"])),
                      ("pins", r["pins"])]
             for route in r["routes"]:
@@ -574,6 +587,8 @@ path.add_command(path_template)
 path.add_command(path_bulk)
 from mrc_ebpf.cli.render_cmd import render  # noqa: E402
 cli.add_command(render)
+from mrc_ebpf.cli.unit_cmd import install_unit  # noqa: E402
+cli.add_command(install_unit)
 
 
 if __name__ == "__main__":

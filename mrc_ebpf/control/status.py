@@ -8,7 +8,7 @@ import time
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import bpfsys, hooks, layout, memory, pins, replace, stale, xdp_chain
+from mrc_ebpf.datapath import auth, bpfsys, hooks, layout, memory, pins, replace, stale, xdp_chain
 from mrc_ebpf.control import paths
 from mrc_ebpf.datapath.loader import PROG_RX, PROG_TX, Attachment
 from mrc_ebpf.errors import MrcError
@@ -61,7 +61,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
                    routes=[], path_states={}, min_active=None, programs={}, shared_fate=None,
-                   memory=None, templated_peers=0, active_peers=0)
+                   memory=None, templated_peers=0, active_peers=0, auth=None)
         return row
     with att:
         cfg = att.config
@@ -87,6 +87,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                            if not p.flags & paths.LAST_HOP])
         chained = [_chained(att, cfg, i, row["problems"]) for i in range(len(row["devices"]))]
         members = [layout.Device.from_buffer_copy(cfg.devices[i]) for i in range(len(row["devices"]))]
+        row["auth"] = auth.describe(auth.read(att))     # authenticated false: feedback anyone can forge
     for f in row["fail_open"]:
         row["problems"].append(f"every path to {f['prefix']} is down: sending on them anyway, "
                                f"probed (fail-open) for {f['for_ms']} ms")

@@ -79,21 +79,14 @@ def load_datapath(rx_attach_type: int = 0):
 
 
 def _require_bcc() -> None:
-    try:
-        import bcc  # noqa: F401
-    except ImportError:
-        raise MrcError("bcc is not installed: apt-get install python3-bpfcc, and use a venv "
-                       "made with --system-site-packages (`make setup` does both)")
+    build_cache.require_bcc()
 
 
 def build_datapath(text: bytes | None = None):
     """Compile bpf/mrc.c: a bcc module whose maps exist, nothing loaded yet."""
     _require_bcc()
     from bcc import BPF
-    build = Path(f"/lib/modules/{os.uname().release}/build")
-    if not (build / "include").exists() and not (build / "Makefile").exists():
-        raise MrcError(f"kernel headers missing at {build}: apt-get install linux-headers-amd64 "
-                       f"and link them there (`make setup` does this)")
+    build_cache.require_headers()     # only here: a cached build needs no headers
     try:
         return BPF(text=text or source.expand().encode(), cflags=CFLAGS)
     except Exception as e:  # bcc raises bare Exception; the compiler's messages went to stderr

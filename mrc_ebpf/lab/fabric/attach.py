@@ -60,6 +60,9 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
             raise MrcError(f"already attached: {', '.join(already)} (mrcctl fabric detach first)")
         devs = [f"eth{p}" for p in range(fab.planes)]
         extra = [*extra, *link_rate_args(fab, extra)]
+        # the fabric's key (fabric up makes one unless --no-key), unless one is given after --
+        if state.get("key_file") and "--key-file" not in extra:
+            extra = [*extra, "--key-file", state["key_file"]]
         done = []
         n = len(chosen)
         per_peer = 1 + ipv4
@@ -156,7 +159,8 @@ def attach_rendered(name: str, hosts: str | None = None) -> dict:
         already = [fab.host(h) for h in chosen if fab.host(h) in state["attached"]]
         if already:
             raise MrcError(f"already attached: {', '.join(already)} (mrcctl fabric detach first)")
-        configs = {h: host_config(desc, fab.host(h), peers=chosen) for h in chosen}
+        configs = {h: host_config(desc, fab.host(h), peers=chosen, key_file=state.get("key_file"))
+                   for h in chosen}
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=f"mrc-{name}-") as tmp:
             files = {}
