@@ -22,7 +22,7 @@
 #include "lib/peer_state.h"
 
 /* Bytes of a control packet pulled into the linear area to check it: its
- * headers (outer IPv6 + SRH of up to 16 segments + TLVs, inner header). */
+ * headers (outer IPv6 + SRH of up to MRC_MAX_SEGMENTS + TLV, inner header). */
 #define FB_CONTROL_PULL		512
 
 /*
