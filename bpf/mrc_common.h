@@ -579,6 +579,8 @@ enum mrc_counter {
 	MRC_RX_AUTH_OLD_EPOCH,		/* epoch older than the sender's latest */
 	MRC_RX_AUTH_REPLAY,		/* path_seq seen already, or behind the window */
 	MRC_RX_EPOCH,			/* a sender's new epoch: its tracking restarted */
+	MRC_RX_CONTROL_TC,		/* RX: control packets filed at TC ingress, not XDP (a clone
+					 * bpf_clone_redirect made is skipped by generic XDP) */
 	MRC_COUNTER_MAX,
 };
 
