@@ -477,15 +477,15 @@ def _template_peers(dp, row=5, spines=("fc00:0:e1::", "fc00:0:e2::"), hosts=3):
     """Row `row` as `path template add` writes it (last hop open), and
     `hosts` peers on it as `path bulk` writes them."""
     from mrc_ebpf.control import paths as cp
+    from mrc_ebpf.control import path_spec, spray, templates
     from mrc_ebpf.datapath import layout
     tpl = layout.Peer(peer_id=row, template_id=row, n_paths=len(spines), policy=cp.POLICIES["rr"])
     for i, spine in enumerate(spines):
+        hop = ipaddress.IPv6Address(spine)
         # (no REDIRECT: the test run has no neighbours to redirect to)
-        path = layout.Path(n_segments=2, state=cp.UP, weight=1, flowlabel=0x100 + i, oif=1)
-        ctypes.memmove(path.segments[1].addr, ipaddress.IPv6Address(spine).packed, 16)
-        ctypes.memmove(path.nexthop, ipaddress.IPv6Address(spine).packed, 16)
-        dp.att.maps["paths"].update(cp.path_index(row, i), path)
-    cp._rebuild(dp.att, tpl, sids=False)
+        spec = path_spec.PathSpec([hop, templates.OPEN], templates.OPEN, False)
+        dp.att.maps["paths"].update(cp.path_index(row, i), path_spec.encode(spec, hop, 1, 0x100 + i))
+    spray.rebuild(dp.att, tpl, sids=False)
     sids = {}
     for h in range(1, hosts + 1):
         sid = ipaddress.IPv6Address(f"fc00:0:1:{h}::")
