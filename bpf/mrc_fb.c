@@ -8,35 +8,29 @@
  */
 #include "lib/counters.h"
 #include "lib/peer_state.h"
+#include "lib/parse.h"
 
 int mrc_fb(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
 	struct mrc_peer_key key = { .prefixlen = 128 };
-	struct ethhdr *eth = data;
 	struct mrc_peer *peer;
 	struct mrc_peer_state *st;
 	__u32 mark;
+	__u16 family;
+	void *l3 = parse_ip(skb, &family);
 
-	if ((void *)(eth + 1) > data_end)
+	if (!l3)
 		return TC_ACT_OK;
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = (void *)(eth + 1);
+	if (family == ETH_P_IPV6) {
+		struct ipv6hdr *ip6 = l3;
 
-		if ((void *)(ip6 + 1) > data_end)
-			return TC_ACT_OK;
 		__builtin_memcpy(key.addr, ip6->saddr.s6_addr, 16);
-	} else if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip4 = (void *)(eth + 1);
+	} else {
+		struct iphdr *ip4 = l3;
 
-		if ((void *)(ip4 + 1) > data_end)
-			return TC_ACT_OK;
 		key.addr[10] = 0xff;
 		key.addr[11] = 0xff;
 		__builtin_memcpy(&key.addr[12], &ip4->saddr, 4);
-	} else {
-		return TC_ACT_OK;
 	}
 	peer = mrc_peers.lookup(&key);
 	if (!peer)
