@@ -4,7 +4,8 @@ A peer prefix owns a row (peer_id) of MRC_MAX_PATHS path slots; a
 template owns one too and its peers point at it (template_id).  Here:
 the keys and indexes of those rows, reading the paths in use, the peer's
 learnt state (peer_state), and finding and freeing rows.  paths,
-templates, ev_trace and probe build on it (none of them on each other).
+templates and ev_trace build on it, so that none of them needs another's
+internals (they imported each other in a circle).
 """
 from __future__ import annotations
 
