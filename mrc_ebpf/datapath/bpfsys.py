@@ -117,13 +117,23 @@ class _TestRunAttr(ctypes.Structure):
                 ("batch_size", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
-def prog_test_run(prog_fd: int, packet: bytes, repeat: int) -> tuple[int, int, bytes]:
-    """BPF_PROG_TEST_RUN: (return value, mean ns per run, packet out)."""
+@mirror("struct __sk_buff", KERNEL_BPF_H, kind="prefix")
+class SkbHead(ctypes.Structure):
+    """Head of struct __sk_buff: enough to give a TC test run its mark."""
+    _fields_ = [("len", ctypes.c_uint32), ("pkt_type", ctypes.c_uint32), ("mark", ctypes.c_uint32)]
+
+
+def prog_test_run(prog_fd: int, packet: bytes, repeat: int,
+                  ctx: ctypes.Structure | None = None) -> tuple[int, int, bytes]:
+    """BPF_PROG_TEST_RUN: (return value, mean ns per run, packet out);
+    CTX, if given, is the program's context in (e.g. SkbHead)."""
     data_in = ctypes.create_string_buffer(packet, len(packet))
     data_out = ctypes.create_string_buffer(len(packet) + 512)
     attr = _TestRunAttr(prog_fd=prog_fd, data_size_in=len(packet), data_size_out=len(data_out),
                         data_in=ctypes.addressof(data_in), data_out=ctypes.addressof(data_out),
                         repeat=repeat)
+    if ctx is not None:
+        attr.ctx_size_in, attr.ctx_in = ctypes.sizeof(ctx), ctypes.addressof(ctx)
     bpf(BPF_PROG_TEST_RUN, attr)
     return attr.retval, attr.duration, data_out.raw[:attr.data_size_out]
 

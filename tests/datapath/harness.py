@@ -135,9 +135,9 @@ class Datapath:
         return [sum(values[i * ncpu:(i + 1) * ncpu]) for i in range(n)]
 
     # ------------------------------------------------------------------- runs
-    def _run(self, prog, names: dict, frame: bytes) -> Result:
+    def _run(self, prog, names: dict, frame: bytes, ctx=None) -> Result:
         before = self.counters()
-        ret, _, out = bpfsys.prog_test_run(prog.fd, frame, 1)
+        ret, _, out = bpfsys.prog_test_run(prog.fd, frame, 1, ctx)
         after = self.counters()
         delta = {COUNTERS[i]: a - b for i, (a, b) in enumerate(zip(after, before))
                  if a != b and COUNTERS[i] not in SENDER_STATE}
@@ -146,5 +146,5 @@ class Datapath:
     def run_rx(self, frame: bytes) -> Result:
         return self._run(self.rx, XDP, bytes(frame))
 
-    def run_tx(self, frame: bytes) -> Result:
-        return self._run(self.tx, TC, bytes(frame))
+    def run_tx(self, frame: bytes, mark: int = 0) -> Result:
+        return self._run(self.tx, TC, bytes(frame), bpfsys.SkbHead(mark=mark) if mark else None)
