@@ -36,6 +36,17 @@ def gc(ctx, cookies, dry_run):
     except ValueError:
         raise MrcError(f"bad namespace cookie in {' '.join(cookies)}: a number, as in ns<COOKIE>")
     found = stale.find(wanted)
+    if wanted:
+        # a cookie that names nothing (a typo) must not read as "done"; a
+        # live namespace's, or state still in use, is simply not removed
+        from mrc_ebpf.datapath import pins
+        unknown = sorted(c for c in set(wanted) - {e["netns_cookie"] for e in found}
+                         if not (pins.BASE / f"ns{c}").exists())
+        if unknown:
+            unknown = sorted(set(unknown) - stale.live_cookies())
+        if unknown:
+            raise MrcError(f"no namespace and no pinned state with cookie "
+                           f"{', '.join(map(str, unknown))} (`mrcctl gc --dry-run` lists what is stranded)")
     removed = found if dry_run else stale.remove(found)
     emit(ctx, {"dry_run": dry_run, "removed": removed}, lambda r: click.echo("\n".join(
         f"{'would remove' if dry_run else 'removed'} {describe(entry)}" for entry in removed)

@@ -28,6 +28,17 @@ def parse_prefix(text: str) -> ipaddress._BaseNetwork:
         raise MrcError(f"bad prefix {text!r}: expected e.g. fd00:2::/64 or 198.18.2.0/24")
 
 
+def exact_prefix(text: str) -> str:
+    """TEXT if it is a prefix with no host bits set, as `ip route` wants
+    one: `fd00:c2::1/64` is refused, not silently taken as fd00:c2::/64
+    (what the operator meant is not known).  The CLI's PREFIX arguments
+    and bulk files are checked so; config files canonicalize instead."""
+    prefix = parse_prefix(text)
+    if "/" in text and prefix.network_address != ipaddress.ip_address(text.split("/")[0]):
+        raise MrcError(f"invalid prefix for given prefix length: {text} has host bits set "
+                       f"(the prefix is {prefix}?)")
+    return text
+
 def parse_segments(text: str) -> list[ipaddress.IPv6Address]:
     items = [s for s in text.split(",") if s.strip()]
     if not items:

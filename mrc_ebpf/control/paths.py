@@ -19,9 +19,9 @@ from mrc_ebpf.control import classes
 from mrc_ebpf.control import shared_fate
 # Also the names other modules know as paths.X (constants, parsers, keys).
 from mrc_ebpf.control.path_spec import (ENTROPY, MAX_SEGMENTS, MAX_WEIGHT, REDIRECT, USID,  # noqa: F401
-                                        PathSpec, addr_text, encode, encoding_of, flowlabel, hop_of,
-                                        hops_of, overhead, parse_peer_sid, parse_prefix, parse_segments,
-                                        parse_usid, segments_of, unique_labels)
+                                        PathSpec, addr_text, encode, encoding_of, exact_prefix, flowlabel,
+                                        hop_of, hops_of, overhead, parse_peer_sid, parse_prefix,
+                                        parse_segments, parse_usid, segments_of, unique_labels)
 from mrc_ebpf.control.peer_table import (DENIED, LAST_HOP, MAX_CLASSES, MAX_PATHS, MAX_PEERS,  # noqa: F401
                                          POLICIES, POLICY_NAMES, STATE_BAD, STATE_DENIED, STATE_UNKNOWN,
                                          STATE_UP, UP, UsedCache, change_learnt,
@@ -344,10 +344,12 @@ def peers(att: Attachment) -> list[dict]:
     return out
 
 
-def list_paths(att: Attachment) -> list[dict]:
+def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]:
     """Every path of every peer with paths of its own, and of each
     template's peer that has learnt state (has been sent to lately): the
-    others are the template's paths, unused."""
+    others are the template's paths, unused.  every_template_peer: those
+    too, with the zeroed state their first packet would start (the
+    exporter shows template peers before they carry traffic)."""
     rows = []
     names = classes.names(att)
     now = _monotonic_ns()
@@ -357,7 +359,9 @@ def list_paths(att: Attachment) -> list[dict]:
         if peer.flags & LAST_HOP:
             peer_state = att.maps["peer_state"].lookup(layout.Index(peer.peer_id))
             if peer_state is None:
-                continue
+                if not every_template_peer:
+                    continue
+                peer_state = layout.PeerState()
             metrics = {}
         else:
             metrics = route_metrics(att, prefix)
