@@ -20,6 +20,7 @@
  */
 #include "lib/counters.h"
 #include "lib/peer_state.h"
+#include "lib/parse.h"
 
 /* Bytes of a control packet pulled into the linear area to check it: its
  * headers (outer IPv6 + SRH of up to MRC_MAX_SEGMENTS + TLV, inner header). */
@@ -81,13 +82,13 @@ static __always_inline int fb_control(struct __sk_buff *skb, const struct mrc_co
 
 int mrc_fb(struct __sk_buff *skb)
 {
-	void *data, *data_end;
 	struct mrc_peer_key key = { .prefixlen = 128 };
-	struct ethhdr *eth;
 	struct mrc_peer *peer;
 	struct mrc_peer_state *st;
 	struct mrc_config *cfg;
 	__u32 mark, zero = 0;
+	__u16 family;
+	void *l3;
 	int rc;
 
 	cfg = mrc_config.lookup(&zero);
@@ -101,27 +102,19 @@ int mrc_fb(struct __sk_buff *skb)
 	if (skb->gso_size)
 		return TC_ACT_OK;
 
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	eth = data;
-	if ((void *)(eth + 1) > data_end)
+	l3 = parse_ip(skb, &family);
+	if (!l3)
 		return TC_ACT_OK;
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = (void *)(eth + 1);
+	if (family == ETH_P_IPV6) {
+		struct ipv6hdr *ip6 = l3;
 
-		if ((void *)(ip6 + 1) > data_end)
-			return TC_ACT_OK;
 		__builtin_memcpy(key.addr, ip6->saddr.s6_addr, 16);
-	} else if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip4 = (void *)(eth + 1);
+	} else {
+		struct iphdr *ip4 = l3;
 
-		if ((void *)(ip4 + 1) > data_end)
-			return TC_ACT_OK;
 		key.addr[10] = 0xff;
 		key.addr[11] = 0xff;
 		__builtin_memcpy(&key.addr[12], &ip4->saddr, 4);
-	} else {
-		return TC_ACT_OK;
 	}
 	peer = mrc_peers.lookup(&key);
 	if (!peer)

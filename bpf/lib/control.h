@@ -11,6 +11,8 @@
 #ifndef MRC_LIB_CONTROL_H
 #define MRC_LIB_CONTROL_H
 
+#include "lib/parse.h"
+
 #define IPPROTO_NONE_	59	/* IPv6-NoNxt, also valid as an IPv4 protocol */
 
 static __always_inline __u16 control_ipv4_csum(const __u16 *words)
@@ -74,19 +76,16 @@ static __always_inline int control_cut(struct __sk_buff *skb, __u32 l3_end)
  */
 static __always_inline int control_from_clone(struct __sk_buff *skb, int reply)
 {
-
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
+	__u16 family;
+	void *l3;
 
 	skb->mark = 0;
-	if ((void *)(eth + 1) > data_end)
+	l3 = parse_ip(skb, &family);
+	if (!l3)
 		return -1;
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *in = (void *)(eth + 1), out = {};
+	if (family == ETH_P_IPV6) {
+		struct ipv6hdr *in = l3, out = {};
 
-		if ((void *)(in + 1) > data_end)
-			return -1;
 		out.version = 6;
 		out.nexthdr = IPPROTO_NONE_;
 		out.hop_limit = MRC_HOP_LIMIT;
@@ -97,26 +96,21 @@ static __always_inline int control_from_clone(struct __sk_buff *skb, int reply)
 			return -1;
 		return 0;
 	}
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *in = (void *)(eth + 1), out = {};
+	struct iphdr *in = l3, out = {};
 
-		if ((void *)(in + 1) > data_end)
-			return -1;
-		out.version = 4;
-		out.ihl = 5;
-		out.frag_off = bpf_htons(0x4000);	/* DF */
-		out.ttl = MRC_HOP_LIMIT;
-		out.protocol = IPPROTO_NONE_;
-		out.saddr = reply ? in->daddr : in->saddr;
-		out.daddr = reply ? in->saddr : in->daddr;
-		out.tot_len = bpf_htons(sizeof(out));
-		out.check = control_ipv4_csum((const __u16 *)&out);
-		if (control_cut(skb, ETH_HLEN + sizeof(out)) ||
-		    bpf_skb_store_bytes(skb, ETH_HLEN, &out, sizeof(out), 0))
-			return -1;
-		return 0;
-	}
-	return -1;
+	out.version = 4;
+	out.ihl = 5;
+	out.frag_off = bpf_htons(0x4000);	/* DF */
+	out.ttl = MRC_HOP_LIMIT;
+	out.protocol = IPPROTO_NONE_;
+	out.saddr = reply ? in->daddr : in->saddr;
+	out.daddr = reply ? in->saddr : in->daddr;
+	out.tot_len = bpf_htons(sizeof(out));
+	out.check = control_ipv4_csum((const __u16 *)&out);
+	if (control_cut(skb, ETH_HLEN + sizeof(out)) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &out, sizeof(out), 0))
+		return -1;
+	return 0;
 }
 
 #endif

@@ -187,7 +187,8 @@ def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_ti
         if given:
             raise click.UsageError(f"--replace keeps the running settings and takes no {given[0]} "
                                    f"(detach and attach to change them)")
-        result = loader.attach(list(devices), None, replace=True)
+        from mrc_ebpf.datapath import replace as upgrade
+        result = upgrade.replace(list(devices))
         emit(ctx, result, lambda r: click.echo(
             f"replaced the programs of {' '.join(r['devices'])} ("
             + ", ".join(f"{k} {v['old_id']} -> {v['new_id']}" for k, v in r["programs"].items())

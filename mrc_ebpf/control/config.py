@@ -261,7 +261,7 @@ def canonical_metrics(effective: dict[str, str]) -> dict[str, str]:
     """What differs from mrcctl's default TCP metrics: the values that
     differ, and "none" for a default the route does not have."""
     out = {}
-    for key in routes._RTAX:
+    for key in routes.RTAX:
         want = effective.get(key)
         if want != routes.DEFAULT_TCP_METRICS.get(key):
             out[key] = "none" if want is None else want
@@ -279,7 +279,7 @@ def effective_metrics(canonical: dict[str, str]) -> dict[str, str]:
 
 
 def _route_metrics(r: _Reader, node) -> dict:
-    m = r.mapping(node, "route_metrics", optional=tuple(routes._RTAX))
+    m = r.mapping(node, "route_metrics", optional=tuple(routes.RTAX))
     given = {}
     for key, (_, value_node) in m.items():
         raw = r.construct.construct_object(value_node) if isinstance(value_node, yaml.ScalarNode) else None
@@ -394,7 +394,7 @@ def _templates(r: _Reader, node, class_names: set) -> list[dict]:
         m = r.mapping(item, "a template", required=("name", "paths"), optional=("policy",))
         name_node = m["name"][1]
         name = r.scalar(name_node, str, "template name")
-        r.checked(name_node, templates._key, name)
+        r.checked(name_node, templates.name_key, name)
         if name in out:
             r.fail(name_node, f"template {name} is defined twice")
         paths_node = m["paths"][1]
@@ -624,8 +624,8 @@ def running_templates(att: Attachment) -> list[dict]:
     for row, name in sorted(templates.names(att).items(), key=lambda kv: kv[1]):
         tpl = templates.get(att, name)
         entries = []
-        for _, p in paths._used(att, tpl):
-            entry = {"via": paths._segments_of(p)[:-1]}
+        for _, p in paths.used_paths(att, tpl):
+            entry = {"via": paths.segments_of(p)[:-1]}
             if p.weight != 1:
                 entry["weight"] = p.weight
             cname = names.get(p.tclass, str(p.tclass))

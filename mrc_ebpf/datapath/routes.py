@@ -57,8 +57,8 @@ def name_protocol(path: str = PROTO_FILE) -> bool:
 #  features ecn (off by default: only where the fabric marks) and
 #  congctl NAME (only if asked) are taken as overrides.
 DEFAULT_TCP_METRICS = {"rto_min": "5ms", "reordering": "127", "quickack": "1"}
-_RTAX = {"rto_min": "RTAX_RTO_MIN", "reordering": "RTAX_REORDERING", "quickack": "RTAX_QUICKACK",
-         "features": "RTAX_FEATURES", "congctl": "RTAX_CC_ALGO"}
+RTAX = {"rto_min": "RTAX_RTO_MIN", "reordering": "RTAX_REORDERING", "quickack": "RTAX_QUICKACK",
+        "features": "RTAX_FEATURES", "congctl": "RTAX_CC_ALGO"}
 _LOCKED = {"rto_min": 13, "reordering": 9}       # bit = RTAX_* number: locked as iproute2 does
 RTAX_FEATURE_ECN = 1
 MAX_REORDERING = 300        # net.ipv4.tcp_max_reordering's default
@@ -88,8 +88,8 @@ def parse_metric(text: str) -> tuple[str, str | None]:
     value None (`KEY=none`) removes a default."""
     key, sep, value = text.partition("=")
     key, value = key.strip(), value.strip()
-    if not sep or key not in _RTAX:
-        raise MrcError(f"bad --route-metric {text!r}: KEY=VALUE with KEY one of {', '.join(_RTAX)}")
+    if not sep or key not in RTAX:
+        raise MrcError(f"bad --route-metric {text!r}: KEY=VALUE with KEY one of {', '.join(RTAX)}")
     if value == "none":
         return key, None
     try:
@@ -124,13 +124,13 @@ def _netlink_metrics(tcp: dict[str, str | None]) -> dict:
         if value is None:
             continue
         if key == "rto_min":
-            out[_RTAX[key]] = _parse_ms(value)
+            out[RTAX[key]] = _parse_ms(value)
         elif key == "features":
-            out[_RTAX[key]] = RTAX_FEATURE_ECN
+            out[RTAX[key]] = RTAX_FEATURE_ECN
         elif key == "congctl":
-            out[_RTAX[key]] = value
+            out[RTAX[key]] = value
         else:
-            out[_RTAX[key]] = int(value)
+            out[RTAX[key]] = int(value)
         if key in _LOCKED:
             lock |= 1 << _LOCKED[key]
     if lock:
@@ -144,7 +144,7 @@ def tcp_metrics_of(route) -> dict[str, str]:
     out = {}
     if raw is None:
         return out
-    for key, rtax in _RTAX.items():
+    for key, rtax in RTAX.items():
         value = raw.get_attr(rtax)
         if value is None:
             continue

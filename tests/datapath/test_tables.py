@@ -432,6 +432,39 @@ def test_tx_encapsulates(fresh, name, prefix, build):
     assert again.out.hex() == tx_expected(fresh, inner, prefix, again.out, seq=1).hex()
 
 
+
+CLONES = [("ipv6", IPv6(src="fd00:b::2", dst="fd00:a::1") / F.UDP(sport=1, dport=9) / Raw(b"x" * 100)),
+          ("ipv4", IP(src="198.18.2.7", dst="198.18.1.1") / F.UDP(sport=1, dport=9) / Raw(b"x" * 100))]
+
+
+@pytest.mark.parametrize("reply", [True, False], ids=["feedback", "probe"])
+@pytest.mark.parametrize("name,inner", CLONES, ids=[c[0] for c in CLONES])
+def test_tx_turns_a_marked_clone_into_an_empty_control_packet(fresh, name, inner, reply):
+    """A clone mrc_fb marked (feedback owed: back to its sender) or a probe
+    copy (on to its destination) leaves as an empty packet (next header
+    59, no payload), encapsulated to the peer with MRC_F_CONTROL."""
+    peer, us = inner.src, inner.dst
+    if not reply:
+        inner = inner.copy()
+        inner.src, inner.dst = us, peer
+    mark = C["MRC_FB_MARK"] if reply else C["MRC_PROBE_COPY_MARK"]      # | path 0
+    result = fresh.run_tx(bytes(F.eth(0x0800 if isinstance(inner, IP) else 0x86DD) / inner), mark)
+    assert result.verdict in ("TC_ACT_OK", "TC_ACT_REDIRECT"), result
+    assert result.delta.get("tx_control") == 1 and result.delta.get("tx_encap") == 1, result
+    pkt = Ether(result.out)
+    assert wire.mrc_tlv(pkt).flags & C["MRC_F_CONTROL"]
+    sent = pkt[IPv6ExtHdrSegmentRouting].payload
+    assert (sent.src, sent.dst) == (us, peer)
+    if isinstance(sent, IP):
+        assert (sent.proto, sent.len, sent.ihl, sent.flags) == (59, 20, 5, 2)
+        header = IP(bytes(sent)[:20])
+        del header.chksum
+        assert IP(bytes(header)).chksum == sent.chksum       # what scapy computes for it
+    else:
+        assert (sent.nh, sent.plen) == (59, 0)
+    assert not bytes(sent.payload)
+
+
 TX_PASS = [
     ("not a peer", lambda: F.eth() / IPv6(src="fd00:a::1", dst="fd00:9::1") / Raw(b"x")),
     ("link-local destination", lambda: F.eth() / IPv6(src="fe80::1", dst="fe80::2") / Raw(b"x")),
@@ -477,15 +510,15 @@ def _template_peers(dp, row=5, spines=("fc00:0:e1::", "fc00:0:e2::"), hosts=3):
     """Row `row` as `path template add` writes it (last hop open), and
     `hosts` peers on it as `path bulk` writes them."""
     from mrc_ebpf.control import paths as cp
+    from mrc_ebpf.control import path_spec, spray, templates
     from mrc_ebpf.datapath import layout
     tpl = layout.Peer(peer_id=row, template_id=row, n_paths=len(spines), policy=cp.POLICIES["rr"])
     for i, spine in enumerate(spines):
+        hop = ipaddress.IPv6Address(spine)
         # (no REDIRECT: the test run has no neighbours to redirect to)
-        path = layout.Path(n_segments=2, state=cp.UP, weight=1, flowlabel=0x100 + i, oif=1)
-        ctypes.memmove(path.segments[1].addr, ipaddress.IPv6Address(spine).packed, 16)
-        ctypes.memmove(path.nexthop, ipaddress.IPv6Address(spine).packed, 16)
-        dp.att.maps["paths"].update(cp.path_index(row, i), path)
-    cp._rebuild(dp.att, tpl, sids=False)
+        spec = path_spec.PathSpec([hop, templates.OPEN], templates.OPEN, False)
+        dp.att.maps["paths"].update(cp.path_index(row, i), path_spec.encode(spec, hop, 1, 0x100 + i))
+    spray.rebuild(dp.att, tpl, sids=False)
     sids = {}
     for h in range(1, hosts + 1):
         sid = ipaddress.IPv6Address(f"fc00:0:1:{h}::")
