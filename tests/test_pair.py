@@ -156,17 +156,17 @@ def test_tcp_keeps_all_four_paths_up(pair, rate):
 FORCE_DOWN = """
 import sys, time
 from mrc_ebpf.cli.common import attached
-from mrc_ebpf.control import paths
+from mrc_ebpf.control import paths, peer_table
 path_id = int(sys.argv[2])
 with attached(None, change=True) as att:
-    _, peer = paths._lookup_peer(att, paths.parse_prefix(sys.argv[1]))
+    _, peer = peer_table.lookup_peer(att, paths.parse_prefix(sys.argv[1]))
     def down(state):
         now = time.monotonic_ns()     # bpf_ktime_get_ns()'s clock
         live = state.paths[path_id].live
         live.down_ns = live.down_after_ns = now
         live.next_probe_ns = now + 5_000_000
         live.downs += 1
-    paths._change_learnt(att, peer.peer_id, down)
+    peer_table.change_learnt(att, peer.peer_id, down)
 """
 
 
