@@ -426,6 +426,35 @@ struct mrc_peer_tx {
  */
 #define MRC_MAX_ACTIVE_PEERS	256	/* peers with learnt state at once */
 
+/*
+ * A peer without learnt state (never sent to, or evicted from the LRU)
+ * starts its turns where its template's rotation is, not at path 0:
+ * peer_miss_turn, per CPU by template row, advanced by each such start
+ * and spread by Fibonacci hashing (lib/peer_state.h, peer_state_turn),
+ * so peers that keep losing their state still spray over all their
+ * paths.  peer_seen: bit (peer_id mod MRC_PEER_SEEN_BITS) is set once
+ * the peer had state, so that a new entry for it is counted as made
+ * again after an eviction (MRC_STATE_REMADE).  An LRU insert fails only
+ * when no element can be freed for it (not for being full: the oldest is
+ * evicted): such a packet is counted (MRC_STATE_FAIL) and dropped as
+ * before (MRC_TX_DROP_NO_PATH).
+ */
+#define MRC_PEER_SEEN_BITS	524288	/* a power of two */
+
+/*
+ * peer_cache: LRU hash, a destination address -> the peers trie's answer
+ * for it (lib/peer_cache.h): one hash lookup per packet however many
+ * prefixes the trie holds.  An entry is good while its generation is
+ * peers_gen's, which the control plane bumps after every write to peers.
+ */
+#define MRC_PEER_CACHE		16384
+struct mrc_peer_cached {
+	struct mrc_peer	peer;
+	__u32	gen;		/* peers_gen when it was looked up */
+	__u32	found;		/* 0: no prefix covers the address */
+	__u32	pad;		/* 8-byte size: bcc's per-CPU copy (peer_buf) needs it */
+};
+
 struct mrc_path_state {
 	struct mrc_path_live	live;
 	struct mrc_path_health	health;
@@ -572,6 +601,10 @@ enum mrc_counter {
 	MRC_RX_AUTH_OLD_EPOCH,		/* epoch older than the sender's latest */
 	MRC_RX_AUTH_REPLAY,		/* path_seq seen already, or behind the window */
 	MRC_RX_EPOCH,			/* a sender's new epoch: its tracking restarted */
+	/* learnt state (peer_state, lib/peer_state.h): not outcomes */
+	MRC_STATE_NEW,			/* TX found a peer's state new: its turns started at the rotation */
+	MRC_STATE_REMADE,		/* ... of which the peer had state before: evicted since */
+	MRC_STATE_FAIL,			/* TX: none could be made (the LRU freed no element): dropped */
 	MRC_COUNTER_MAX,
 };
 

@@ -10,6 +10,7 @@
 
 #include "lib/maps.h"
 #include "lib/compiler.h"
+#include "lib/counters.h"
 
 /* The peer's state if it has any (mrc_fb: a peer without any is owed
  * nothing). */
@@ -19,7 +20,8 @@ static __always_inline struct mrc_peer_state *peer_state_find(__u32 peer_id)
 }
 
 /* The peer's state, created zeroed by its first packet either way: sent
- * to it (TX), or feedback or data from it (RX; configured peers only). */
+ * to it (TX), or feedback or data from it (RX; configured peers only).
+ * NULL when the LRU could make none (TX counts it: MRC_STATE_FAIL). */
 static __always_inline struct mrc_peer_state *peer_state_get(__u32 peer_id)
 {
 	struct mrc_peer_state *st = mrc_peer_state.lookup(&peer_id);
@@ -33,6 +35,42 @@ static __always_inline struct mrc_peer_state *peer_state_get(__u32 peer_id)
 	/* NOEXIST: another CPU may have created it meanwhile; keep that one */
 	mrc_peer_state.insert(&peer_id, st);
 	return mrc_peer_state.lookup(&peer_id);
+}
+
+/*
+ * The turn a packet takes, from the number it took from the peer's
+ * sequence (`seq`, fetched and incremented): the same, unless the state
+ * is new (seq 0: made by this packet, or by RX, for a peer never sent to
+ * or evicted since, counted in MRC_STATE_NEW).  Then not 0, which every
+ * peer losing its state in turn would take (with more peers than the LRU
+ * holds, every packet went on path 0), but the template's rotation, per
+ * CPU, spread over the n turns by Fibonacci hashing: consecutive starts
+ * land about n * 0.618 apart, so a peer that starts again at every packet
+ * still visits all its turns, whatever the number of peers between two of
+ * its packets.  The peer's sequence (and bytes' turns) move on from
+ * there.  O(1): a per-CPU word and a bit, for a new state only.
+ */
+static __always_inline __u64 peer_state_turn(struct mrc_peer_state *st, __u64 seq, __u32 peer_id,
+					     __u32 row, __u32 n, __u32 quantum)
+{
+	__u32 word = (peer_id / 64) & (MRC_PEER_SEEN_BITS / 64 - 1);
+	__u64 bit = 1ULL << (peer_id & 63), *seen, *turn, first;
+
+	if (seq)
+		return seq;
+	turn = mrc_peer_miss_turn.lookup(&row);
+	if (!turn)
+		return seq;
+	first = ((__u64)((__u32)*turn * 2654435769U) * n) >> 32;
+	*turn += 1;
+	/* adds, not stores: another CPU may have taken a number meanwhile */
+	__sync_fetch_and_add(&st->tx.seq, first);
+	__sync_fetch_and_add(&st->tx.bytes, first * quantum);
+	count(MRC_STATE_NEW);
+	seen = mrc_peer_seen.lookup(&word);
+	if (seen && (__sync_fetch_and_or(seen, bit) & bit))
+		count(MRC_STATE_REMADE);
+	return first;
 }
 
 static __always_inline struct mrc_path_state *peer_path(struct mrc_peer_state *st, __u32 path_id)
