@@ -428,18 +428,17 @@ struct mrc_peer_tx {
 
 /*
  * A peer without learnt state (never sent to, or evicted from the LRU)
- * starts its turns where its template's rotation is, not at path 0:
- * peer_miss_turn, per CPU by template row, advanced by each such start
- * and spread by Fibonacci hashing (lib/peer_state.h, peer_state_turn),
- * so peers that keep losing their state still spray over all their
- * paths.  peer_seen: bit (peer_id mod MRC_PEER_SEEN_BITS) is set once
- * the peer had state, so that a new entry for it is counted as made
- * again after an eviction (MRC_STATE_REMADE).  An LRU insert fails only
- * when no element can be freed for it (not for being full: the oldest is
- * evicted): such a packet is counted (MRC_STATE_FAIL) and dropped as
- * before (MRC_TX_DROP_NO_PATH).
+ * starts its turns at an offset of its own, not at path 0
+ * (lib/peer_state.h, peer_state_turn): its id spread by Fibonacci hashing
+ * plus how often its state started before, counted in peer_starts (by
+ * peer_id mod MRC_PEER_STARTS; 16 bits, wrapping), so peers that keep
+ * losing their state still spray over all their paths, and a new state of
+ * a peer that had one is counted as made again (MRC_STATE_REMADE).  An
+ * LRU insert fails only when no element can be freed for it (not for
+ * being full: the oldest is evicted): such a packet is counted
+ * (MRC_STATE_FAIL) and dropped as before (MRC_TX_DROP_NO_PATH).
  */
-#define MRC_PEER_SEEN_BITS	524288	/* a power of two */
+#define MRC_PEER_STARTS		262144	/* a power of two */
 
 /*
  * peer_cache: LRU hash, a destination address -> the peers trie's answer
@@ -602,7 +601,7 @@ enum mrc_counter {
 	MRC_RX_AUTH_REPLAY,		/* path_seq seen already, or behind the window */
 	MRC_RX_EPOCH,			/* a sender's new epoch: its tracking restarted */
 	/* learnt state (peer_state, lib/peer_state.h): not outcomes */
-	MRC_STATE_NEW,			/* TX found a peer's state new: its turns started at the rotation */
+	MRC_STATE_NEW,			/* TX found a peer's state new: its turns started at its offset */
 	MRC_STATE_REMADE,		/* ... of which the peer had state before: evicted since */
 	MRC_STATE_FAIL,			/* TX: none could be made (the LRU freed no element): dropped */
 	MRC_COUNTER_MAX,

@@ -269,8 +269,8 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	 * reordering from it.  It is not used for loss, so a number taken
 	 * by a packet that is dropped later does no harm. */
 	choice->peer_seq = __sync_fetch_and_add(&ptx->seq, 1);
-	/* new state: its turns start at the template's rotation (lib/peer_state.h) */
-	choice->peer_seq = peer_state_turn(st, choice->peer_seq, peer->peer_id, row, n, list->quantum);
+	/* new state: its turns start at its own offset (lib/peer_state.h) */
+	choice->peer_seq = peer_state_turn(st, choice->peer_seq, peer->peer_id, n, list->quantum);
 	choice->tclass = tclass;
 	choice->probe = 0;
 

@@ -41,35 +41,39 @@ static __always_inline struct mrc_peer_state *peer_state_get(__u32 peer_id)
  * The turn a packet takes, from the number it took from the peer's
  * sequence (`seq`, fetched and incremented): the same, unless the state
  * is new (seq 0: made by this packet, or by RX, for a peer never sent to
- * or evicted since, counted in MRC_STATE_NEW).  Then not 0, which every
- * peer losing its state in turn would take (with more peers than the LRU
- * holds, every packet went on path 0), but the template's rotation, per
- * CPU, spread over the n turns by Fibonacci hashing: consecutive starts
- * land about n * 0.618 apart, so a peer that starts again at every packet
- * still visits all its turns, whatever the number of peers between two of
- * its packets.  The peer's sequence (and bytes' turns) move on from
- * there.  O(1): a per-CPU word and a bit, for a new state only.
+ * or evicted since).  Then not 0, which every peer losing its state in
+ * turn would take (with more peers than the LRU holds, every packet went
+ * on path 0), but the peer's own offset, its id spread over the n turns
+ * by Fibonacci hashing (consecutive ids land about n * 0.618 apart: the
+ * peers of a template start on different paths), plus the number of
+ * times its state started before (peer_starts): a peer that loses its
+ * state at every packet still takes its turns in order, n packets over n
+ * paths.  The peer's sequence (and bytes' turns) move on from there.
+ * Counted: MRC_STATE_NEW, and MRC_STATE_REMADE when it had state before.
+ * O(1): one array word, for a new state only.
  */
 static __always_inline __u64 peer_state_turn(struct mrc_peer_state *st, __u64 seq, __u32 peer_id,
-					     __u32 row, __u32 n, __u32 quantum)
+					     __u32 n, __u32 quantum)
 {
-	__u32 word = (peer_id / 64) & (MRC_PEER_SEEN_BITS / 64 - 1);
-	__u64 bit = 1ULL << (peer_id & 63), *seen, *turn, first;
+	__u32 slot = peer_id & (MRC_PEER_STARTS - 1);
+	__u16 *starts;
+	__u64 first;
+	__u32 k;
 
 	if (seq)
 		return seq;
-	turn = mrc_peer_miss_turn.lookup(&row);
-	if (!turn)
+	starts = mrc_peer_starts.lookup(&slot);
+	if (!starts)
 		return seq;
-	first = ((__u64)((__u32)*turn * 2654435769U) * n) >> 32;
-	*turn += 1;
+	k = *starts;
+	*starts = k + 1;
+	count(MRC_STATE_NEW);
+	if (k)
+		count(MRC_STATE_REMADE);
+	first = ((((__u64)(peer_id * 2654435769U) * n) >> 32) + k) % n;
 	/* adds, not stores: another CPU may have taken a number meanwhile */
 	__sync_fetch_and_add(&st->tx.seq, first);
 	__sync_fetch_and_add(&st->tx.bytes, first * quantum);
-	count(MRC_STATE_NEW);
-	seen = mrc_peer_seen.lookup(&word);
-	if (seen && (__sync_fetch_and_or(seen, bit) & bit))
-		count(MRC_STATE_REMADE);
 	return first;
 }
 

@@ -98,8 +98,8 @@ class Datapath:
             m = self.att.maps[name]
             for key in list(m.keys()):
                 m.delete(key)
-        # which peers had state, and the templates' rotations (lib/peer_state.h)
-        for name in ("peer_seen", "peer_miss_turn"):
+        # how often each peer's state started (lib/peer_state.h)
+        for name in ("peer_starts",):
             m = self.att.maps[name]
             n = m.max_entries
             keys = b"".join(layout.Index(i) for i in range(n))
