@@ -431,7 +431,7 @@ struct mrc_peer_tx {
  * starts its turns at an offset of its own, not at path 0
  * (lib/peer_state.h, peer_state_turn): its id spread by Fibonacci hashing
  * plus how often its state started before, counted in peer_starts (by
- * peer_id mod MRC_PEER_STARTS; 16 bits, wrapping), so peers that keep
+ * peer_id mod MRC_PEER_STARTS; 16 bits, four to a word), so peers that keep
  * losing their state still spray over all their paths, and a new state of
  * a peer that had one is counted as made again (MRC_STATE_REMADE).  An
  * LRU insert fails only when no element can be freed for it (not for
@@ -446,7 +446,7 @@ struct mrc_peer_tx {
  * prefixes the trie holds.  An entry is good while its generation is
  * peers_gen's, which the control plane bumps after every write to peers.
  */
-#define MRC_PEER_CACHE		16384
+#define MRC_PEER_CACHE		8192
 struct mrc_peer_cached {
 	struct mrc_peer	peer;
 	__u32	gen;		/* peers_gen when it was looked up */

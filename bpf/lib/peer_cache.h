@@ -25,6 +25,9 @@ static __always_inline struct mrc_peer *peer_lookup(struct mrc_peer_key *key)
 	__u32 zero = 0, gen, *genp = mrc_peers_gen.lookup(&zero);
 	struct mrc_sid *addr = (struct mrc_sid *)key->addr;
 
+#ifdef MRC_NO_PEER_CACHE	/* bench cost's comparison: the trie alone */
+	return mrc_peers.lookup(key);
+#endif
 	buf = mrc_peer_buf.lookup(&zero);
 	if (!genp || !buf)
 		return NULL;

@@ -55,18 +55,18 @@ static __always_inline struct mrc_peer_state *peer_state_get(__u32 peer_id)
 static __always_inline __u64 peer_state_turn(struct mrc_peer_state *st, __u64 seq, __u32 peer_id,
 					     __u32 n, __u32 quantum)
 {
-	__u32 slot = peer_id & (MRC_PEER_STARTS - 1);
-	__u16 *starts;
-	__u64 first;
+	__u32 slot = peer_id & (MRC_PEER_STARTS - 1), word = slot / 4, shift = (slot % 4) * 16;
+	__u64 *starts, first;
 	__u32 k;
 
 	if (seq)
 		return seq;
-	starts = mrc_peer_starts.lookup(&slot);
+	starts = mrc_peer_starts.lookup(&word);
 	if (!starts)
 		return seq;
-	k = *starts;
-	*starts = k + 1;
+	/* four peers' 16-bit counts a word (an array's values take 8 bytes
+	 * each); the wrap of one carries into the next, once in 65,536 */
+	k = (__sync_fetch_and_add(starts, 1ULL << shift) >> shift) & 0xffff;
 	count(MRC_STATE_NEW);
 	if (k)
 		count(MRC_STATE_REMADE);

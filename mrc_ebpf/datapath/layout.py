@@ -206,7 +206,7 @@ MAPS = {
     "paths": (Index, Path, False),
     "peer_state": (Index, PeerState, False),
     "peer_state_zero": (Index, PeerState, False),
-    "peer_starts": (Index, u16, False),
+    "peer_starts": (Index, u64, False),
     "peer_cache": (Sid, PeerCached, False),
     "peers_gen": (Index, u32, False),
     "peer_buf": (Index, PeerCached, True),
