@@ -457,6 +457,8 @@ A_SID, B_SID, B_DT6, A_DT6 = "fc00:a::1", "fc00:b::1", "fc00:b::6", "fc00:a::6"
 def params(short: bool) -> dict:
     return {"runs": 1000 if short else 20000, "paths": [1, 16, 256], "policies": ["rr", "bytes", "adaptive"],
             "peers": [1, 1000] if short else list(PEERS_AT),
+            # the trie alone (MRC_NO_PEER_CACHE) timed beside the cache: a second compile
+            "trie_alone": not short,
             "key_batches": 10 if short else 20, "key_per": 100 if short else 200,
             "flood_seconds": 1.0 if short else 5.0, "payload_bytes": 64, "repeat": 1 if short else 3,
             "setups": list(SETUPS), "sender": "iperf3 -u -l 64 -b 0 (one thread)",
@@ -557,7 +559,8 @@ def run(p: dict, env) -> dict:
     peer_rows = []
     if p.get("peers"):
         log(f"cost: {', '.join(map(str, p['peers']))} peers in the maps")
-        reps = measure_peers(p["runs"], tuple(p["peers"]), repeat=p["repeat"])
+        reps = measure_peers(p["runs"], tuple(p["peers"]), repeat=p["repeat"],
+                             trie_alone=p.get("trie_alone", True))
         for i, row in enumerate(reps[0]):
             peer_rows.append({k: row[k] for k in ("layout", "lookup", "peers", "paths", "memlock",
                                                     "memlock_128_cpus", "maps")}
