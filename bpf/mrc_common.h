@@ -426,6 +426,34 @@ struct mrc_peer_tx {
  */
 #define MRC_MAX_ACTIVE_PEERS	256	/* peers with learnt state at once */
 
+/*
+ * A peer without learnt state (never sent to, or evicted from the LRU)
+ * starts its turns at an offset of its own, not at path 0
+ * (lib/peer_state.h, peer_state_turn): its id spread by Fibonacci hashing
+ * plus how often its state started before, counted in peer_starts (by
+ * peer_id mod MRC_PEER_STARTS; 16 bits, four to a word), so peers that keep
+ * losing their state still spray over all their paths, and a new state of
+ * a peer that had one is counted as made again (MRC_STATE_REMADE).  An
+ * LRU insert fails only when no element can be freed for it (not for
+ * being full: the oldest is evicted): such a packet is counted
+ * (MRC_STATE_FAIL) and dropped as before (MRC_TX_DROP_NO_PATH).
+ */
+#define MRC_PEER_STARTS		262144	/* a power of two */
+
+/*
+ * peer_cache: LRU hash, a destination address -> the peers trie's answer
+ * for it (lib/peer_cache.h): one hash lookup per packet however many
+ * prefixes the trie holds.  An entry is good while its generation is
+ * peers_gen's, which the control plane bumps after every write to peers.
+ */
+#define MRC_PEER_CACHE		8192
+struct mrc_peer_cached {
+	struct mrc_peer	peer;
+	__u32	gen;		/* peers_gen when it was looked up */
+	__u32	found;		/* 0: no prefix covers the address */
+	__u32	pad;		/* 8-byte size: bcc's per-CPU copy (peer_buf) needs it */
+};
+
 struct mrc_path_state {
 	struct mrc_path_live	live;
 	struct mrc_path_health	health;
@@ -581,6 +609,10 @@ enum mrc_counter {
 	MRC_RX_EPOCH,			/* a sender's new epoch: its tracking restarted */
 	MRC_RX_CONTROL_TC,		/* RX: control packets filed at TC ingress, not XDP (a clone
 					 * bpf_clone_redirect made is skipped by generic XDP) */
+	/* learnt state (peer_state, lib/peer_state.h): not outcomes */
+	MRC_STATE_NEW,			/* TX found a peer's state new: its turns started at its offset */
+	MRC_STATE_REMADE,		/* ... of which the peer had state before: evicted since */
+	MRC_STATE_FAIL,			/* TX: none could be made (the LRU freed no element): dropped */
 	MRC_COUNTER_MAX,
 };
 

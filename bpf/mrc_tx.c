@@ -21,6 +21,7 @@
 #include "lib/control.h"
 #include "lib/tcp_steer.h"
 #include "lib/template.h"
+#include "lib/peer_cache.h"
 
 static __always_inline int tx_pass(void)
 {
@@ -114,7 +115,7 @@ int mrc_tx(struct __sk_buff *skb)
 	if (tx_classify(skb, cfg, &key, &inner))
 		return tx_pass();
 
-	peer = mrc_peers.lookup(&key);
+	peer = peer_lookup(&key);
 	if (!peer)
 		return tx_pass();
 	if (!control && !(mark & MRC_PROBE_MARK_MASK) && cfg->retrans_steer &&

@@ -257,8 +257,10 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	if (!list)
 		return -1;
 	st = peer_state_get(peer->peer_id);
-	if (!st)
+	if (!st) {
+		count(MRC_STATE_FAIL);
 		return -1;
+	}
 	ptx = &st->tx;
 	n = list->n;
 	if (n == 0 || n > MRC_SPRAY_SLOTS)
@@ -267,6 +269,8 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	 * reordering from it.  It is not used for loss, so a number taken
 	 * by a packet that is dropped later does no harm. */
 	choice->peer_seq = __sync_fetch_and_add(&ptx->seq, 1);
+	/* new state: its turns start at its own offset (lib/peer_state.h) */
+	choice->peer_seq = peer_state_turn(st, choice->peer_seq, peer->peer_id, n, list->quantum);
 	choice->tclass = tclass;
 	choice->probe = 0;
 

@@ -254,9 +254,21 @@ def fmt_memory(mem: dict | None) -> str:
         return "-"
     mib = lambda n: f"{n / (1 << 20):.1f} MiB"  # noqa: E731
     largest = sorted(mem["maps"].items(), key=lambda kv: -kv[1])[:3]
-    return (f"{mib(mem['bytes'])} in {len(mem['maps'])} maps on {mem['cpus']} CPUs "
+    line = (f"{mib(mem['bytes'])} in {len(mem['maps'])} maps on {mem['cpus']} CPUs "
             f"({mib(mem['scaled_bytes'])} on {mem['scaled_cpus']}); largest: "
             + ", ".join(f"{n} {mib(b)}" for n, b in largest))
+    if "kernel_bytes" in mem:
+        line += (f"; as the kernel counts it (slab objects, the trie's intermediate nodes): "
+                 f"{mib(mem['kernel_bytes'])} ({mib(mem['kernel_scaled_bytes'])} on {mem['scaled_cpus']})")
+    return line
+
+
+def fmt_learnt(state: dict | None) -> str:
+    """`status`'s learnt state line: the LRU's use and its evictions."""
+    if not state:
+        return "-"
+    return (f"{state['active']} of {state['max']} peers; {state['started']} states started, "
+            f"{state['evicted_and_remade']} after an eviction, {state['failed']} could not be made")
 
 
 @cli.command()
@@ -293,6 +305,7 @@ def status(ctx):
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
                      ("peers", f"{r['peers']} ({r['templated_peers']} on templates, "
                                f"{r['active_peers']} with learnt state)"),
+                     ("learnt state", fmt_learnt(r.get("learnt_state"))),
                      ("paths", r["paths"]),
                      ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
                      ("min active", r["min_active"] or "no floor"),

@@ -213,6 +213,10 @@ class PinnedMap:
 
     fd = -1
     journal = None
+    # called after every write (update, delete, batches), also one that
+    # failed part-way: the peers map bumps peers_gen with it, which
+    # invalidates the datapath's cache of the trie (lib/peer_cache.h)
+    after_write = None
 
     def __init__(self, path: str, key_type, value_type, percpu: bool = False, fd: int | None = None):
         self.path = path
@@ -285,7 +289,7 @@ class PinnedMap:
         else:
             self.journal.record(lambda: self.update(key, old))
 
-    def update(self, key, value, flags=BPF_ANY):
+    def _update(self, key, value, flags=BPF_ANY):
         if self.journal is not None:
             self._journal(key, "update")
         try:
@@ -297,7 +301,7 @@ class PinnedMap:
         if self._exact is not None:
             self._exact.add(bytes(key))
 
-    def delete(self, key) -> bool:
+    def _delete(self, key) -> bool:
         if self.journal is not None:
             self._journal(key, "delete")
         if self._exact is not None:
@@ -329,7 +333,7 @@ class PinnedMap:
             raise
         return attr.count
 
-    def update_batch(self, keys: bytes, values: bytes, count: int, flags=BPF_ANY) -> None:
+    def _update_batch(self, keys: bytes, values: bytes, count: int, flags=BPF_ANY) -> None:
         """Write COUNT packed keys and values; on an error the first
         `e.done` of them are written.  Falls back to one call per element
         where the kernel has no batch update for the map type (EINVAL /
@@ -349,12 +353,40 @@ class PinnedMap:
         if self._exact is not None:
             self._exact.update(keys[i * ks:(i + 1) * ks] for i in range(count))
 
+    def update(self, *args, **kw):
+        try:
+            return self._update(*args, **kw)
+        finally:
+            if self.after_write is not None:
+                self.after_write()
+
+    def delete(self, *args, **kw):
+        try:
+            return self._delete(*args, **kw)
+        finally:
+            if self.after_write is not None:
+                self.after_write()
+
+    def update_batch(self, *args, **kw):
+        try:
+            return self._update_batch(*args, **kw)
+        finally:
+            if self.after_write is not None:
+                self.after_write()
+
+    def delete_batch(self, *args, **kw):
+        try:
+            return self._delete_batch(*args, **kw)
+        finally:
+            if self.after_write is not None:
+                self.after_write()
+
     def _full(self, e: BpfError) -> BpfError:
         full = BpfError(e.errno, f"map {self.name} is full ({self.max_entries} entries)")
         full.done = getattr(e, "done", 0)
         return full
 
-    def delete_batch(self, keys: bytes, count: int, missing_ok: bool = True) -> None:
+    def _delete_batch(self, keys: bytes, count: int, missing_ok: bool = True) -> None:
         """Delete COUNT packed keys; keys not in the map are skipped
         (MISSING_OK) or an error."""
         ks = ctypes.sizeof(self.key_type)

@@ -158,6 +158,11 @@ class PeerState(ctypes.Structure):
                 ("tx_mac", MacPrefix), ("paths", PathState * C["MRC_MAX_PATHS"])]
 
 
+@mirror("struct mrc_peer_cached")
+class PeerCached(ctypes.Structure):
+    _fields_ = [("peer", Peer), ("gen", u32), ("found", u32), ("pad", u32)]
+
+
 @mirror("struct mrc_event")
 class Event(ctypes.Structure):
     _fields_ = [("seq", u64), ("ns", u64), ("since_ns", u64), ("peer_id", u32),
@@ -202,6 +207,10 @@ MAPS = {
     "paths": (Index, Path, False),
     "peer_state": (Index, PeerState, False),
     "peer_state_zero": (Index, PeerState, False),
+    "peer_starts": (Index, u64, False),
+    "peer_cache": (Sid, PeerCached, False),
+    "peers_gen": (Index, u32, False),
+    "peer_buf": (Index, PeerCached, True),
     "counters": (Index, u64, True),
     "spray": (Index, Spray, False),
     "dscp_class": (Index, u32, False),

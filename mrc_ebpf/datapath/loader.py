@@ -93,6 +93,19 @@ def build_datapath(text: bytes | None = None):
         raise MrcError(f"cannot load the datapath: {e}")
 
 
+def watch_peers(maps: dict) -> None:
+    """Every write to `peers` bumps `peers_gen`: the datapath's cache of
+    the trie's answers (lib/peer_cache.h) then looks again."""
+    peers, gen = maps.get("peers"), maps.get("peers_gen")
+    if peers is None or gen is None:
+        return
+
+    def bump():
+        value = gen.lookup(layout.Index(0))
+        gen.update(layout.Index(0), layout.u32((value.value if value is not None else 0) + 1))
+    peers.after_write = bump
+
+
 class Attachment:
     """The pinned state of mrc-ebpf on a host's device(s) in this netns.
 
@@ -120,6 +133,7 @@ class Attachment:
             except bpfsys.BpfError as e:
                 raise MrcError(f"{device}: pinned state is damaged or from another version ({e}); "
                                f"`mrcctl detach {device}` clears it")
+        watch_peers(att.maps)
         return att
 
     def close(self):

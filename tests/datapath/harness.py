@@ -84,6 +84,7 @@ class Datapath:
         for name, (key, value, percpu) in layout.MAPS.items():
             self.att.maps[name] = bpfsys.PinnedMap.from_fd(self.module[layout.symbol(name).encode()].map_fd, key, value,
                                                            percpu, name)
+        loader.watch_peers(self.att.maps)
         self.sid = ipaddress.IPv6Address(SID)
         self._ncpu = bpfsys.possible_cpus()
         n = len(COUNTERS)
@@ -105,10 +106,16 @@ class Datapath:
         ctypes.memmove(cfg.sid, self.sid.packed, 16)
         cfg.devices[0] = layout.Device(ifindex=1, mtu=1500)
         self.att.maps["config"].update(layout.Index(0), cfg)
-        for name in ("rx_paths", "rx_peers", "peer_by_sid", "peers", "peer_state"):
+        for name in ("rx_paths", "rx_peers", "peer_by_sid", "peers", "peer_state", "peer_cache"):
             m = self.att.maps[name]
             for key in list(m.keys()):
                 m.delete(key)
+        # how often each peer's state started (lib/peer_state.h)
+        for name in ("peer_starts",):
+            m = self.att.maps[name]
+            n = m.max_entries
+            keys = b"".join(layout.Index(i) for i in range(n))
+            m.update_batch(keys, bytes(ctypes.sizeof(m.value_type) * n), n)
         self.att.maps["event_seq"].update(layout.Index(0), layout.u64())
         for peer_id, (prefix, (kind, text)) in enumerate(PEERS.items()):
             spec = path_spec.PathSpec.via(text) if kind == "via" else path_spec.PathSpec.compressed(text)

@@ -75,9 +75,10 @@ def put(dp, peer_id, st):
 
 def send(dp, peer_id: int, turn: int):
     """One packet to the peer whose rr turn is path `turn`: (path id it
-    took, counter deltas)."""
+    took, counter deltas).  Its sequence number is turn + 2 (2 paths): 0
+    is a new state's, whose turns start at its template's rotation."""
     st = state(dp, peer_id)
-    st.tx.seq = turn
+    st.tx.seq = turn + 2
     put(dp, peer_id, st)
     r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst=DST[peer_id]) / Raw(b"data")))
     assert r.verdict in ("TC_ACT_OK", "TC_ACT_REDIRECT"), r

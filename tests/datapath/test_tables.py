@@ -426,7 +426,8 @@ def test_tx_encapsulates(fresh, name, prefix, build):
     expected = tx_expected(fresh, inner, prefix, result.out)
     assert result.out.hex() == expected.hex()
     assert before <= wire.mrc_tlv(Ether(result.out)).tx_ns <= time.monotonic_ns()
-    assert result.delta == {"tx_seen": 1, "tx_encap": 1, "tx_encap_bytes": len(expected)}
+    # the peer's first packet: its learnt state is new
+    assert result.delta == {"tx_seen": 1, "tx_encap": 1, "tx_encap_bytes": len(expected), "state_new": 1}
     # the second packet on the path is the next in its sequences
     again = fresh.run_tx(frame)
     assert again.out.hex() == tx_expected(fresh, inner, prefix, again.out, seq=1).hex()
@@ -484,7 +485,8 @@ def test_tx_passes_untouched(fresh, name, build):
 def test_tx_drops_what_would_not_fit(fresh):
     frame = bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::2") / Raw(b"x" * (1500 - 40)))
     result = fresh.run_tx(frame)
-    assert (result.verdict, result.delta) == ("TC_ACT_SHOT", {"tx_seen": 1, "tx_drop_too_big": 1})
+    assert (result.verdict, result.delta) == ("TC_ACT_SHOT", {"tx_seen": 1, "tx_drop_too_big": 1,
+                                                              "state_new": 1})
 
 
 def test_tx_then_rx_round_trip(fresh):
@@ -546,12 +548,15 @@ def test_template_peers_get_their_own_last_hop_and_sequences(fresh):
         assert srh.addresses[0] == sids[h] and srh.addresses[1] in ("fc00:0:e1::", "fc00:0:e2::")
         assert pkt[IPv6].dst == srh.addresses[1] and pkt[IPv6].fl == 0x100 + tlv.path_id
         sent.setdefault(h, []).append((tlv.path_id, tlv.path_seq, tlv.peer_seq))
-    # each peer its own learnt state: rr turns and sequence numbers from 0
-    assert sent[3] == [(0, 0, 0)]
-    assert sent[2] == [(0, 0, 0), (1, 0, 1), (0, 1, 2)]
+    # each peer its own learnt state: sequence numbers per path from 0,
+    # rr turns from where the template's rotation was when its state was
+    # new (lib/peer_state.h: not always path 0)
+    a, b = sent[2][0][0], sent[3][0][0]
+    assert sent[3] == [(b, 0, b)]
+    assert sent[2] == [(a, 0, a), (1 - a, 0, a + 1), (a, 1, a + 2)]
     from mrc_ebpf.control import paths as cp
     st = cp.learnt(fresh.att, cp.MAX_PEERS + 2)
-    assert (st.paths[0].tx_packets, st.paths[1].tx_packets, st.tx.seq) == (2, 1, 3)
+    assert (st.paths[a].tx_packets, st.paths[1 - a].tx_packets, st.tx.seq) == (2, 1, a + 3)
     assert cp.learnt(fresh.att, cp.MAX_PEERS + 1).tx.seq == 0      # never sent to
     # feedback from peer 3's SID is filed in peer 3's state only
     tlv = F.mrc_tlv(flags=C["MRC_F_FEEDBACK"], fb_path_id=1, fb_qdelay_us=77, fb_lost=0)
