@@ -23,7 +23,7 @@ from scapy.layers.inet6 import IPv6, IPv6ExtHdrSegmentRouting
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from mrc_ebpf.control import paths as cp
+from mrc_ebpf.control import paths as cp, spray
 from mrc_ebpf.datapath import bpfsys, layout, wire
 from mrc_ebpf.datapath.source import C
 
@@ -48,7 +48,7 @@ def _template(dp, n_peers: int, policy: str = "rr") -> dict[str, int]:
         ctypes.memmove(path.segments[1].addr, ipaddress.IPv6Address(spine).packed, 16)
         ctypes.memmove(path.nexthop, ipaddress.IPv6Address(spine).packed, 16)
         dp.att.maps["paths"].update(cp.path_index(ROW, i), path)
-    cp._rebuild(dp.att, tpl, sids=False)
+    spray.rebuild(dp.att, tpl, sids=False)
     sids = {}
     for h in range(n_peers):
         sid = ipaddress.IPv6Address(f"fc00:1:{h // 256:x}:{h % 256:x}::")
