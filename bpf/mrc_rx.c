@@ -217,7 +217,8 @@ int mrc_rx(struct xdp_md *ctx)
 		/* with a key, only an authentic, fresh TLV is filed (lib/auth.h) */
 		unfiled = auth_verify(ip6, mrc, &keyed);
 		if (!unfiled)
-			unfiled = rx_track(ip6->saddr.s6_addr, mrc, inner_len, now, keyed);
+			unfiled = rx_track(ip6->saddr.s6_addr, mrc, inner_len, now, keyed,
+					   ecn_of_ip6(ip6) == ECN_CE);
 		if (unfiled)
 			count(unfiled);
 		else

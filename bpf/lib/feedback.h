@@ -78,6 +78,22 @@ static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer, int cons
 }
 
 /*
+ * TX: a path with a CE mark not yet reported, or -1: reported exactly
+ * when no loss or slow path needs the slot (feedback_fill tells the mark
+ * and forgets it).
+ */
+static __always_inline int feedback_take_ce(struct mrc_rx_peer *peer)
+{
+	__u32 i;
+
+#pragma unroll
+	for (i = 0; i < MRC_MAX_PATHS / 64; i++)
+		if (peer->ce_news[i])
+			return i * 64 + feedback_lowest_bit(peer->ce_news[i]);
+	return -1;
+}
+
+/*
  * TX: acknowledge every path heard in the next block with news (rotating
  * over the blocks), with the block's one lower bound (lib/rx_track.h,
  * rx_track_heard): a path's acknowledgement is then about one report
@@ -143,7 +159,7 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 	struct mrc_rx_key key = {};
 	struct mrc_rx_peer *peer;
 	struct mrc_rx_path *path;
-	__u64 lost;
+	__u64 lost, ce_bit, *ce_word;
 	int exact;
 
 	peer = mrc_rx_peers.lookup((struct mrc_sid *)peer_sid);
@@ -151,8 +167,20 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 		return;
 	tlv->flags |= MRC_F_FEEDBACK;
 	exact = feedback_fill_heard(tlv, peer, feedback_take_loss(peer, !probe), !probe);
+	/* a CE mark, after a loss and a slow path (their acknowledgement
+	 * keeps a live path up; a mark only steers the spray); a report that
+	 * names a marked path says so (MRC_F_FB_CE) and tells the mark once */
+	if (exact < 0)
+		exact = feedback_take_ce(peer);
 	__builtin_memcpy(key.sid, peer_sid->addr, 16);
 	key.path_id = exact >= 0 ? exact : peer->last_path_id;
+	ce_bit = 1ULL << (key.path_id & 63);
+	ce_word = &peer->ce_news[(key.path_id / 64) & (MRC_MAX_PATHS / 64 - 1)];
+	if (*ce_word & ce_bit) {
+		tlv->flags |= MRC_F_FB_CE;
+		if (!probe)
+			__sync_fetch_and_and(ce_word, ~ce_bit);
+	}
 	if (!tlv->fb_path_tx32)
 		tlv->fb_path_tx32 = bpf_htonl((__u32)peer->latest_tx[key.path_id & (MRC_MAX_PATHS - 1)]);
 	if (!probe)	/* a probe does not answer: mrc_fb may still owe one */
@@ -253,6 +281,12 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 	health->lost = lost;
 	health->qdelay_us = bpf_ntohs(tlv->fb_qdelay_us);
 	health->updated_ns = now;
+	/* congestion on the path: TX skips it (lib/failover.h, failover_skip) */
+	if (tlv->flags & MRC_F_FB_CE) {
+		health->ce_ns = now;
+		__sync_fetch_and_add(&health->ce, 1);
+		count(MRC_RX_FB_CE);
+	}
 	feedback_ack(st, tlv->fb_block, mrc_ntohll(tlv->fb_heard),
 		     bpf_ntohl(tlv->fb_since_ns32), path_id, bpf_ntohl(tlv->fb_path_tx32), now);
 	count(MRC_RX_FEEDBACK);

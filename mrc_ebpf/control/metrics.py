@@ -14,7 +14,9 @@ so a scrape shows the same numbers `mrcctl stats -j` would at that moment.
   bounds are 2^i - 1 (us or packets); the maps keep no sum, so there is no
   `_sum` nor `_count` (histogram_quantile does not need them; the +Inf
   bucket is the count).
-* `mrc_path_up` (1 up, else 0) and `mrc_path_state{state}` (up, assumed-bad, denied, unknown).
+* `mrc_path_up` (1 up, else 0) and `mrc_path_state{state}` (up, assumed-bad, denied, unknown, skip);
+  `mrc_path_skips_total`, `mrc_path_ce_reports_total` (sent, congestion) and
+  `mrc_path_rx_ce_total` (received CE-marked).
 * `mrc_events_total{dev,kind}`: path events (down, up, fail-open, late),
   counted by this process as it reads the datapath's event log; events
   that scrolled out of the log between two scrapes (more than MRC_EVENTS)
@@ -32,7 +34,7 @@ from mrc_ebpf.control import events, paths, stats
 from mrc_ebpf.datapath import loader, pins
 from mrc_ebpf.errors import MrcError
 
-STATES = ("up", "assumed-bad", "denied", "unknown")     # MRC's path states (path list)
+STATES = ("up", "assumed-bad", "denied", "unknown", "skip")     # MRC's path states (path list)
 
 
 def _buckets(hist: list[int], scale: float) -> list[tuple[str, float]]:
@@ -134,6 +136,10 @@ class MrcCollector:
                 .add_metric(labels, r["tx_bytes"])
             counter("mrc_path_downs", "Times the path was taken down", ["dev", "peer", "path"]) \
                 .add_metric(labels, r["downs"])
+            counter("mrc_path_skips", "Times the path was skipped for a CE report (congestion)",
+                    ["dev", "peer", "path"]).add_metric(labels, r["skips"])
+            counter("mrc_path_ce_reports", "The peer's reports that said the path was CE-marked",
+                    ["dev", "peer", "path"]).add_metric(labels, r["ce_reports"])
             gauge("mrc_path_up", "1 when the path is up, else 0",
                   ["dev", "peer", "path"]).add_metric(labels, 1 if r["state"] == "up" else 0)
             state = gauge("mrc_path_state", "The path's state (1 for the state it is in)",
@@ -145,7 +151,8 @@ class MrcCollector:
             for what, doc in (("packets", "Packets received on the path"),
                               ("bytes", "Bytes received on the path"),
                               ("lost", "Sequence gaps on the path (packets lost)"),
-                              ("late", "Packets that arrived after a later one of the path")):
+                              ("late", "Packets that arrived after a later one of the path"),
+                              ("ce", "Packets that arrived CE-marked (outer ECN) on the path")):
                 counter(f"mrc_path_rx_{what}", doc, ["dev", "peer", "path"]) \
                     .add_metric(labels, r[f"rx_{what}"] if what in ("packets", "bytes") else r[what])
             histogram("mrc_path_queueing_delay_seconds",

@@ -32,6 +32,9 @@ USID_BLOCK_BITS, USID_ID_BITS = C["MRC_USID_BLOCK_BITS"], C["MRC_USID_ID_BITS"]
 UP, UNUSED, DENIED = C["MRC_PATH_UP"], C["MRC_PATH_UNUSED"], C["MRC_PATH_DENIED"]
 # MRC's names for a path's (an EV's) state
 STATE_UP, STATE_BAD, STATE_DENIED, STATE_UNKNOWN = "up", "assumed-bad", "denied", "unknown"
+# up, but left out of the spray for a while: the peer reported it CE-marked
+# (congestion, never a failure: lib/failover.h, failover_skip)
+STATE_SKIP = "skip"
 MAX_CLASSES, SLOTS = C["MRC_MAX_CLASSES"], C["MRC_SPRAY_SLOTS"]
 POLICIES = {name[len("MRC_POLICY_"):].lower(): value
             for name, value in C.items() if name.startswith("MRC_POLICY_")}
@@ -306,7 +309,7 @@ def _rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
     att.maps["peer_floor"].update(layout.Index(peer.peer_id), layout.PeerFloor(usable=len(used)))
 
     def recount(state):
-        state.floor_out = sum(1 for i, _ in used if state.paths[i].live.down_ns)
+        state.floor_out = sum(1 for i, _ in used if state.paths[i].live.down_ns or state.paths[i].live.skip_left)
     _change_learnt(att, peer.peer_id, recount)
     if not sids:
         return
@@ -511,13 +514,16 @@ def _forget_acks(att: Attachment, peer_id: int, ids: list[int]) -> None:
 
 def path_state(att: Attachment, peer: layout.Peer, path_id: int, path: layout.Path,
                state: layout.PeerState | None = None) -> str:
-    """up, assumed-bad (taken out by the datapath, probed), denied (by the
-    operator) or unknown (never yet acknowledged by the peer)."""
+    """up, assumed-bad (taken out by the datapath, probed), skip (up, left
+    out of the spray for a few turns: the peer reported CE on it), denied
+    (by the operator) or unknown (never yet acknowledged by the peer)."""
     if path.state == DENIED:
         return STATE_DENIED
     state = learnt(att, peer.peer_id) if state is None else state
     if state.paths[path_id].live.down_ns:
         return STATE_BAD
+    if state.paths[path_id].live.skip_left:
+        return STATE_SKIP
     if not state.acks.ns[path_id]:
         return STATE_UNKNOWN
     return STATE_UP
@@ -721,6 +727,11 @@ def list_paths(att: Attachment) -> list[dict]:
                 "encoding": encoding_of(path),
                 "peer_sid": _addr(path.peer_sid), "oif": path.oif,
                 "state": state, "weight": path.weight, "downs": live.downs,
+                # congestion: times skipped for a CE report, turns still to skip,
+                # the peer's reports that said CE
+                "skips": live.skips, "skip_left": live.skip_left, "ce_reports": health.ce,
+                # down: the interval to its next probe (doubling up to --probe-max-us)
+                "probe_gap_ms": round(live.probe_gap_ns / 1e6, 3) if live.down_ns else None,
                 "class": names.get(path.tclass, str(path.tclass)),
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                 "flowlabel": path.flowlabel, "ev": path.flowlabel if path.flags & ENTROPY else None,
