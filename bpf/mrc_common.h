@@ -513,8 +513,12 @@ struct mrc_device {
 #define MRC_DEFAULT_PROBE_US		5000
 #define MRC_DEFAULT_FB_INTERVAL_US	100
 #define MRC_DEFAULT_REORDER_MAX_US	16000
-#define MRC_DEFAULT_PROBE_MAX_US	1000000	/* a down path's probe interval doubles up to this */
-#define MRC_DEFAULT_PROBE_BUDGET	1000	/* probes a second through one first hop */
+/* Off by default, so that what was measured stays true until they are
+ * benchmarked on: 0 keeps probe_us fixed (no backoff), no budget, no skip.
+ * Suggested: probe_max_us 1000000, probe_budget 1000, skip_rotations 2
+ * (docs/design/failover.md). */
+#define MRC_DEFAULT_PROBE_MAX_US	0	/* a down path's probe interval doubles up to this */
+#define MRC_DEFAULT_PROBE_BUDGET	0	/* probes a second through one first hop (0: no limit) */
 #define MRC_DEFAULT_SKIP_ROTATIONS	0	/* turns a CE-reported path is skipped (0: never) */
 
 /* config: array of one, written by the loader at attach */
@@ -534,7 +538,7 @@ struct mrc_config {
 	/* a path whose peer reported CE on it skips this many of its turns
 	 * (about as many rotations of the spray); 0: CE reports skip nothing */
 	__u32	skip_rotations;
-	__u32	probe_max_us;	/* a down path's probe interval doubles up to this */
+	__u32	probe_max_us;	/* a down path's probe interval doubles up to this (0: probe_us, fixed) */
 	/* down paths' probes a second through one first hop (struct
 	 * mrc_hop; a path without one: its own interval), 0: no limit */
 	__u32	probe_budget;

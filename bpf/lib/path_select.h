@@ -313,11 +313,15 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 		at = choice->peer_seq % n;
 	}
 	/* the pick's path skipped for congestion (a CE report): its turn
-	 * is skipped, as a down path's is (lib/failover.h, failover_skip).
-	 * Here, once a packet, not in the reroute loop: the verifier's
-	 * budget is the loop's. */
-	if (cfg->skip_rotations && failover_skip(cfg, st, peer, path_select_pick(list, at), now))
+	 * is skipped, as a down path's is (lib/failover.h, failover_skip),
+	 * and so is the next one's if it is skipped too.  Here, before the
+	 * reroute loop and at most twice a packet: the verifier's budget is
+	 * the loop's (a third skipped path in a row is used). */
+	if (cfg->skip_rotations && failover_skip(cfg, st, peer, path_select_pick(list, at), now)) {
 		at = path_select_skip_turn(list, n, ptx, peer->policy, at);
+		if (failover_skip(cfg, st, peer, path_select_pick(list, at), now))
+			at = path_select_skip_turn(list, n, ptx, peer->policy, at);
+	}
 	return path_select_live(list, n, at, peer, st, peer->policy, cfg, now, may_copy, choice);
 }
 

@@ -90,9 +90,10 @@ def cli(ctx, json_, pretty, netns_name):
               help="A path whose packets go unacknowledged this long is taken down.")
 @click.option("--probe-us", type=click.IntRange(10, 10_000_000), default=TIMER_DEFAULTS["probe_us"], show_default=True,
               help="A down path is tried with one packet this often.")
-@click.option("--probe-max-us", type=click.IntRange(10, 10_000_000), default=TIMER_DEFAULTS["probe_max_us"],
+@click.option("--probe-max-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["probe_max_us"],
               show_default=True,
-              help="A down path's probe interval doubles from --probe-us up to this (reset when it answers).")
+              help="A down path's probe interval doubles from --probe-us up to this (reset when it "
+                   "answers); 0 keeps it at --probe-us.")
 @click.option("--probe-budget", type=click.IntRange(0, 1_000_000), default=SETTING_DEFAULTS["probe_budget"],
               show_default=True,
               help="Down paths' probes a second through one first hop at most (a path without "

@@ -35,7 +35,7 @@ GRANULARITIES = ("packet", "burst")
 # the ranges of `mrcctl attach`'s options (tests/test_config.py checks they agree)
 TIMER_RANGES = {"loss_hold_us": (0, 10_000_000), "ack_timeout_us": (50, 10_000_000),
                 "probe_us": (10, 10_000_000), "fb_interval_us": (10, 10_000_000),
-                "reorder_max_us": (0, 10_000_000), "probe_max_us": (10, 10_000_000)}
+                "reorder_max_us": (0, 10_000_000), "probe_max_us": (0, 10_000_000)}
 MIN_ACTIVE_RANGE = (0, 256)
 # congestion skip and the probe budget (struct mrc_config; defaults layout.SETTING_DEFAULTS)
 SETTING_RANGES = {"skip_rotations": (0, 1_000_000), "probe_budget": (0, 1_000_000)}

@@ -257,5 +257,5 @@ TIMER_DEFAULTS = {name: C[f"MRC_DEFAULT_{name.upper()}"]
                   for name in ("loss_hold_us", "ack_timeout_us", "probe_us", "fb_interval_us",
                                "reorder_max_us", "probe_max_us")}
 # The other settings of struct mrc_config with a default in mrc_common.h
-# (MRC_DEFAULT_*): {"skip_rotations": 0, "probe_budget": 1000}
+# (MRC_DEFAULT_*): {"skip_rotations": 0, "probe_budget": 0}
 SETTING_DEFAULTS = {name: C[f"MRC_DEFAULT_{name.upper()}"] for name in ("skip_rotations", "probe_budget")}
