@@ -78,22 +78,6 @@ static __always_inline int feedback_take_loss(struct mrc_rx_peer *peer, int cons
 }
 
 /*
- * TX: a path with a CE mark not yet reported, or -1: reported exactly
- * when no loss or slow path needs the slot (feedback_fill tells the mark
- * and forgets it).
- */
-static __always_inline int feedback_take_ce(struct mrc_rx_peer *peer)
-{
-	__u32 i;
-
-#pragma unroll
-	for (i = 0; i < MRC_MAX_PATHS / 64; i++)
-		if (peer->ce_news[i])
-			return i * 64 + feedback_lowest_bit(peer->ce_news[i]);
-	return -1;
-}
-
-/*
  * TX: acknowledge every path heard in the next block with news (rotating
  * over the blocks), with the block's one lower bound (lib/rx_track.h,
  * rx_track_heard): a path's acknowledgement is then about one report
@@ -159,7 +143,7 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 	struct mrc_rx_key key = {};
 	struct mrc_rx_peer *peer;
 	struct mrc_rx_path *path;
-	__u64 lost, ce_bit, *ce_word;
+	__u64 lost, ce, ce_bit, *ce_word;
 	int exact;
 
 	peer = mrc_rx_peers.lookup((struct mrc_sid *)peer_sid);
@@ -168,10 +152,18 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 	tlv->flags |= MRC_F_FEEDBACK;
 	exact = feedback_fill_heard(tlv, peer, feedback_take_loss(peer, !probe), !probe);
 	/* a CE mark, after a loss and a slow path (their acknowledgement
-	 * keeps a live path up; a mark only steers the spray); a report that
-	 * names a marked path says so (MRC_F_FB_CE) and tells the mark once */
-	if (exact < 0)
-		exact = feedback_take_ce(peer);
+	 * keeps a live path up; a mark only steers the spray), and after the
+	 * path heard last if it has one (what was reported before marks
+	 * were: when every path is marked, reports go on as they did): a
+	 * marked path of the same block of 64 as the path heard last (one
+	 * word, not a walk: the TX program's verifier budget; a path of
+	 * another block is told when it is heard last).  A report that
+	 * names a marked path says so (MRC_F_FB_CE), once. */
+	if (exact < 0) {
+		ce = peer->ce_news[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)];
+		if (ce && !(ce & (1ULL << (peer->last_path_id & 63))))
+			exact = (peer->last_path_id & ~63) + feedback_lowest_bit(ce);
+	}
 	__builtin_memcpy(key.sid, peer_sid->addr, 16);
 	key.path_id = exact >= 0 ? exact : peer->last_path_id;
 	ce_bit = 1ULL << (key.path_id & 63);
