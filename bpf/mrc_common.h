@@ -53,7 +53,7 @@
 /* with MRC_F_FEEDBACK: a packet on the path fb_path_id arrived CE-marked
  * (outer ECN) since that path was last reported so: the fabric's queues
  * on it are filling.  The sender skips the path for a while (struct
- * mrc_path_live, skip_left); congestion, never a failure. */
+ * mrc_path_live.skip); congestion, never a failure. */
 #define MRC_F_FB_CE		0x08
 
 struct mrc_tlv {
@@ -256,8 +256,6 @@ struct mrc_path_health {
 	__u64	loss_ns;	/* when the reported loss count last grew */
 	__u32	qdelay_us;
 	__u32	lost;		/* last reported cumulative loss */
-	__u64	ce_ns;		/* when a report last said CE (MRC_F_FB_CE); 0: never */
-	__u64	ce;		/* reports that said CE */
 };
 
 /* peer_by_sid: hash, a peer's SID -> peer_id, to file incoming feedback.
@@ -291,18 +289,19 @@ struct mrc_path_live {
 	__u32	downs;			/* times it went down */
 	__u32	probes;			/* packets sent on it while down */
 	__u64	kept_since_ns;		/* overdue send the floor kept it up for (MRC_EV_KEPT logged) */
-	/* down: the interval before next_probe_ns, doubled at each probe
-	 * from probe_us up to probe_max_us (a dead path is probed ever less
-	 * often), at least 1 s / probe_budget */
-	__u64	probe_gap_ns;
+	/* down: the interval before next_probe_ns (us), doubled at each
+	 * probe from probe_us up to probe_max_us (a dead path is probed ever
+	 * less often), at least 1 s / probe_budget */
+	__u32	probe_gap_us;
+	__u32	ce_reports;		/* the peer's reports that said CE (MRC_F_FB_CE) */
 	/* Skip (MRC's SKIP, UET's skipped ECN-marked EV): congestion, not
-	 * failure.  A CE report (health.ce_ns) newer than skip_ce_ns leaves
-	 * the path out of the spray for config.skip_rotations of its turns
-	 * (skip_left counts them down); counted in the floor (min_active)
-	 * while it lasts, never taken down for it. */
-	__u64	skip_ce_ns;		/* the CE report the last skip was for */
-	__u64	skip_left;		/* turns still to skip; 0: not skipped */
-	__u64	skips;			/* times skipped for a CE report */
+	 * failure.  A CE report not yet acted on (ce_reports above the high
+	 * 32 bits) leaves the path out of the spray for
+	 * config.skip_rotations of its turns (the low 32 bits count them
+	 * down); counted in the floor (min_active) while it lasts, never
+	 * taken down for it.  One word: one compare-and-swap (16 bytes a
+	 * path at most: the 64 MB of 131,072 peers, docs/design/scale.md) */
+	__u64	skip;			/* ce_reports acted on << 32 | turns left */
 };
 
 /*
@@ -387,11 +386,10 @@ struct mrc_rx_path {
 	/* the sender's epoch next_seq belongs to: another one restarts the
 	 * path's sequence (and delay baseline) instead of counting late */
 	__u32	epoch;
-	__u32	pad2;
+	__u32	ce;		/* packets that arrived with outer CE (a fabric queue marked them) */
 	/* bit i: path_seq next_seq - 2 - i arrived (the replay window of an
 	 * authenticated sender: a number arrives once; next_seq - 1 did) */
 	__u64	seen;
-	__u64	ce;		/* packets that arrived with outer CE (a fabric queue marked them) */
 };
 
 /*

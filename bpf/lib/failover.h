@@ -86,40 +86,42 @@ static __always_inline void failover_ack_window_widen(struct mrc_peer_acks *acks
 
 /*
  * Skip (MRC's SKIP state, UET's skip of an ECN-marked EV): the peer
- * reported a CE mark on the path (health.ce_ns), so its queues are
- * filling: it skips its next skip_rotations turns, then is used again.
- * A new report restarts the count.  Congestion, never failure: the path
- * stays up and keeps its acknowledgement clock.  The floor holds
- * (min_active, and at least one path not skipped): a skip reserves a
- * place in it as a down does, and gives it back with its last turn.
- * O(1): one compare per turn of a path up, an atomic at a transition.
+ * reported a CE mark on the path (live.ce_reports grew), so its queues
+ * are filling: it skips its next skip_rotations turns, then is used
+ * again.  A new report restarts the count.  Congestion, never failure:
+ * the path stays up and keeps its acknowledgement clock.  The floor
+ * holds (min_active, and at least one path not skipped): a skip
+ * reserves a place in it as a down does, and gives it back with its
+ * last turn; a report the floor refuses is not acted on.  O(1): one
+ * compare per turn, a compare-and-swap of one word (live.skip: the
+ * reports acted on << 32 | turns left) while it skips.
  */
 static __always_inline int failover_skip(const struct mrc_config *cfg, struct mrc_peer_state *st,
 				    const struct mrc_peer *peer, __u32 path_id, __u64 now)
 {
-	struct mrc_path_state *ps = peer_path(st, path_id);
-	struct mrc_path_live *live = &ps->live;
-	__u64 ce = ps->health.ce_ns, seen = live->skip_ce_ns, left, n = cfg->skip_rotations;
+	struct mrc_path_live *live = peer_path_live(st, path_id);
+	__u64 reports = live->ce_reports, w = live->skip, n = cfg->skip_rotations, left = (__u32)w, want;
 
-	if (ce > seen && n && __sync_bool_compare_and_swap(&live->skip_ce_ns, seen, ce)) {
-		left = live->skip_left;
+	if (reports != w >> 32 && n) {
+		want = reports << 32 | n;
 		if (left) {
 			/* skipping already: a new report restarts the count */
-			__sync_bool_compare_and_swap(&live->skip_left, left, n);
+			__sync_bool_compare_and_swap(&live->skip, w, want);
 		} else if (floor_take_out_min(cfg, peer->template_id, st, cfg->min_active ? cfg->min_active : 1)) {
-			if (__sync_bool_compare_and_swap(&live->skip_left, 0, n)) {
-				live->skips++;
-				failover_event_log(peer->peer_id, path_id, MRC_EV_SKIP, now, ce);
-			} else {
+			if (__sync_bool_compare_and_swap(&live->skip, w, want))
+				failover_event_log(peer->peer_id, path_id, MRC_EV_SKIP, now, 0);
+			else
 				floor_release(st);
-			}
+		} else {
+			__sync_bool_compare_and_swap(&live->skip, w, reports << 32);	/* refused */
 		}
+		w = live->skip;
+		left = (__u32)w;
 	}
-	left = live->skip_left;
 	if (!left)
 		return 0;
 	/* this turn is skipped; the last one gives its floor place back */
-	if (__sync_bool_compare_and_swap(&live->skip_left, left, left - 1) && left == 1)
+	if (__sync_bool_compare_and_swap(&live->skip, w, w - 1) && left == 1)
 		floor_release(st);
 	count(MRC_TX_SKIP);
 	return 1;
@@ -159,7 +161,7 @@ static __always_inline int failover_probe_budget(const struct mrc_config *cfg, s
 	live = peer_path_live(st, path_id);
 	live->probes--;		/* not sent after all */
 	live->next_probe_ns = now;
-	live->probe_gap_ns >>= 1;
+	live->probe_gap_us >>= 1;
 	return 0;
 }
 
@@ -172,7 +174,7 @@ static __always_inline __u64 failover_probe_gap(const struct mrc_path_live *live
 	/* without branches (this runs in the reroute loop, and every branch
 	 * there costs the verifier a state per try): all values < 2^63 */
 	__s64 probe_ns = (__u64)cfg->probe_us * 1000, max = (__u64)cfg->probe_max_us * 1000;
-	__s64 gap = 2 * (live->probe_gap_ns & 0x3fffffffffffffffULL), d;
+	__s64 gap = 2000 * (__u64)live->probe_gap_us, d;
 
 	d = max - gap;			/* gap = min(gap, max) */
 	gap += d & (d >> 63);
@@ -237,7 +239,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 		gap = failover_probe_gap(live, cfg);
 		if (now < due || !__sync_bool_compare_and_swap(&live->next_probe_ns, due, now + gap))
 			return PATH_SKIP;
-		live->probe_gap_ns = gap;
+		live->probe_gap_us = gap / 1000;
 		if (fate)	/* shared fate: its hop is still suspect */
 			shared_fate_path_down(cfg, row_index, (__u64)peer_id << 16 | path_id, 0, now);
 		return PATH_PROBE;
@@ -267,7 +269,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 		if (__sync_bool_compare_and_swap(&live->down_ns, 0, now)) {
 			live->down_after_ns = live->last_sent_ns;
 			live->next_probe_ns = now + probe_ns;
-			live->probe_gap_ns = probe_ns;
+			live->probe_gap_us = cfg->probe_us;
 			live->downs++;
 			failover_event_log(peer_id, path_id, since == probe ? MRC_EV_SHARED_DOWN : MRC_EV_DOWN,
 					   now, since);
@@ -277,9 +279,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 		}
 		return PATH_SKIP;
 	}
-	if (probe)
-		return PATH_SKIP;
-	return PATH_USE;
+	return probe ? PATH_SKIP : PATH_USE;
 }
 
 /* After a packet left on the path: start its acknowledgement clock, if

@@ -275,8 +275,7 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 	health->updated_ns = now;
 	/* congestion on the path: TX skips it (lib/failover.h, failover_skip) */
 	if (tlv->flags & MRC_F_FB_CE) {
-		health->ce_ns = now;
-		__sync_fetch_and_add(&health->ce, 1);
+		peer_path_live(st, path_id)->ce_reports++;
 		count(MRC_RX_FB_CE);
 	}
 	feedback_ack(st, tlv->fb_block, mrc_ntohll(tlv->fb_heard),

@@ -175,7 +175,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 				 * waits for the next packet, not this one's data
 				 * (into a black hole: lost) */
 				live->next_probe_ns = now;
-				live->probe_gap_ns >>= 1;	/* not probed: no backoff */
+				live->probe_gap_us >>= 1;	/* not probed: no backoff */
 			}
 			use = PATH_SKIP;
 		}
@@ -316,8 +316,10 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	 * is skipped, as a down path's is (lib/failover.h, failover_skip),
 	 * and so is the next one's if it is skipped too.  Here, before the
 	 * reroute loop and at most twice a packet: the verifier's budget is
-	 * the loop's (a third skipped path in a row is used). */
-	if (cfg->skip_rotations && failover_skip(cfg, st, peer, path_select_pick(list, at), now)) {
+	 * the loop's (a third skipped path in a row is used).  Not only
+	 * while skip_rotations is set: a skip running when it is set to 0
+	 * runs out (and gives its floor place back). */
+	if (failover_skip(cfg, st, peer, path_select_pick(list, at), now)) {
 		at = path_select_skip_turn(list, n, ptx, peer->policy, at);
 		if (failover_skip(cfg, st, peer, path_select_pick(list, at), now))
 			at = path_select_skip_turn(list, n, ptx, peer->policy, at);

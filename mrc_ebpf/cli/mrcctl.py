@@ -302,10 +302,10 @@ def stats(ctx, device, by_path, show_events, watch):
             return
         click.echo("sent (this host's paths; fb = what the peer reported)")
         click.echo(tabulate([(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["class"],
-                              r["state"], r["downs"], r["skips"], r["weight"], r["tx_packets"], r["tx_bytes"],
+                              r["state"], r["downs"], r["weight"], r["tx_packets"], r["tx_bytes"],
                               (r["feedback"] or {}).get("qdelay_us", "-"),
                               (r["feedback"] or {}).get("lost", "-"), r["ce_reports"]) for r in d["sent"]],
-                             headers=["prefix", "id", "segments", "class", "state", "downs", "skips", "weight",
+                             headers=["prefix", "id", "segments", "class", "state", "downs", "weight",
                                       "tx pkts", "tx bytes", "fb qdelay us", "fb lost", "fb ce"]))
         click.echo("\nreceived (per sender and its path)")
         click.echo(tabulate([(r["from"], r["path_id"], r["rx_packets"], r["rx_bytes"], r["lost"],
@@ -493,10 +493,10 @@ def path_list(ctx, device):
         # an EV's traced hop (path trace --order) before the peer's SID it ends at
         table = [(r["prefix"], r["path_id"], " > ".join(([r["hop"]] if r.get("hop") else []) + r["segments"]),
                   r["policy"], r["class"],
-                  r["state"], r["weight"], r["tx_packets"], r["tx_bytes"], r["skips"], r["ce_reports"])
+                  r["state"], r["weight"], r["tx_packets"], r["tx_bytes"], r["ce_reports"])
                  for r in rows]
         click.echo(tabulate(table, headers=["prefix", "id", "segments", "policy", "class", "state",
-                                            "weight", "tx pkts", "tx bytes", "skips", "fb ce"]))
+                                            "weight", "tx pkts", "tx bytes", "fb ce"]))
         routes = {r["prefix"]: r["route_metrics"] for r in rows if not r.get("template")}
         for prefix, metrics in routes.items():
             click.echo(f"route {prefix}: {fmt_metrics(metrics)}")

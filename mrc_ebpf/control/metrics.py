@@ -15,7 +15,7 @@ so a scrape shows the same numbers `mrcctl stats -j` would at that moment.
   `_sum` nor `_count` (histogram_quantile does not need them; the +Inf
   bucket is the count).
 * `mrc_path_up` (1 up, else 0) and `mrc_path_state{state}` (up, assumed-bad, denied, unknown, skip);
-  `mrc_path_skips_total`, `mrc_path_ce_reports_total` (sent, congestion) and
+  `mrc_path_ce_reports_total` (sent: the peer's reports of CE marks) and
   `mrc_path_rx_ce_total` (received CE-marked).
 * `mrc_events_total{dev,kind}`: path events (down, up, fail-open, late),
   counted by this process as it reads the datapath's event log; events
@@ -136,8 +136,6 @@ class MrcCollector:
                 .add_metric(labels, r["tx_bytes"])
             counter("mrc_path_downs", "Times the path was taken down", ["dev", "peer", "path"]) \
                 .add_metric(labels, r["downs"])
-            counter("mrc_path_skips", "Times the path was skipped for a CE report (congestion)",
-                    ["dev", "peer", "path"]).add_metric(labels, r["skips"])
             counter("mrc_path_ce_reports", "The peer's reports that said the path was CE-marked",
                     ["dev", "peer", "path"]).add_metric(labels, r["ce_reports"])
             gauge("mrc_path_up", "1 when the path is up, else 0",

@@ -727,11 +727,10 @@ def list_paths(att: Attachment) -> list[dict]:
                 "encoding": encoding_of(path),
                 "peer_sid": _addr(path.peer_sid), "oif": path.oif,
                 "state": state, "weight": path.weight, "downs": live.downs,
-                # congestion: times skipped for a CE report, turns still to skip,
-                # the peer's reports that said CE
-                "skips": live.skips, "skip_left": live.skip_left, "ce_reports": health.ce,
+                # congestion: turns still to skip, the peer's reports that said CE
+                "skip_left": live.skip_left, "ce_reports": live.ce_reports,
                 # down: the interval to its next probe (doubling up to --probe-max-us)
-                "probe_gap_ms": round(live.probe_gap_ns / 1e6, 3) if live.down_ns else None,
+                "probe_gap_ms": round(live.probe_gap_us / 1e3, 3) if live.down_ns else None,
                 "class": names.get(path.tclass, str(path.tclass)),
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                 "flowlabel": path.flowlabel, "ev": path.flowlabel if path.flags & ENTROPY else None,

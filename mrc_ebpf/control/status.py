@@ -174,7 +174,7 @@ def _probing(att: Attachment, cfg, peers, used, active) -> dict:
             if not live.down_ns:
                 continue
             down += 1
-            gap_ns = live.probe_gap_ns or cfg.probe_us * 1000
+            gap_ns = (live.probe_gap_us or cfg.probe_us) * 1000
             hop = att.maps["path_fate"].lookup(paths.path_index(peer.template_id, path_id)).hop
             key = hop if hop else -(peer.peer_id << 16 | path_id)    # no hop: the path alone
             per_hop[key] = per_hop.get(key, 0.0) + 1e9 / gap_ns

@@ -93,8 +93,7 @@ class ClassName(ctypes.Structure):
 
 @mirror("struct mrc_path_health")
 class PathHealth(ctypes.Structure):
-    _fields_ = [("updated_ns", u64), ("loss_ns", u64), ("qdelay_us", u32), ("lost", u32),
-                ("ce_ns", u64), ("ce", u64)]
+    _fields_ = [("updated_ns", u64), ("loss_ns", u64), ("qdelay_us", u32), ("lost", u32)]
 
 
 @mirror("struct mrc_rx_key")
@@ -109,7 +108,7 @@ Hist = u32 * C["MRC_HIST_BUCKETS"]
 class RxPath(ctypes.Structure):
     _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
                 ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
-                ("qdelay_hist", Hist), ("epoch", u32), ("pad2", u32), ("seen", u64), ("ce", u64)]
+                ("qdelay_hist", Hist), ("epoch", u32), ("ce", u32), ("seen", u64)]
 
 
 @mirror("struct mrc_rx_peer")
@@ -130,7 +129,12 @@ class PathLive(ctypes.Structure):
                 ("last_sent_ns", u64), ("clock_after_ns", u64), ("down_after_ns", u64),
                 ("late_ns", u64),
                 ("downs", u32), ("probes", u32), ("kept_since_ns", u64),
-                ("probe_gap_ns", u64), ("skip_ce_ns", u64), ("skip_left", u64), ("skips", u64)]
+                ("probe_gap_us", u32), ("ce_reports", u32), ("skip", u64)]
+
+    @property
+    def skip_left(self) -> int:
+        """Turns the path still skips (the low half of `skip`)."""
+        return self.skip & 0xFFFFFFFF
 
 
 @mirror("struct mrc_peer_acks")
