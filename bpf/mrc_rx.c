@@ -207,7 +207,8 @@ static __always_inline __u32 rx_file(const struct ipv6hdr *ip6, const struct mrc
 	count(MRC_RX_MRC_TLV);
 	unfiled = auth_verify(ip6, mrc, &keyed);
 	if (!unfiled)
-		unfiled = rx_track(ip6->saddr.s6_addr, mrc, inner_len, now, keyed);
+		unfiled = rx_track(ip6->saddr.s6_addr, mrc, inner_len, now, keyed,
+				   ecn_of_ip6(ip6) == ECN_CE);
 	if (unfiled)
 		count(unfiled);
 	else

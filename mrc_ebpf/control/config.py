@@ -36,10 +36,12 @@ LINK_RATE_RANGE = (0, 10_000_000)       # Mbit/s; 0: the device's own speed
 # the ranges of `mrcctl attach`'s options (tests/test_config.py checks they agree)
 TIMER_RANGES = {"loss_hold_us": (0, 10_000_000), "ack_timeout_us": (50, 10_000_000),
                 "probe_us": (10, 10_000_000), "fb_interval_us": (10, 10_000_000),
-                "reorder_max_us": (0, 10_000_000)}
+                "reorder_max_us": (0, 10_000_000), "probe_max_us": (0, 10_000_000)}
 MIN_ACTIVE_RANGE = (0, 256)
+# congestion skip and the probe budget (struct mrc_config; defaults layout.SETTING_DEFAULTS)
+SETTING_RANGES = {"skip_rotations": (0, 1_000_000), "probe_budget": (0, 1_000_000)}
 ATTACH_KEYS = ("devices", "sid", "mode", "granularity", "link_rate_mbps", *TIMER_RANGES, "retrans_steer",
-               "shared_fate", "min_active", "key_file")
+               "shared_fate", "min_active", *SETTING_RANGES, "key_file")
 DEFAULT_POLICY = "rr"           # what `path add` gives a new peer
 MAX_CLASS_NAME = 15
 # What the maps cannot tell (the mode asked for, the key file's name):
@@ -225,6 +227,8 @@ def _attach(r: _Reader, node) -> dict:
         if "shared_fate" in m else False
     out["min_active"] = r.integer(m["min_active"][1], "min_active", *MIN_ACTIVE_RANGE) \
         if "min_active" in m else 0
+    for name, (lo, hi) in SETTING_RANGES.items():
+        out[name] = r.integer(m[name][1], name, lo, hi) if name in m else layout.SETTING_DEFAULTS[name]
     if "key_file" in m:
         node = m["key_file"][1]
         path = r.base / r.scalar(node, str, "key_file")
@@ -581,6 +585,8 @@ def running_with_ids(att: Attachment, key_file: str | None = None,
     attach["retrans_steer"] = bool(cfg.retrans_steer)
     attach["shared_fate"] = bool(cfg.shared_fate)
     attach["min_active"] = cfg.min_active
+    for name in SETTING_RANGES:
+        attach[name] = getattr(cfg, name)
     key = signing_key(att)
     if key is not None:
         path = key_file or applied.get("key_file")
@@ -703,7 +709,7 @@ def plan(desired: dict, current: dict, att: Attachment | None,
     is attached yet (CURRENT is DESIRED's attach section alone)."""
     changes: list[dict] = []
     want, have = desired["attach"], current["attach"]
-    for key in (*TIMER_RANGES, "retrans_steer", "shared_fate", "min_active", "granularity",
+    for key in (*TIMER_RANGES, "retrans_steer", "shared_fate", "min_active", *SETTING_RANGES, "granularity",
                 "link_rate_mbps"):
         if want.get(key, 0) != have.get(key, 0):
             changes.append({"what": "attach", "key": key, "from": have.get(key, 0),
@@ -1020,7 +1026,7 @@ def _rows(att: Attachment, prefix: str) -> list[dict]:
 
 
 def _set_attach(att: Attachment, want: dict, key: str) -> None:
-    if key in TIMER_RANGES or key in ("retrans_steer", "shared_fate", "min_active"):
+    if key in TIMER_RANGES or key in SETTING_RANGES or key in ("retrans_steer", "shared_fate", "min_active"):
         cfg = att.config
         setattr(cfg, key, int(want[key]))
         att.maps["config"].update(layout.Index(0), cfg)
@@ -1173,8 +1179,9 @@ def _fresh(cfg: Config) -> None:
     from mrc_ebpf.datapath import loader
     want = cfg.data["attach"]
     loader.attach(want["devices"], want["sid"], want["mode"], want["granularity"],
-                  link_rate_mbps=want.get("link_rate_mbps", 0), retrans_steer=want["retrans_steer"], min_active=want["min_active"],
-                  shared_fate=want["shared_fate"], key_file=want.get("key_file"), **{k: want[k] for k in TIMER_RANGES})
+                  link_rate_mbps=want.get("link_rate_mbps", 0), retrans_steer=want["retrans_steer"],
+                  min_active=want["min_active"], shared_fate=want["shared_fate"],
+                  key_file=want.get("key_file"), **{k: want[k] for k in (*TIMER_RANGES, *SETTING_RANGES)})
     first = want["devices"][0]
     try:
         with loader.changing(first) as att:

@@ -376,6 +376,10 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
                 "encoding": encoding_of(path),
                 "peer_sid": addr_text(path.peer_sid), "oif": path.oif,
                 "state": state, "weight": path.weight, "downs": live.downs,
+                # congestion: turns still to skip, the peer's reports that said CE
+                "skip_left": live.skip_left, "ce_reports": live.ce_reports,
+                # down: the interval to its next probe (doubling up to --probe-max-us)
+                "probe_gap_ms": round(live.probe_gap_us / 1e3, 3) if live.down_ns else None,
                 "class": names.get(path.tclass, str(path.tclass)),
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                 "flowlabel": path.flowlabel, "ev": path.flowlabel if path.flags & ENTROPY else None,

@@ -27,6 +27,9 @@ POLICIES = {name[len("MRC_POLICY_"):].lower(): value
 POLICY_NAMES = {v: k for k, v in POLICIES.items()}
 # MRC's names for a path's (an EV's) state
 STATE_UP, STATE_BAD, STATE_DENIED, STATE_UNKNOWN = "up", "assumed-bad", "denied", "unknown"
+# up, but left out of the spray for a while: the peer reported it CE-marked
+# (congestion, never a failure: lib/failover.h, failover_skip)
+STATE_SKIP = "skip"
 
 
 def peer_key(prefix: ipaddress._BaseNetwork) -> layout.PeerKey:
@@ -133,13 +136,16 @@ class UsedCache:
 
 def path_state(att: Attachment, peer: layout.Peer, path_id: int, path: layout.Path,
                state: layout.PeerState | None = None) -> str:
-    """up, assumed-bad (taken out by the datapath, probed), denied (by the
-    operator) or unknown (never yet acknowledged by the peer)."""
+    """up, assumed-bad (taken out by the datapath, probed), skip (up, left
+    out of the spray for a few turns: the peer reported CE on it), denied
+    (by the operator) or unknown (never yet acknowledged by the peer)."""
     if path.state == DENIED:
         return STATE_DENIED
     state = learnt(att, peer.peer_id) if state is None else state
     if state.paths[path_id].live.down_ns:
         return STATE_BAD
+    if state.paths[path_id].live.skip_left:
+        return STATE_SKIP
     if not state.acks.ns[path_id]:
         return STATE_UNKNOWN
     return STATE_UP

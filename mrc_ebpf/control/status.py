@@ -61,6 +61,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
                    routes=[], path_states={}, min_active=None, programs={}, shared_fate=None,
+                   probing=None, skip_rotations=None,
                    memory=None, templated_peers=0, active_peers=0, auth=None, learnt_state=None)
         return row
     with att:
@@ -80,6 +81,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    ack_windows=_ack_windows(att, entries, active),
                    path_states=_path_states(att, peers, used, active),
                    min_active=cfg.min_active, memory=maps_memory(att.dir),
+                   skip_rotations=cfg.skip_rotations, probing=_probing(att, cfg, peers, used, active),
                    programs=replace.programs(att.dir), shared_fate=bool(cfg.shared_fate),
                    routes=[{"prefix": str(paths.key_prefix(k)),
                             "route_metrics": paths.route_metrics(att, paths.key_prefix(k))}
@@ -168,7 +170,8 @@ def _path_states(att: Attachment, peers, used, active) -> dict[str, int]:
     """How many paths are in each of MRC's states (up, assumed-bad, denied,
     unknown).  A peer without learnt state has never been acknowledged: its
     paths are unknown, or denied."""
-    counts = {s: 0 for s in (paths.STATE_UP, paths.STATE_BAD, paths.STATE_DENIED, paths.STATE_UNKNOWN)}
+    counts = {s: 0 for s in (paths.STATE_UP, paths.STATE_BAD, paths.STATE_DENIED, paths.STATE_UNKNOWN,
+                             paths.STATE_SKIP)}
     for peer in peers:
         state = active.get(peer.peer_id)
         for path_id, path in used(peer):
@@ -177,6 +180,33 @@ def _path_states(att: Attachment, peers, used, active) -> dict[str, int]:
             else:
                 counts[paths.path_state(att, peer, path_id, path, state)] += 1
     return counts
+
+
+def _probing(att: Attachment, cfg, peers, used, active) -> dict:
+    """Down paths and the probes they cost now: each is probed once per
+    its interval (doubling from probe_us to probe_max_us, lib/failover.h),
+    and all of them through one first hop at most probe_budget a second.
+    From the datapath's state, not sampled: the rate the schedule gives."""
+    budget = cfg.probe_budget
+    per_hop: dict[int, float] = {}
+    down = 0
+    for peer in peers:
+        state = active.get(peer.peer_id)
+        if state is None:
+            continue
+        for path_id, _ in used(peer):
+            live = state.paths[path_id].live
+            if not live.down_ns:
+                continue
+            down += 1
+            gap_ns = (live.probe_gap_us or cfg.probe_us) * 1000
+            hop = att.maps["path_fate"].lookup(paths.path_index(peer.template_id, path_id)).hop
+            key = hop if hop else -(peer.peer_id << 16 | path_id)    # no hop: the path alone
+            per_hop[key] = per_hop.get(key, 0.0) + 1e9 / gap_ns
+    rate = sum(min(r, budget) if budget else r for r in per_hop.values())
+    return {"down_paths": down, "probes_per_s": round(rate, 1), "probe_us": cfg.probe_us,
+            "probe_max_us": cfg.probe_max_us, "budget_per_hop_per_s": budget or None,
+            "first_hops": len(per_hop)}
 
 
 def _ack_windows(att: Attachment, entries, active) -> list[dict]:

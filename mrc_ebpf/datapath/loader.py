@@ -390,7 +390,8 @@ def _xdp_hook(device: str, index: int, rx_fd: int, mode: str, undo: list,
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
            granularity: str = "auto", retrans_steer: bool = True, min_active: int = 0,
            key_file: str | None = None, shared_fate: bool = False,
-           link_rate_mbps: int = 0, **timers: int) -> dict:
+           link_rate_mbps: int = 0, skip_rotations: int | None = None,
+           probe_budget: int | None = None, **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices).
     With KEY_FILE, the TLVs it sends are signed and only authentic ones
     from peers are filed (datapath/auth.py).  Upgrading a running one in
@@ -447,7 +448,11 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
 
             # min_active is MRC's ev_min_active: the floor of usable paths per peer
             cfg = layout.Config(n_devices=len(devices), retrans_steer=int(retrans_steer),
-                                min_active=min_active, shared_fate=int(shared_fate), **timers)
+                                min_active=min_active, shared_fate=int(shared_fate),
+                                skip_rotations=layout.SETTING_DEFAULTS["skip_rotations"]
+                                if skip_rotations is None else skip_rotations,
+                                probe_budget=layout.SETTING_DEFAULTS["probe_budget"]
+                                if probe_budget is None else probe_budget, **timers)
             ctypes.memmove(cfg.sid, sid.packed, 16)
             modes = []
             for i, (device, (index, other)) in enumerate(zip(devices, found)):
@@ -475,7 +480,8 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             "timers": timers, "pins": str(directory), "auth": auth.describe(auth_value),
             "xdp_chained": [{"device": d, "id": o["id"], "name": o["name"]}
                             for d, (_, o) in zip(devices, found) if o],
-            "shared_fate": bool(shared_fate),
+            "shared_fate": bool(shared_fate), "skip_rotations": cfg.skip_rotations,
+            "probe_budget": cfg.probe_budget,
             "build": "cached" if isinstance(module, build_cache.CachedBuild) else "compiled"}
 
 
