@@ -22,7 +22,7 @@ import re
 import threading
 from pathlib import Path
 
-from mrc_ebpf.datapath import bpfsys, lock, pins
+from mrc_ebpf.datapath import bpfsys, journal, lock, pins
 
 CLONE_NEWNET = 0x40000000
 _NS_LINK = re.compile(r"net:\[(\d+)\]")
@@ -167,5 +167,7 @@ def remove(found: list[dict]) -> list[dict]:
         with lock.writer(directory, create=False) as locked:
             if locked:
                 pins.remove_tree(directory)
+                # a log a change killed there left: its namespace is gone with what it covers
+                journal.log_path(entry["netns_cookie"]).unlink(missing_ok=True)
                 removed.append(entry)
     return removed
