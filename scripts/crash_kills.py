@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""kill -9 of `path bulk` (routes on), `path add` and `apply` at random
+points, many times each (tests/test_crash.py does a few): after each kill
+`status` must name the half-done change and exit 1, the next command
+(`gc`) rolls it back, and the state (every map's dump and the routes of
+ours) must be byte for byte before or after the command; then the command
+must run through.  Prints a summary line per verb (JSON), and fails on
+the first state that is neither.
+
+Usage: scripts/crash_kills.py [KILLS] [VERB...]    (root; removes what it made)
+       VERB: "path bulk", "path add", "apply" (default: all three)
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mrc_ebpf.lab import crash  # noqa: E402
+from mrc_ebpf.lab.topology import KernelPeerLine, Topology  # noqa: E402
+
+
+def main() -> int:
+    kills = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+    verbs = sys.argv[2:] or list(crash.VERBS)
+    for verb in verbs:
+        topo = Topology(prefix=f"mrck{int(time.time()) % 10000}")
+        try:
+            net = KernelPeerLine(topo)
+            crash.setup(net)
+            with tempfile.TemporaryDirectory() as work:
+                start = time.monotonic()
+                results = crash.run(net, Path(work), verb, kills, seed=int(time.time()))
+                out = {"verb": verb, **crash.summary(results), "seconds": round(time.monotonic() - start)}
+            print(json.dumps(out), flush=True)
+        finally:
+            topo.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
