@@ -8,12 +8,13 @@ does many (docs/ops.md has its numbers)."""
 from __future__ import annotations
 
 import json
-import random
+import subprocess
+import time
 
 import pytest
 
 from conftest import mrcctl
-from mrc_ebpf.lab import crash
+from mrc_ebpf.lab import crash, procs
 
 pytestmark = pytest.mark.root
 
@@ -44,9 +45,15 @@ def test_the_rerun_itself_rolls_back_and_completes(interop, tmp_path):
     crash.setup(net)
     log = crash.log_file(net.A)
     args = crash.bulk_args(net, tmp_path, 0, n=2000)
-    # killed as soon as its change log exists (before or among its writes)
-    what = crash.kill_during(net.A, args, log, 0.0, random.Random(1))
-    if not what["left_log"]:
+    # killed once its first undo step is logged (among its writes)
+    p = subprocess.Popen([*procs.MRCCTL, "--netns", net.A, *args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while p.poll() is None and crash.logged_steps(log) < 1 and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    p.kill()
+    p.wait()
+    if crash.logged_steps(log) < 1:
         pytest.skip("the command finished before it could be killed")
     status = mrcctl("status", netns=net.A, check=False)
     assert status.returncode == 1 and "HALF-DONE" in status.stdout and "path bulk" in status.stdout

@@ -125,7 +125,16 @@ def kill_during(ns: str, args: list[str], log: Path, window: float, rng: random.
         p.kill()
     p.wait()
     return {"finished": finished, "delay_s": round(delay, 4), "anywhere": anywhere,
-            "left_log": log.exists()}
+            "left_log": log.exists(), "logged_steps": logged_steps(log)}
+
+
+def logged_steps(log: Path) -> int:
+    """Undo steps on LOG (complete lines after its header); -1: no log, or
+    not even its header (the kill came as it was being opened)."""
+    try:
+        return log.read_bytes().count(b"\n") - 1
+    except FileNotFoundError:
+        return -1
 
 
 def round_(ns: str, args: list[str], log: Path, window: float, rng: random.Random,
@@ -135,7 +144,7 @@ def round_(ns: str, args: list[str], log: Path, window: float, rng: random.Rando
     before = state(ns)
     what = kill_during(ns, args, log, window, rng, anywhere_p)
     status = mrcctl(ns, "status", "-j", check=False)
-    if what["left_log"]:
+    if what["logged_steps"] >= 0:
         # a change cut short: status says so, and fails
         assert status.returncode == 1, status.stdout + status.stderr
         rows = json.loads(status.stdout)
@@ -212,7 +221,8 @@ def run(net, work: Path, verb: str, kills: int, seed: int, anywhere_p: float = 0
 
 
 def summary(results: list[dict]) -> dict:
-    return {"kills": len(results), "mid_change": sum(r["left_log"] for r in results),
+    return {"kills": len(results), "mid_change": sum(r["logged_steps"] >= 0 for r in results),
+            "with_writes_logged": sum(r["logged_steps"] > 0 for r in results),
             "finished_first": sum(r["finished"] for r in results),
             "before": sum(r["outcome"] == "before" for r in results),
             "after": sum(r["outcome"] == "after" for r in results)}
