@@ -13,6 +13,7 @@ Usage: scripts/crash_kills.py [KILLS] [VERB...]    (root; removes what it made)
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -29,7 +30,7 @@ def main() -> int:
     kills = int(sys.argv[1]) if len(sys.argv) > 1 else 50
     verbs = sys.argv[2:] or list(crash.VERBS)
     for verb in verbs:
-        topo = Topology(prefix=f"mrck{int(time.time()) % 10000}")
+        topo = Topology(prefix=f"mrck{os.getpid() % 100000}")
         try:
             net = KernelPeerLine(topo)
             crash.setup(net)

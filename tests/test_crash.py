@@ -18,7 +18,7 @@ from mrc_ebpf.lab import crash, procs
 
 pytestmark = pytest.mark.root
 
-KILLS = 5
+KILLS = 3
 
 
 @pytest.mark.parametrize("verb", ["path bulk", "path add", "apply"])
