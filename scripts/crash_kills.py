@@ -4,8 +4,8 @@ points, many times each (tests/test_crash.py does a few): after each kill
 `status` must name the half-done change and exit 1, the next command
 (`gc`) rolls it back, and the state (every map's dump and the routes of
 ours) must be byte for byte before or after the command; then the command
-must run through.  Prints a summary line per verb (JSON), and fails on
-the first state that is neither.
+must run through.  Prints a summary line per verb (JSON; a line per kill
+on stderr), and fails on the first state that is neither.
 
 Usage: scripts/crash_kills.py [KILLS] [VERB...]    (root; removes what it made)
        VERB: "path bulk", "path add", "apply" (default: all three)
@@ -36,7 +36,9 @@ def main() -> int:
             crash.setup(net)
             with tempfile.TemporaryDirectory() as work:
                 start = time.monotonic()
-                results = crash.run(net, Path(work), verb, kills, seed=int(time.time()))
+                def progress(k, result):
+                    print(json.dumps({"verb": verb, "kill": k, **result}), file=sys.stderr, flush=True)
+                results = crash.run(net, Path(work), verb, kills, seed=int(time.time()), progress=progress)
                 out = {"verb": verb, **crash.summary(results), "seconds": round(time.monotonic() - start)}
             print(json.dumps(out), flush=True)
         finally:

@@ -227,21 +227,12 @@ def remove(ipr: IPRoute, prefix: ipaddress._BaseNetwork, index: int) -> None:
 
 
 def remove_all(ipr: IPRoute, index: int) -> int:
-    """Remove every route mrcctl installed out of device `index`."""
-    from pyroute2.netlink.exceptions import NetlinkError
-    removed = 0
-    for family in (socket.AF_INET6, socket.AF_INET):
-        for route in ipr.get_routes(family=family, proto=ROUTE_PROTO):
-            if route.get_attr("RTA_OIF") != index:
-                continue
-            try:
-                ipr.route("del", family=family, dst=route.get_attr("RTA_DST"),
-                          dst_len=route["dst_len"], oif=index, proto=ROUTE_PROTO,
-                          priority=route.get_attr("RTA_PRIORITY"))
-                removed += 1
-            except NetlinkError:
-                pass
-    return removed
+    """Remove every route mrcctl installed out of device `index` (one dump,
+    netlink batches: detach of 131,071 peers' routes one by one took minutes)."""
+    gone = [prefix for prefix, entries in dump_ours().items() for e in entries if e[0] == index]
+    _batch([_route_msg(RTM_DELROUTE, prefix, None, index, 0, None) for prefix in gone], gone,
+           missing_ok=True)
+    return len(gone)
 
 
 def snapshot(ipr: IPRoute, prefix: ipaddress._BaseNetwork) -> list[tuple]:
