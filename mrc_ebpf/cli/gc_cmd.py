@@ -43,6 +43,8 @@ def gc(ctx, cookies, dry_run):
             rolled_back = journal.recover()
     found = stale.find(wanted)
     removed = found if dry_run else stale.remove(found)
+    if not dry_run and not wanted:
+        stale.remove_orphan_logs()
     emit(ctx, {"dry_run": dry_run, "removed": removed, "rolled_back": rolled_back},
          lambda r: click.echo("\n".join(
              ([f"rolled back: {rolled_back['what']}"] if rolled_back else [])

@@ -171,3 +171,20 @@ def remove(found: list[dict]) -> list[dict]:
                 journal.log_path(entry["netns_cookie"]).unlink(missing_ok=True)
                 removed.append(entry)
     return removed
+
+
+def remove_orphan_logs() -> list[str]:
+    """Change logs (journal.py) of namespaces that are gone: what they
+    covered went with the namespace (a namespace deleted right after a
+    kill leaves one)."""
+    logs = sorted(journal.JOURNALS.glob("ns*.log")) if journal.JOURNALS.is_dir() else []
+    if not logs:
+        return []
+    live = live_cookies()
+    out = []
+    for log in logs:
+        cookie = log.stem[2:]
+        if cookie.isdigit() and int(cookie) not in live:
+            log.unlink(missing_ok=True)
+            out.append(str(log))
+    return out
