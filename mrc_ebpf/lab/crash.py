@@ -153,8 +153,10 @@ def round_(ns: str, args: list[str], log: Path, window: float, rng: random.Rando
         assert rows and rows[0].get("journal"), status.stdout
     else:
         assert status.returncode == 0, status.stdout + status.stderr
-    # the next changing command rolls it back first
-    mrcctl(ns, *(recover_with or ["gc"]))
+    # the next changing command rolls it back first (gc limited to this
+    # namespace: a plain gc would also free other namespaces' stranded
+    # state, which tests running alongside may be looking at)
+    mrcctl(ns, *(recover_with or ["gc", log.stem]))
     assert not log.exists()
     middle = state(ns)
     mrcctl(ns, *args)           # the command works afterwards, and gives "after"
