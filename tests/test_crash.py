@@ -33,9 +33,9 @@ def test_killed_change_is_before_or_after(interop, tmp_path, verb):
     assert summary["mid_change"] >= 1, results
     if verb == "path bulk":     # every round's peers, each with its route
         status = json.loads(mrcctl("status", "-j", netns=net.A).stdout)[0]
-        assert status["templated_peers"] == (KILLS + 1) * 300
+        assert status["templated_peers"] == (KILLS + 1) * crash.BULK_PEERS
         routes = net.t.exec(net.A, ["ip", "-6", "route", "show", "proto", "mrc"]).stdout
-        assert len(routes.splitlines()) == (KILLS + 1) * 300
+        assert len(routes.splitlines()) == (KILLS + 1) * crash.BULK_PEERS
 
 
 def routes_logged(log) -> bool:

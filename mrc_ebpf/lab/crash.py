@@ -88,43 +88,44 @@ def mrcctl(ns: str, *args: str, check: bool = True) -> subprocess.CompletedProce
     return r
 
 
-def timed(ns: str, args: list[str], log: Path) -> tuple[float, float]:
-    """Run ARGS through: (seconds to the log's appearance, seconds the log
-    existed), to aim the kills."""
-    start = time.monotonic()
+def timed(ns: str, args: list[str], log: Path) -> tuple[float, int]:
+    """Run ARGS through: (seconds its change log existed, the most undo
+    steps it held), to aim the kills."""
     p = subprocess.Popen([*procs.MRCCTL, "--netns", ns, *args], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     first = last = None
+    steps = 0
     while p.poll() is None:
-        if log.exists():
+        n = logged_steps(log)
+        if n >= 0:
             now = time.monotonic()
-            first, last = first or now, now
+            first, last, steps = first or now, now, max(steps, n)
         time.sleep(0.0005)
     assert p.returncode == 0, p.stderr.read()
-    if first is None:
-        return time.monotonic() - start, 0.0
-    return first - start, last - first
+    return (last - first if first is not None else 0.0), steps
 
 
 def kill_during(ns: str, args: list[str], log: Path, window: float, rng: random.Random,
-                anywhere_p: float = 0.1) -> dict:
-    """Start ARGS and SIGKILL it: mostly at a random moment after its change
-    log appears (while it writes), sometimes (ANYWHERE_P) early, before
-    it may have begun."""
+                anywhere_p: float = 0.1, steps: int = 0) -> dict:
+    """Start ARGS and SIGKILL it, at one of: a random moment of the time its
+    change log exists (while it writes); just after its k-th undo step is
+    logged, k random up to STEPS (so that every phase is hit, however
+    short); sometimes (ANYWHERE_P) early, before it may have begun."""
     p = subprocess.Popen([*procs.MRCCTL, "--netns", ns, *args], stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     start = time.monotonic()
     anywhere = window > 0 and rng.random() < anywhere_p
+    target = rng.randint(1, steps) if steps and not anywhere and rng.random() < 0.5 else 0
     if not anywhere:
-        while p.poll() is None and not log.exists() and time.monotonic() - start < 120:
+        while p.poll() is None and logged_steps(log) < (target or 0) and time.monotonic() - start < 120:
             time.sleep(0.0005)
-    delay = rng.uniform(0, window)
+    delay = rng.uniform(0, 0.02) if target else rng.uniform(0, window)
     time.sleep(delay)
     finished = p.poll() is not None
     if not finished:
         p.kill()
     p.wait()
-    return {"finished": finished, "delay_s": round(delay, 4), "anywhere": anywhere,
+    return {"finished": finished, "delay_s": round(delay, 4), "anywhere": anywhere, "after_step": target,
             "left_log": log.exists(), "logged_steps": logged_steps(log)}
 
 
@@ -139,12 +140,12 @@ def logged_steps(log: Path) -> int:
 
 def round_(ns: str, args: list[str], log: Path, window: float, rng: random.Random,
            recover_with: list[str] | None = None, anywhere_p: float = 0.1,
-           before: dict | None = None) -> dict:
+           before: dict | None = None, steps: int = 0) -> dict:
     """One kill and its checks; returns what happened, with the state after
     ("state"; raises AssertionError on a state that is neither before nor
     after).  BEFORE: the state now, if known (the last round's after)."""
     before = before or state(ns)
-    what = kill_during(ns, args, log, window, rng, anywhere_p)
+    what = kill_during(ns, args, log, window, rng, anywhere_p, steps)
     status = mrcctl(ns, "status", "-j", check=False)
     if what["logged_steps"] >= 0:
         # a change cut short: status says so, and fails
@@ -178,7 +179,10 @@ def setup(net) -> None:
     mrcctl(net.A, "path", "template", "add", "leaf1", "--via", net.R_SID)
 
 
-def bulk_args(net, work: Path, k: int, n: int = 300) -> list[str]:
+BULK_PEERS = 1000
+
+
+def bulk_args(net, work: Path, k: int, n: int = BULK_PEERS) -> list[str]:
     """`path bulk` (routes on) of N peers new in round K."""
     f = work / f"bulk{k}.txt"
     f.write_text("".join(f"fd00:7:{k:x}:{i:x}::/64 leaf1 fc00:7:{k:x}:{i:x}::1\n" for i in range(n)))
@@ -219,11 +223,11 @@ def run(net, work: Path, verb: str, kills: int, seed: int, anywhere_p: float = 0
     log = log_file(net.A)
     make = VERBS[verb]
     # aim: how long the command's change log exists when it runs through
-    _, window = timed(net.A, make(net, work, 0), log)
+    window, steps = timed(net.A, make(net, work, 0), log)
     out, now = [], None
     for k in range(1, kills + 1):
         result = round_(net.A, make(net, work, k), log, max(window, 0.01), rng, anywhere_p=anywhere_p,
-                        before=now)
+                        before=now, steps=steps)
         now = result.pop("state")
         if progress:
             progress(k, result)
