@@ -115,9 +115,10 @@ def kill_during(ns: str, args: list[str], log: Path, window: float, rng: random.
                          stderr=subprocess.DEVNULL)
     start = time.monotonic()
     anywhere = window > 0 and rng.random() < anywhere_p
-    # STEPS + 1: a later round may log one more than the first did (path
-    # bulk's first round writes fresh maps: 2 map steps, later ones 3)
-    target = rng.randint(1, steps + 1) if steps and not anywhere and rng.random() < 0.5 else 0
+    # STEPS + 2: a later round may log more than the first did (path
+    # bulk's first round writes fresh maps: 2 map steps, later ones 3, and
+    # the run that measured STEPS may not have seen its last, the routes')
+    target = rng.randint(1, steps + 2) if steps and not anywhere and rng.random() < 0.5 else 0
     if not anywhere:
         while p.poll() is None and logged_steps(log) < (target or 0) and time.monotonic() - start < 120:
             time.sleep(0.0005)
