@@ -35,11 +35,12 @@ bench: setup
 	$(PY) -m mrc_ebpf.cli.mrcctl bench all
 
 # The systemd template unit (mrc-ebpf@DEV: applies /etc/mrc-ebpf/DEV.yaml,
-# which `mrcctl save --dev DEV` writes, at boot; docs/ops.md).
+# which `mrcctl save --dev DEV` writes, at boot; docs/ops.md), written by
+# `mrcctl install-unit` with the absolute path of this tree's .venv/bin/mrcctl
+# (a wheel's user runs `mrcctl install-unit` itself).
 UNITDIR ?= /etc/systemd/system
-install-unit:
-	install -D -m 0644 packaging/systemd/mrc-ebpf@.service $(DESTDIR)$(UNITDIR)/mrc-ebpf@.service
-	@if [ -z "$(DESTDIR)" ] && command -v systemctl >/dev/null; then systemctl daemon-reload || true; fi
+install-unit: setup
+	$(PY) -m mrc_ebpf.cli.mrcctl install-unit --dir $(DESTDIR)$(UNITDIR)
 
 clean:
 	rm -rf .venv *.egg-info .pytest_cache bench-results vm_tests/out build/bpf-cache

@@ -476,7 +476,14 @@ struct mrc_device {
 	__u32	flags;		/* MRC_DEV_F_*: what attach changed, for detach */
 	__u32	saved_gso_max_segs;	/* restored at detach */
 	__u32	mtu;
+	__u32	granularity;	/* MRC_GRAN_*: what attach was asked for (datapath/offload.py) */
+	__u32	link_mbps;	/* the link rate auto sized bursts for (0: none) */
 };
+
+/* mrc_device.granularity: the order of offload.GRANULARITIES */
+#define MRC_GRAN_AUTO		0	/* bursts within 50 us of the slowest link */
+#define MRC_GRAN_PACKET		1	/* gso_max_segs 1 */
+#define MRC_GRAN_BURST		2	/* the device's own GSO bound */
 
 /* mrc_device.flags; bit 0 means the same in bpf/lab/fault.c's fault_config.flags */
 #define MRC_DEV_F_CLSACT_OURS	0x01	/* attach added the clsact qdisc: detach removes it */

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES="python3-bpfcc bpfcc-tools bpftool libbpf1 linux-headers-amd64 iproute2 iputils-ping
               iperf3 tcpdump ethtool python3-venv python3-matplotlib python3-jsonschema
-              xdp-tools"
+              xdp-tools mptcpd"
 missing=""
 for p in $APT_PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

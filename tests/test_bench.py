@@ -136,6 +136,25 @@ def test_cost(runs):
     assert grown == {"peers", "peer_by_sid"}
 
 
+def test_line_rate(runs):
+    """Every mode moved data on the pair and on the unshaped fabric; the
+    default attach sprays bursts (status says so) over all 4 spines in
+    equal shares (the leaf's own byte counters), per-packet stays one."""
+    r = _load(runs, "line-rate")
+    for place, modes in (("pair", {"plain", "seg6", "mrc", "mrc-packet"}),
+                         ("fabric", {"plain", "seg6", "mptcp", "mrc", "mrc-packet"})):
+        got = r["summary"][place]["1500"]
+        assert modes <= set(got) | ({"mptcp"} if "mptcp" not in got else set())
+        for mode, by_load in got.items():
+            assert by_load["tcp1"]["gbps"]["median"] > 0, (place, mode)
+    for mode in ("mrc", "mrc-packet"):
+        shares = r["summary"]["fabric"]["1500"][mode]["tcp1"]["runs"][0]["spine_shares"]
+        assert len(shares) == 4 and all(0.2 <= x <= 0.3 for x in shares), (mode, shares)
+    hook = r["status"]["fabric mrc"][0]["hooks"][0]
+    assert hook["granularity"].startswith("per-burst") and "auto" in hook["granularity_why"]
+    assert r["status"]["fabric mrc-packet"][0]["hooks"][0]["granularity"] == "per-packet"
+
+
 def test_failover(runs):
     r = _load(runs, "failover")
     for mode in ("ecmp", "mrc"):

@@ -347,7 +347,7 @@ def test_attach_options_in_place_and_reattach(interop, tmp_path):
     before = counters(interop)
     changed = keyed.replace("k1.key", "k2.key").replace("  probe_us: 4000\n",
                                                         "  probe_us: 4000\n  granularity: burst\n"
-                                                        "  mode: native\n  min_active: 2\n")
+                                                        "  mode: skb\n  min_active: 2\n")
     result = json.loads(apply(interop, tmp_path, changed, name="h2.yaml").stdout)
     assert sorted(c["key"] for c in result["changes"]) == ["granularity", "key_file", "min_active", "mode"]
     assert key_ids() == [auth.key_id(bytes.fromhex(k2.read_text().strip()))]

@@ -612,6 +612,7 @@ def test_down_all_in_its_own_state_dir(tmp_path, monkeypatch):
         assert sorted(r["name"] for r in out) == sorted(names)
         assert not any(namespaces(n + "-") for n in names)
         assert list(tmp_path.glob("*.json")) == []
+        assert list(tmp_path.glob("*.key")) == []          # each fabric's key went with it
     finally:
         for name in names:
             fabric("down", name, check=False)

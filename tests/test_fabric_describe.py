@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from conftest import mrcctl
+from mrc_ebpf.control import config
+from mrc_ebpf.datapath import auth
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab import fabric as fab_mod
 from mrc_ebpf.lab import procs
@@ -110,14 +112,55 @@ def test_render_gives_every_peer_every_path(tmp_path):
         assert [p["via"] for p in peer["paths"]] == [[fab.spine_sid(p, s), fab.host_sid(b)]
                                                     for p in range(2) for s in (1, 2)]
     assert render.host_config(desc, "h1")["peers"][0]["policy"] == "rr"
-    # the CLI prints the same document (and -j the same dict)
+    # the CLI prints the same document (and -j the same dict), naming the
+    # fabric's key beside the description (made by the first render)
+    key = tmp_path / "fabric.key"
+    keyed = {**cfg, "attach": {**cfg["attach"], "key_file": str(key)}}
     r = mrcctl("render", f, "--host", "h3")
-    assert yaml.safe_load(r.stdout) == cfg
-    assert json.loads(mrcctl("render", f, "--host", "3", "-j").stdout) == cfg
+    assert yaml.safe_load(r.stdout) == keyed
+    assert json.loads(mrcctl("render", f, "--host", "3", "-j").stdout) == keyed
     out = tmp_path / "h3.yaml"
     r = json.loads(mrcctl("render", f, "--host", "h3", "-o", str(out), "-j").stdout)
     assert r["peers"] == 3 and r["paths"] == 12 and r["bytes"] == len(out.read_bytes())
-    assert yaml.safe_load(out.read_text()) == cfg
+    assert r["key_file"] == str(key)
+    assert yaml.safe_load(out.read_text()) == keyed
+    assert yaml.safe_load(mrcctl("render", f, "--host", "h3", "--no-key").stdout) == cfg
+
+
+def test_render_names_one_fabric_key_for_every_host(tmp_path):
+    f = write(tmp_path, SMALL.format(name="x", encoding="srh"))
+    key = tmp_path / "fabric.key"
+    assert not key.exists()
+    named = {yaml.safe_load(mrcctl("render", f, "--host", h).stdout)["attach"]["key_file"]
+             for h in ("h1", "h2", "h3", "h4")}
+    assert named == {str(key)}
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    made = key.read_text()
+    assert auth.read_key(key) and mrcctl("render", f, "--host", "h1").returncode == 0
+    assert key.read_text() == made                   # kept: one key for the whole fabric
+    # a rendered config is a host config whose key apply would load (config.load reads it)
+    cfg = config.load(mrcctl("render", f, "--host", "h2").stdout, "h2.yaml").data
+    assert cfg["attach"]["key_file"] == str(key)
+    # a key the description names is the one carried, and none is made
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "k").write_text("00112233445566778899aabbccddeeff\n")
+    g = write(own, SMALL.format(name="x", encoding="srh").replace(
+        "ack_timeout_us: 2000}", f"ack_timeout_us: 2000, key_file: {own / 'k'}}}"))
+    assert yaml.safe_load(mrcctl("render", g, "--host", "h1").stdout)["attach"]["key_file"] == str(own / "k")
+    assert not (own / "fabric.key").exists()
+    # --no-key: none named, none made
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    h = write(bare, SMALL.format(name="x", encoding="srh"))
+    assert "key_file" not in yaml.safe_load(mrcctl("render", h, "--host", "h1", "--no-key").stdout)["attach"]
+    assert not (bare / "fabric.key").exists()
+    # a key that cannot be made: one line naming the ways out
+    bad = tmp_path / "fabric2.key"
+    bad.write_text("not a key\n")
+    err = one_line_error(mrcctl("render", write(tmp_path, SMALL.format(name="x", encoding="srh"),
+                                                "fabric2.yaml"), "--host", "h1", check=False))
+    assert f"key file {bad}" in err, err
 
 
 def test_render_usid_and_ev(tmp_path):

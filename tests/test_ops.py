@@ -44,10 +44,41 @@ def _start_exporter(topo, ns, port):
     return proc
 
 
-def test_exporter_matches_stats(spray):
-    spray.attach("rr")
-    # traffic both ways over all four paths, and a down of path 1 (R2's
-    # far link down: a real black hole) so that events exist
+def _families(page: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(page)}
+
+
+def _check_histograms(page: str) -> int:
+    """Every histogram is a real one to the parser: buckets cumulative with
+    clean `le` bounds, ending in +Inf, and `_count` equal to +Inf."""
+    import re
+    n = 0
+    for f in text_string_to_metric_families(page):
+        if f.type != "histogram":
+            continue
+        series: dict[tuple, list] = {}
+        for s in f.samples:
+            key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+            series.setdefault(key, []).append(s)
+        for key, samples in series.items():
+            buckets = [s for s in samples if s.name.endswith("_bucket")]
+            counts = [s.value for s in samples if s.name.endswith("_count")]
+            assert buckets[-1].labels["le"] == "+Inf" and counts == [buckets[-1].value], (f.name, key)
+            values = [b.value for b in buckets]
+            assert values == sorted(values), (f.name, key)
+            for b in buckets[:-1]:
+                le = b.labels["le"]
+                # the bound as written is the shortest text of 2^i - 1 (us or packets)
+                assert re.fullmatch(r"\d+(\.\d+)?(e-\d\d)?", le), le
+                scaled = float(le) * (1e6 if f.name.endswith("_seconds") else 1)
+                assert round(scaled) + 1 & round(scaled) == 0 and len(le) <= 8, le
+            n += 1
+    return n
+
+
+def _traffic_and_a_down(spray):
+    """Traffic both ways over all four paths, and a down of path 1 (R2's
+    far link down: a real black hole) so that events exist."""
     assert spray.t.exec(spray.A, ["ping", "-c", "40", "-i", "0.01", "-W", "1", spray.B6],
                         check=False).returncode == 0
     spray.t.exec(spray.R[1], ["ip", "link", "set", "rdown", "down"])
@@ -55,6 +86,18 @@ def test_exporter_matches_stats(spray):
     spray.t.exec(spray.R[1], ["ip", "link", "set", "rdown", "up"])
     spray.t.exec(spray.A, ["ping", "-c", "40", "-i", "0.01", "-W", "1", spray.B6], check=False)
     time.sleep(0.3)         # traffic stopped: the maps hold still
+
+
+def test_exporter_matches_stats(spray):
+    """The default page (per peer and per sender) read by prometheus_client's
+    own parser equals `stats -j` read at the same moment, and a template
+    peer that never carried traffic is on it."""
+    spray.attach("rr")
+    _traffic_and_a_down(spray)
+    # a template peer: no traffic, no learnt state, yet a series
+    mrcctl("path", "template", "add", "spines", "--via", "fc00:1:1::", "--via", "fc00:1:2::",
+           netns=spray.A)
+    mrcctl("path", "add", "fd00:77::/64", "--template", "spines", "--sid", "fc00:77::1", netns=spray.A)
 
     port = 20000 + os.getpid() % 20000
     proc = _start_exporter(spray.t, spray.A, port)
@@ -73,7 +116,67 @@ def test_exporter_matches_stats(spray):
     for name, value in counters.items():
         assert samples[(f"mrc_{name}_total", dev)] == value, name
     assert counters["tx_encap"] > 0 and counters["rx_decap"] > 0
+    assert not any(name.startswith("mrc_path_") for name, _ in samples)       # per path: opt-in
 
+    def lab(**kv):
+        return tuple(sorted({"dev": "a0", **kv}.items()))
+    sent = [r for r in by_path["sent"] if r["prefix"] == "fd00:b::/64"]
+    assert len(sent) == 4 and any(r["downs"] for r in sent)               # the black hole was seen
+    peer = lab(peer="fd00:b::/64")
+    assert samples[("mrc_peer_tx_packets_total", peer)] == sum(r["tx_packets"] for r in sent) > 0
+    assert samples[("mrc_peer_tx_bytes_total", peer)] == sum(r["tx_bytes"] for r in sent)
+    assert samples[("mrc_peer_path_downs_total", peer)] == sum(r["downs"] for r in sent)
+    for state in ("up", "assumed-bad", "denied", "unknown"):
+        assert samples[("mrc_peer_paths", lab(peer="fd00:b::/64", state=state))] == \
+            sum(r["state"] == state for r in sent), state
+    assert samples[("mrc_peer_info", lab(peer="fd00:b::/64", sid=spray.B_SID))] == 1
+    # the template peer, before any traffic: its SID, two paths unknown, nothing sent
+    tpl = lab(peer="fd00:77::/64")
+    assert samples[("mrc_peer_info", lab(peer="fd00:77::/64", sid="fc00:77::1"))] == 1
+    assert samples[("mrc_peer_paths", lab(peer="fd00:77::/64", state="unknown"))] == 2
+    assert samples[("mrc_peer_tx_packets_total", tpl)] == 0
+
+    # received: per sender SID (the label `sid`, never `peer`)
+    senders = {r["from"] for r in by_path["received"]}
+    assert senders == {spray.B_SID}
+    for sid in senders:
+        rows = [r for r in by_path["received"] if r["from"] == sid]
+        s = lab(sid=sid)
+        assert samples[("mrc_peer_rx_bytes_total", s)] == sum(r["rx_bytes"] for r in rows)
+        assert samples[("mrc_peer_rx_lost_total", s)] == sum(r["lost"] for r in rows)
+        assert samples[("mrc_peer_rx_late_total", s)] == sum(r["late"] for r in rows)
+        merged = [sum(col) for col in zip(*(r["qdelay_hist"] for r in rows))]
+        buckets = [v for (name, labels), v in samples.items()
+                   if name == "mrc_peer_queueing_delay_seconds_bucket" and dict(labels)["sid"] == sid]
+        assert sorted(buckets) == [sum(merged[:i + 1]) for i in range(len(merged))]
+        assert samples[("mrc_peer_queueing_delay_seconds_count", s)] == sum(merged) > 0
+    for r in by_path["reorder"]:
+        s = lab(sid=r["from"])
+        assert samples[("mrc_peer_rx_packets_total", s)] == r["packets"]
+        assert samples[("mrc_peer_rx_reordered_total", s)] == r["reordered"]
+        assert samples[("mrc_peer_reorder_distance_packets_count", s)] == sum(r["reorder_hist"])
+    assert _check_histograms(page) == 2
+    # `le` as an operator reads it: 15 us is 1.5e-05
+    les = {dict(labels)["le"] for name, labels in samples if name.endswith("_seconds_bucket")}
+    assert "1.5e-05" in les and "0.016383" in les and not any("999999" in le for le in les), les
+
+    kinds: dict[str, int] = {}
+    for e in ev:
+        kinds[e["type"]] = kinds.get(e["type"], 0) + 1
+    assert kinds.get("down", 0) >= 1, ev
+    for kind, n in kinds.items():
+        assert samples[("mrc_events_total", (("dev", "a0"), ("kind", kind)))] == n
+
+
+def test_exporter_per_path_series(spray):
+    """`exporter --per-path --once`: the per-path series, labels `peer`
+    (prefix) on what was sent and `sid` (sender) on what was received,
+    equal to `stats --paths -j`."""
+    spray.attach("rr")
+    _traffic_and_a_down(spray)
+    page = mrcctl("exporter", "--per-path", "--once", netns=spray.A).stdout
+    by_path = json.loads(mrcctl("stats", "--paths", "-j", netns=spray.A).stdout)
+    samples = _samples(page)
     for r in by_path["sent"]:
         labels = tuple(sorted({"dev": "a0", "peer": r["prefix"], "path": str(r["path_id"])}.items()))
         assert samples[("mrc_path_tx_packets_total", labels)] == r["tx_packets"]
@@ -83,24 +186,20 @@ def test_exporter_matches_stats(spray):
         state = tuple(sorted({**dict(labels), "state": r["state"]}.items()))
         assert samples[("mrc_path_state", state)] == 1
     assert len(by_path["sent"]) == 4 and sum(r["tx_packets"] for r in by_path["sent"]) > 0
-    assert any(r["downs"] for r in by_path["sent"])        # the black hole was seen
     for r in by_path["received"]:
-        labels = tuple(sorted({"dev": "a0", "peer": r["from"], "path": str(r["path_id"])}.items()))
+        labels = tuple(sorted({"dev": "a0", "sid": r["from"], "path": str(r["path_id"])}.items()))
         assert samples[("mrc_path_rx_packets_total", labels)] == r["rx_packets"]
+        assert samples[("mrc_path_rx_bytes_total", labels)] == r["rx_bytes"]
         assert samples[("mrc_path_rx_lost_total", labels)] == r["lost"]
+        assert samples[("mrc_path_rx_late_total", labels)] == r["late"]
+        assert samples[("mrc_path_queueing_delay_seconds_count", labels)] == sum(r["qdelay_hist"])
         inf = tuple(sorted({**dict(labels), "le": "+Inf"}.items()))
         assert samples[("mrc_path_queueing_delay_seconds_bucket", inf)] == sum(r["qdelay_hist"])
     assert by_path["received"]
-    for r in by_path["reorder"]:
-        labels = (("dev", "a0"), ("peer", r["from"]))
-        assert samples[("mrc_peer_rx_reordered_total", labels)] == r["reordered"]
-
-    kinds: dict[str, int] = {}
-    for e in ev:
-        kinds[e["type"]] = kinds.get(e["type"], 0) + 1
-    assert kinds.get("down", 0) >= 1, ev
-    for kind, n in kinds.items():
-        assert samples[("mrc_events_total", (("dev", "a0"), ("kind", kind)))] == n
+    # per peer and per sender are there too; 4 paths received + 2 per sender
+    assert _check_histograms(page) == 2 + len(by_path["received"])
+    assert not [name for name, labels in samples if dict(labels).get("peer", "").count(":") > 0
+                and name.startswith(("mrc_path_rx", "mrc_peer_rx"))]
 
 
 def test_exporter_bad_listen_one_line():

@@ -34,8 +34,11 @@ static __always_inline void failover_event_log(__u32 peer_id, __u16 path_id, __u
 	ev->path_id = path_id;
 	ev->type = type;
 	ev->seq = n;	/* last: a reader takes seq 0 as an unwritten slot */
-	/* a full ring (nobody reading) drops the copy; the log above keeps it */
-	mrc_event_ring.ringbuf_output(ev, sizeof(*ev), 0);
+	/* the ring is the readers' doorbell: each reads the log above at its
+	 * own position (datapath/ringbuf.py); FORCE_WAKEUP wakes every one of
+	 * them, as they keep a record unread.  A full ring (nobody reading)
+	 * drops the copy; the log keeps the event. */
+	mrc_event_ring.ringbuf_output(ev, sizeof(*ev), BPF_RB_FORCE_WAKEUP);
 }
 
 enum path_use {

@@ -24,7 +24,7 @@ BPF_TABLE("lru_hash", struct mrc_sid, struct mrc_rx_peer, mrc_rx_peers, MRC_MAX_
 BPF_ARRAY(mrc_rx_peer_zero, struct mrc_rx_peer, 1);	/* all zero, never written */
 BPF_ARRAY(mrc_events, struct mrc_event, MRC_EVENTS);
 BPF_ARRAY(mrc_event_seq, __u64, 1);
-/* the same events as they happen, for `mrcctl monitor` (pinned apart
+/* wakes `mrcctl monitor` readers when an event is logged (pinned apart
  * from the maps above: a ring buffer has no keys to read) */
 BPF_RINGBUF_OUTPUT(mrc_event_ring, MRC_EVENT_RING_PAGES);
 BPF_ARRAY(mrc_tx_flows, struct mrc_tx_flow, MRC_TX_FLOWS);

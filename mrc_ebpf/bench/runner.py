@@ -40,7 +40,8 @@ from mrc_ebpf.lab import netns, procs
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "cost",
-             "collisions": "collisions", "reorder": "reorder", "shared-fate": "shared_fate"}
+             "collisions": "collisions", "reorder": "reorder", "shared-fate": "shared_fate",
+             "line-rate": "line_rate"}
 VERSION = 1
 PY = sys.executable
 MADE: list[str] = []        # fabric / namespace-set names this process made (the JSON lists them)

@@ -98,6 +98,15 @@ def lock_timeout(ctx, param, value):
     return seconds
 
 
+def exact_prefix(ctx, param, value):
+    """click callback of PREFIX arguments: host bits set is an error (as
+    `ip route` says), never a silent fd00:c2::1/64 -> fd00:c2::/64."""
+    if value is None:
+        return value
+    from mrc_ebpf.control import paths
+    return paths.exact_prefix(value)
+
+
 def dev_option(f):
     return click.option("--dev", "device", help="Device (default: the only one attached).",
                         shell_complete=complete_attached)(f)

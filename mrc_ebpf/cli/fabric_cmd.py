@@ -137,12 +137,17 @@ def fabric():
               help="Build the fabric a description file describes (shape, links, addresses, hosts' "
                    "attach options; see mrc_ebpf/lab/fabric/description.py); the options above are "
                    "its defaults and cannot be given with it.")
+@click.option("--no-key", "no_key", is_flag=True,
+              help="Make no fabric key: `fabric attach` then attaches the hosts without one, and "
+                   "their feedback is unauthenticated (anyone on the fabric can forge or replay it: "
+                   "docs/design/threat-model.md).")
 @progress_option
 @_json_opt
 @click.pass_context
 def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
-       ecn_threshold, ecmp_hash, from_file, progress, json_):
-    """Build fabric NAME (default mrc, or the description's name)."""
+       ecn_threshold, ecmp_hash, from_file, no_key, progress, json_):
+    """Build fabric NAME (default mrc, or the description's name), with a
+    fresh key that `fabric attach` gives every host (unless --no-key)."""
     if from_file:
         from click.core import ParameterSource
         given = [f"--{p.replace('_', '-')}" for p in SHAPE_OPTIONS
@@ -158,16 +163,18 @@ def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encod
             r = fab_mod.up(name if explicit else s["name"], s["spines"], s["leaves"], s["hosts_per_leaf"],
                            s["planes"], s["rate"], s["host_rate"], s["encoding"], s["mtu"],
                            list(s["host_sysctls"]), s["ecn_threshold"], s["hash"], progress=shown,
-                           sid_block=s["sid_block"], data_block=s["data_block"], description=desc.to_dict())
+                           sid_block=s["sid_block"], data_block=s["data_block"], description=desc.to_dict(),
+                           key=not no_key)
     else:
         with Progress("fabric up", progress) as shown:
             r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
-                           list(host_sysctls), ecn_threshold, ecmp_hash, progress=shown)
+                           list(host_sysctls), ecn_threshold, ecmp_hash, progress=shown, key=not no_key)
     _emit(json_, r, lambda r: click.echo(
         f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
         f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
         f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']}, ECMP hash {r['hash']}"
         + (f", ECN marking above {r['ecn_threshold']}" if r.get("ecn_threshold") else "")
+        + (f", key {r['key_file']}" if r.get("key_file") else ", no key (feedback unauthenticated)")
         + f" ({r['build_s']} s)"))
 
 
@@ -196,7 +203,8 @@ def show(name, json_):
                    f"MTU {d.get('mtu', fab_mod.DEFAULT_MTU)}, ECMP hash {d['hash']}"
                    + (f" (leaves: {_hash_text(d['hash_on_leaves'])})" if d.get("hash_on_leaves") else "")
                    + (f", ECN marking above {d['ecn_threshold']}" if d.get("ecn_threshold") else "")
-                   + "".join(f", {kv}" for kv in d.get("host_sysctls", [])))
+                   + "".join(f", {kv}" for kv in d.get("host_sysctls", []))
+                   + (f", key {d['key_file']}" if d.get("key_file") else ", no key"))
         click.echo("\nhosts")
         click.echo(tabulate([(h["name"], h["ns"], h["sid"], h["addr6"], h["addr4"],
                               " ".join(f"{n['dev']}->{n['leaf']}" for n in h["nics"]),

@@ -42,6 +42,17 @@ def gc(ctx, cookies, dry_run):
         with lock.writer(recover="no"):
             rolled_back = journal.recover()
     found = stale.find(wanted)
+    if wanted:
+        # a cookie that names nothing (a typo) must not read as "done"; a
+        # live namespace's, or state still in use, is simply not removed
+        from mrc_ebpf.datapath import pins
+        unknown = sorted(c for c in set(wanted) - {e["netns_cookie"] for e in found}
+                         if not (pins.BASE / f"ns{c}").exists())
+        if unknown:
+            unknown = sorted(set(unknown) - stale.live_cookies())
+        if unknown:
+            raise MrcError(f"no namespace and no pinned state with cookie "
+                           f"{', '.join(map(str, unknown))} (`mrcctl gc --dry-run` lists what is stranded)")
     removed = found if dry_run else stale.remove(found)
     if not dry_run and not wanted:
         stale.remove_orphan_logs()

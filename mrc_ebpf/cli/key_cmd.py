@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from mrc_ebpf.cli.common import attached, dev_option, emit, json_option
+from mrc_ebpf.errors import MrcError
 
 
 def _show(value: dict) -> None:
@@ -82,7 +83,14 @@ def key_use(ctx, key_file, device):
 def key_retire(ctx, device):
     """Stop accepting the key that does not sign (step 3)."""
     from mrc_ebpf.datapath import auth
-    value = _change(device, lambda v: auth.retire(v)[0])
+
+    def retire(v):
+        new, dropped = auth.retire(v)
+        if not dropped:     # a no-op would let a roll-over script think step 3 happened
+            raise MrcError("no key to retire: " + ("no key is installed" if not v.tx_slot else
+                                                   "only the signing key is installed"))
+        return new
+    value = _change(device, retire)
     emit(ctx, value, _show)
 
 

@@ -18,7 +18,8 @@ import click
 
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.cli.common import (attached, complete_attached, complete_devices, complete_prefixes,  # noqa: F401
-                                  dev_option, dumps, emit, enter_netns, json_option, lock_timeout,
+                                  dev_option, dumps, emit, enter_netns, exact_prefix, json_option,
+                                  lock_timeout,
                                   tabulate)
 from mrc_ebpf.datapath.layout import TIMER_DEFAULTS
 from mrc_ebpf.datapath.source import prefixed
@@ -28,16 +29,63 @@ EXIT_ERROR = 1
 POLICY_NAMES = prefixed("MRC_POLICY_")
 
 
+def _json_asked(argv: list[str]) -> tuple[bool, bool]:
+    """(-j, -p) as given anywhere on the command line: a usage error is
+    found before the verb's own -j is parsed.  -p counts only before the
+    verb (`fabric up -p` is --planes)."""
+    as_json = pretty = False
+    verb_seen = False
+    for tok in argv:
+        if tok == "--":
+            break
+        if tok in ("-j", "--json") or (tok.startswith("-") and not tok.startswith("--")
+                                       and "j" in tok[1:] and tok[1:].isalpha()):
+            as_json = True
+        elif tok == "--pretty" or (tok == "-p" and not verb_seen):
+            as_json = pretty = True
+        elif not tok.startswith("-"):
+            verb_seen = True
+    return as_json, pretty
+
+
 class Group(click.Group):
     """Turns MrcError (and stray OS errors) into one line and exit 1;
-    under -j the error is also a JSON document on stdout."""
+    under -j the error is also a JSON document on stdout.  Usage errors
+    (click's, exit 2 with usage lines) are made the same: one line, exit 1,
+    as docs/ops.md promises scripts."""
+
+    _argv: list[str] = []
 
     @staticmethod
     def _fail(ctx, message: str):
-        if (ctx.obj or {}).get("json"):
-            click.echo(dumps({"error": message}, ctx.obj.get("pretty", False)))
+        obj = (ctx.obj if ctx is not None else None) or {}
+        as_json, pretty = obj.get("json"), obj.get("pretty", False)
+        if not as_json:
+            as_json, pretty = _json_asked(Group._argv)
+        if as_json:
+            click.echo(dumps({"error": message}, pretty))
         click.echo(f"mrcctl: error: {message}", err=True)
         sys.exit(EXIT_ERROR)
+
+    def _usage(self, ctx, e: click.ClickException):
+        where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "mrcctl"
+        message = " ".join(e.format_message().split())      # one line
+        if isinstance(e, click.UsageError):
+            message = f"{message} (see `{where} --help`)"
+        self._fail(ctx, message)
+
+    def main(self, args=None, *rest, **extra):
+        Group._argv = list(sys.argv[1:] if args is None else args)
+        return super().main(args, *rest, **extra)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        # the top level's own options are parsed here, before invoke
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise           # `mrcctl` alone: its help, as click prints it
+        except click.ClickException as e:
+            self._usage(parent, e)
 
     def invoke(self, ctx):
         try:
@@ -46,7 +94,11 @@ class Group(click.Group):
             self._fail(ctx, str(e))
         except PermissionError as e:
             self._fail(ctx, f"{e.strerror or e}: needs root (CAP_BPF and CAP_NET_ADMIN)")
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+        except click.exceptions.NoArgsIsHelpError:
+            raise           # a group without its verb (`mrcctl path`): its help
+        except click.ClickException as e:
+            self._usage(ctx, e)
+        except (click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except Exception as e:  # a bug: say so in one line; MRC_DEBUG=1 shows where
             if os.environ.get("MRC_DEBUG"):
@@ -81,9 +133,15 @@ def cli(ctx, json_, pretty, netns_name):
 @click.option("--sid", help="This host's SRv6 SID (outer source; decapsulated here); required, except with --replace.")
 @click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
               show_default=True, help="XDP mode: native (driver) or skb (generic).")
-@click.option("--granularity", type=click.Choice(["packet", "burst"]), default="packet",
+@click.option("--granularity", type=click.Choice(["auto", "packet", "burst"]), default="auto",
               show_default=True,
-              help="Spray each packet (sets gso_max_segs 1), or each GSO burst (faster, coarser).")
+              help="auto: spray GSO bursts of at most 50 us of the slowest link's time (full "
+                   "64 KB bursts at 10 Gbit/s and up: segmentation offload kept); packet: each "
+                   "packet its own path (gso_max_segs 1: the kernel's no-GSO rate); burst: "
+                   "the device's own GSO bound.")
+@click.option("--link-rate", metavar="RATE",
+              help="The slowest link of the fabric (e.g. 200mbit, 100gbit), which auto sizes "
+                   "bursts for; default: the device's own speed.")
 @click.option("--loss-hold-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["loss_hold_us"], show_default=True,
               help="adaptive: how long a path that reported a loss is avoided.")
 @click.option("--ack-timeout-us", type=click.IntRange(50, 10_000_000), default=TIMER_DEFAULTS["ack_timeout_us"], show_default=True,
@@ -113,7 +171,7 @@ def cli(ctx, json_, pretty, netns_name):
                    "sources, then swap the programs atomically, keeping every map and setting.")
 @json_option
 @click.pass_context
-def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, probe_us,
+def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_timeout_us, probe_us,
            fb_interval_us, reorder_max_us, retrans_steer, min_active, shared_fate, key_file, replace):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
@@ -138,14 +196,18 @@ def attach(ctx, devices, sid, mode, granularity, loss_hold_us, ack_timeout_us, p
         return
     if not sid:
         raise click.UsageError("Missing option '--sid'.")
-    result = loader.attach(list(devices), sid, mode, granularity, retrans_steer=retrans_steer,
+    from mrc_ebpf.lab.fabric.plan import parse_rate
+    link_mbps = -(-parse_rate(link_rate) // 1_000_000) if link_rate else 0
+    result = loader.attach(list(devices), sid, mode, granularity, link_rate_mbps=link_mbps,
+                             retrans_steer=retrans_steer,
                              key_file=key_file, loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us,
                              min_active=min_active, shared_fate=shared_fate)
     emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
-        f"{r['granularity']}{'; feedback authenticated' if r['auth']['authenticated'] else ''}; "
+        f"{r['granularity']}; feedback "
+        f"{'authenticated' if r['auth']['authenticated'] else 'unauthenticated (no --key-file)'}; "
         f"pinned at {r['pins']}"
         + "".join(f"; chained to {c['device']}'s XDP program {c['id']} {c['name']}"
                   for c in r["xdp_chained"])))
@@ -172,6 +234,17 @@ def detach(ctx, device, all_):
         "\n".join(f"detached {x['device']}" + "".join(
             f"; XDP program {b['id']} is back on {b['device']}" for b in x["xdp_restored"])
             for x in r) or "nothing attached"))
+
+
+def fmt_auth(a: dict | None) -> str:
+    """`status`'s feedback line: authenticated by which key, or not."""
+    if not a:
+        return "-"
+    if not a["authenticated"]:
+        return ("unauthenticated: no key, so anyone on the fabric can forge or replay it "
+                "(mrcctl key add --key-file FILE)")
+    return "authenticated, " + ", ".join(f"key id {k['key_id']} {'signs' if k['signs'] else 'accepted'}"
+                                         for k in a["keys"])
 
 
 def fmt_memory(mem: dict | None) -> str:
@@ -210,14 +283,17 @@ def status(ctx):
             items = [("SID", r["sid"])]
             for h in r["hooks"]:
                 items += [(f"{h['device']} XDP", f"{h['xdp_mode'] or 'none'} (prog {h['xdp_prog_id'] or '-'}"
-                                                 f"{'' if h['xdp_ours'] else ', not ours'})"),
+                                                 f"{'' if h['xdp_ours'] else ', not ours'})"
+                                                 + (f": {h['xdp_why']}" if h.get("xdp_why") else "")),
+                          (f"{h['device']} granularity", f"{h['granularity']}"
+                                                         + (f": {h['granularity_why']}"
+                                                            if h.get("granularity_why") else "")),
                           *([(f"{h['device']} XDP chained",
                                f"prog {h['xdp_chained']['id']} {h['xdp_chained']['name']} "
                                f"(gets what MRC passes)")] if h.get("xdp_chained") else []),
                           (f"{h['device']} TC egress",
                            f"prog {h['tc_prog_id'] or '-'}{'' if h['tc_ours'] else ' (missing)'}")]
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
-                     ("granularity", r["granularity"]),
                      ("peers", f"{r['peers']} ({r['templated_peers']} on templates, "
                                f"{r['active_peers']} with learnt state)"),
                      ("paths", r["paths"]),
@@ -226,6 +302,7 @@ def status(ctx):
                      ("programs", ", ".join(f"{k} {v['id']}" for k, v in r["programs"].items())
                       + f"; loaded {max((v['loaded'] or '' for v in r['programs'].values()), default='') or '-'}"),
                      ("shared fate", {True: "on", False: "off"}.get(r.get("shared_fate"), "-")),
+                     ("feedback", fmt_auth(r.get("auth"))),
                      ("kernel memory", fmt_memory(r["memory"])),
                      ("pins", r["pins"])]
             for route in r["routes"]:
@@ -342,7 +419,7 @@ def path():
 
 
 @path.command("add")
-@click.argument("prefix")
+@click.argument("prefix", callback=exact_prefix)
 @click.option("--via", multiple=True, metavar="SEG1,SEG2,...",
               help="An SRH path: segments in travel order, as `ip route ... encap seg6 segs` "
                    "takes them; repeat to add several paths at once.")
@@ -397,7 +474,7 @@ def fmt_metrics(metrics: dict) -> str:
 
 
 @path.command("del")
-@click.argument("prefix", shell_complete=complete_prefixes)
+@click.argument("prefix", shell_complete=complete_prefixes, callback=exact_prefix)
 @click.option("--id", "path_id", type=int, help="Delete only this path (default: all paths of PREFIX).")
 @dev_option
 @json_option
@@ -411,7 +488,7 @@ def path_del(ctx, prefix, path_id, device):
 
 
 @path.command("policy")
-@click.argument("prefix", shell_complete=complete_prefixes)
+@click.argument("prefix", shell_complete=complete_prefixes, callback=exact_prefix)
 @click.argument("policy", type=click.Choice(POLICY_NAMES))
 @dev_option
 @json_option
@@ -516,6 +593,8 @@ path.add_command(path_template)
 path.add_command(path_bulk)
 from mrc_ebpf.cli.render_cmd import render  # noqa: E402
 cli.add_command(render)
+from mrc_ebpf.cli.unit_cmd import install_unit  # noqa: E402
+cli.add_command(install_unit)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,10 @@ def parse_listen(text: str) -> tuple[str, int]:
               help="Where to serve /metrics (loopback unless told otherwise).")
 @click.option("--once", is_flag=True,
               help="Print the page once and exit (e.g. for node_exporter's textfile collector).")
-def exporter(listen, once):
+@click.option("--per-path", is_flag=True,
+              help="Also one series per path (about 8 per path sent on, 21 per path received "
+                   "on); default: per peer and per sender only.")
+def exporter(listen, once, per_path):
     """Serve the datapath's counters, histograms, path states and events
     as Prometheus metrics (every attachment in this network namespace)."""
     from prometheus_client import generate_latest
@@ -42,7 +45,7 @@ def exporter(listen, once):
     host, port = parse_listen(listen)
     loader.require_root()
     pins.ensure_bpffs()
-    registry = metrics.registry()
+    registry = metrics.registry(per_path)
     if once:
         click.echo(generate_latest(registry).decode(), nl=False)
         return
@@ -113,50 +116,71 @@ def decode(ctx, pcap, json_, all_):
 @click.option("--timeout", type=click.FloatRange(0.1), help="Exit after this many seconds.")
 @click.pass_context
 def monitor(ctx, device, json_, count, timeout):
-    """Path events (down, up, fail-open, late) as the datapath files them,
-    read from its ring buffer; `ns` is the kernel's CLOCK_MONOTONIC time of
-    the event, `read_ns` when this command read it."""
+    """Path events (down, up, fail-open, late, ...) as the datapath files
+    them. Every reader gets every event: each reads the datapath's event
+    log at its own position, woken by its ring buffer; one that falls more
+    than the log's length behind prints a `lost` line saying which events
+    it missed. `ns` is the kernel's CLOCK_MONOTONIC time of the event,
+    `read_ns` when this command read it."""
+    import ctypes
     import time
     from mrc_ebpf.control import events, paths
     from mrc_ebpf.datapath import layout, loader, ringbuf
     as_json = json_ or ctx.obj.get("json")
     device = loader.resolve_device(device)
-    with loader.Attachment.open(device) as att:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with loader.Attachment.open(device) as att, \
+            ringbuf.Doorbell(str(att.dir / loader.EVENT_RING), ctypes.sizeof(layout.Event)) as bell:
         prefixes = {p["peer_id"]: p["prefix"] for p in paths.peers(att)}
-        seen = [0]
+        cursor = events.Cursor(att)
+        seen = lost = 0
 
-        def on_sample(raw: bytes):
+        def show(kind, item):
             now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            ev = layout.Event.from_buffer_copy(raw[:ctypes_size])
-            if ev.peer_id not in prefixes:
-                prefixes.update({p["peer_id"]: p["prefix"] for p in paths.peers(att)})
-            row = {"seq": ev.seq, "ns": ev.ns, "read_ns": now, "device": device,
-                   "type": events.TYPES.get(ev.type, str(ev.type)), "peer_id": ev.peer_id,
-                   "prefix": prefixes.get(ev.peer_id), "path_id": ev.path_id,
-                   "since_ns": ev.since_ns or None,
-                   "after_us": round((ev.ns - ev.since_ns) / 1e3, 1) if ev.since_ns else None}
-            if as_json:
-                click.echo(json.dumps(row, separators=(",", ":")))
+            if kind == "lost":
+                first, last = item
+                row = {"type": "lost", "lost": last - first + 1, "first_seq": first, "last_seq": last,
+                       "read_ns": now, "device": device}
+                text = (f"{'':>20} lost      {row['lost']} events (seq {first}-{last}): this reader "
+                        f"fell more than {cursor.size} events behind")
             else:
-                click.echo(f"{row['ns']:>20} {row['type']:<9} {row['prefix'] or '-'} path {row['path_id']}"
-                           + (f" ({row['after_us']} us after an unacknowledged send)"
-                              if row["after_us"] is not None else ""))
-            seen[0] += 1
+                ev = item
+                if ev.peer_id not in prefixes:
+                    prefixes.update({p["peer_id"]: p["prefix"] for p in paths.peers(att)})
+                row = {"seq": ev.seq, "ns": ev.ns, "read_ns": now, "device": device,
+                       "type": events.TYPES.get(ev.type, str(ev.type)), "peer_id": ev.peer_id,
+                       "prefix": prefixes.get(ev.peer_id), "path_id": ev.path_id,
+                       "since_ns": ev.since_ns or None,
+                       "after_us": round((ev.ns - ev.since_ns) / 1e3, 1) if ev.since_ns else None}
+                text = (f"{row['ns']:>20} {row['type']:<9} {row['prefix'] or '-'} path {row['path_id']}"
+                        + (f" ({row['after_us']} us after an unacknowledged send)"
+                           if row["after_us"] is not None else ""))
+            click.echo(json.dumps(row, separators=(",", ":")) if as_json else text)
 
-        import ctypes
-        ctypes_size = ctypes.sizeof(layout.Event)
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         give_up = time.monotonic() + timeout if timeout else None
-        with ringbuf.RingReader(str(att.dir / loader.EVENT_RING), on_sample) as ring:
-            click.echo(f"monitoring path events on {device}", err=True)
-            try:
-                while not stop.is_set() and not (count and seen[0] >= count):
-                    if give_up and time.monotonic() >= give_up:
-                        break
-                    ring.poll(100)
-            except KeyboardInterrupt:
-                pass
+        click.echo(f"monitoring path events on {device} (from seq {cursor.next})", err=True)
+        try:
+            while not stop.is_set():
+                for kind, item in cursor.read():
+                    show(kind, item)
+                    if kind == "lost":
+                        lost += item[1] - item[0] + 1
+                    else:
+                        seen += 1
+                        if count and seen >= count:
+                            return
+                left = give_up - time.monotonic() if give_up else 0.2
+                if left <= 0:
+                    break
+                # woken by the ring; the timeout only bounds the wait for
+                # stop/--timeout and covers a datapath that does not ring
+                bell.wait(min(left, 0.2))
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if lost:
+                click.echo(f"monitor: {seen} events shown, {lost} lost (read too slowly)", err=True)
 
 
 def _top_frame(device: str, a: dict | None, b: dict, seconds: float) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from mrc_ebpf.cli.common import attached, dev_option, emit, json_option
+from mrc_ebpf.cli.common import attached, dev_option, emit, exact_prefix, json_option
 from mrc_ebpf.errors import MrcError
 
 
@@ -33,7 +33,7 @@ def _command(deny: bool):
     verb = "deny" if deny else "allow"
 
     @click.command(verb)
-    @click.argument("prefix", required=False)
+    @click.argument("prefix", required=False, callback=exact_prefix)
     @click.option("--path", "path_ids", type=click.IntRange(0, 255), multiple=True, metavar="ID",
                   help=f"{verb.capitalize()} this path of PREFIX (repeatable).")
     @click.option("--hop", metavar="SID",

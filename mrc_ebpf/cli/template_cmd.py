@@ -99,10 +99,14 @@ def bulk(ctx, file, route, device):
     nothing."""
     from mrc_ebpf.control import templates
     entries = []
-    for number, line in enumerate(file, start=1):
-        line = line.split("#", 1)[0]
-        if line.strip():
-            entries.append(templates.parse_line(line, number))
+    try:
+        for number, line in enumerate(file, start=1):
+            line = line.split("#", 1)[0]
+            if line.strip():
+                entries.append(templates.parse_line(line, number))
+    except UnicodeDecodeError:
+        raise MrcError(f"{file.name}: not a text file (not UTF-8): expected lines "
+                       f"`PREFIX TEMPLATE SID`")
     if not entries:
         raise MrcError("no peers in the file")
     with attached(device, change=True) as att:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import click
 
-from mrc_ebpf.cli.common import attached, complete_prefixes, dev_option, emit, json_option
+from mrc_ebpf.cli.common import attached, complete_prefixes, dev_option, emit, exact_prefix, json_option
 
 
 @click.command("trace")
-@click.argument("prefix", required=False, shell_complete=complete_prefixes)
+@click.argument("prefix", required=False, shell_complete=complete_prefixes, callback=exact_prefix)
 @click.option("--order", is_flag=True,
               help="Record each EV's hop on its path (path list, path deny --hop) and order the "
                    "spray list to rotate over the hops, each the same number of turns.")

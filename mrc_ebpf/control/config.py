@@ -31,13 +31,14 @@ from mrc_ebpf.errors import MrcError
 
 VERSION = 1
 MODES = ("auto", "native", "skb")
-GRANULARITIES = ("packet", "burst")
+GRANULARITIES = offload.GRANULARITIES
+LINK_RATE_RANGE = (0, 10_000_000)       # Mbit/s; 0: the device's own speed
 # the ranges of `mrcctl attach`'s options (tests/test_config.py checks they agree)
 TIMER_RANGES = {"loss_hold_us": (0, 10_000_000), "ack_timeout_us": (50, 10_000_000),
                 "probe_us": (10, 10_000_000), "fb_interval_us": (10, 10_000_000),
                 "reorder_max_us": (0, 10_000_000)}
 MIN_ACTIVE_RANGE = (0, 256)
-ATTACH_KEYS = ("devices", "sid", "mode", "granularity", *TIMER_RANGES, "retrans_steer",
+ATTACH_KEYS = ("devices", "sid", "mode", "granularity", "link_rate_mbps", *TIMER_RANGES, "retrans_steer",
                "shared_fate", "min_active", "key_file")
 DEFAULT_POLICY = "rr"           # what `path add` gives a new peer
 MAX_CLASS_NAME = 15
@@ -212,7 +213,10 @@ def _attach(r: _Reader, node) -> dict:
            "sid": str(r.checked(sid_node, parse_sid, r.scalar(sid_node, str, "sid"))),
            "mode": r.choice(m["mode"][1], "mode", MODES) if "mode" in m else "auto",
            "granularity": (r.choice(m["granularity"][1], "granularity", GRANULARITIES)
-                           if "granularity" in m else "packet")}
+                           if "granularity" in m else "auto"),
+           # auto sizes bursts for this rate (Mbit/s), 0: the device's own speed
+           "link_rate_mbps": (r.integer(m["link_rate_mbps"][1], "link_rate_mbps", *LINK_RATE_RANGE)
+                              if "link_rate_mbps" in m else 0)}
     for name, (lo, hi) in TIMER_RANGES.items():
         out[name] = r.integer(m[name][1], name, lo, hi) if name in m else layout.TIMER_DEFAULTS[name]
     out["retrans_steer"] = r.scalar(m["retrans_steer"][1], bool, "retrans_steer") \
@@ -531,11 +535,10 @@ def used_mode(att: Attachment) -> str:
     return "skb" if att.config.devices[0].flags & CFG_XDP_SKB else "native"
 
 
-def granularity(devices: list[str]) -> str:
-    try:
-        return "packet" if all(offload.gso_max_segs(d) == 1 for d in devices) else "burst"
-    except Exception:
-        return "burst"
+def granularity(att: Attachment) -> str:
+    """What attach (or apply) was asked for: the device record keeps it."""
+    recorded = att.config.devices[0].granularity
+    return GRANULARITIES[recorded] if recorded < len(GRANULARITIES) else "auto"
 
 
 def signing_key(att: Attachment) -> layout.AuthKey | None:
@@ -563,7 +566,8 @@ def running_with_ids(att: Attachment, key_file: str | None = None,
     applied = read_applied(att)
     devices = att.device_names()
     attach = {"devices": devices, "sid": str(ipaddress.IPv6Address(bytes(cfg.sid))),
-              "mode": applied.get("mode") or used_mode(att), "granularity": granularity(devices)}
+              "mode": applied.get("mode") or used_mode(att), "granularity": granularity(att),
+              "link_rate_mbps": cfg.devices[0].link_mbps}
     for name in TIMER_RANGES:
         attach[name] = getattr(cfg, name)
     attach["retrans_steer"] = bool(cfg.retrans_steer)
@@ -691,9 +695,11 @@ def plan(desired: dict, current: dict, att: Attachment | None,
     is attached yet (CURRENT is DESIRED's attach section alone)."""
     changes: list[dict] = []
     want, have = desired["attach"], current["attach"]
-    for key in (*TIMER_RANGES, "retrans_steer", "shared_fate", "min_active", "granularity"):
-        if want[key] != have[key]:
-            changes.append({"what": "attach", "key": key, "from": have[key], "to": want[key]})
+    for key in (*TIMER_RANGES, "retrans_steer", "shared_fate", "min_active", "granularity",
+                "link_rate_mbps"):
+        if want.get(key, 0) != have.get(key, 0):
+            changes.append({"what": "attach", "key": key, "from": have.get(key, 0),
+                            "to": want.get(key, 0)})
     if want.get("key_file") != have.get("key_file") or \
             (att is not None and _key_differs(att, want.get("key_file"))):
         changes.append({"what": "attach", "key": "key_file", "from": have.get("key_file"),
@@ -1010,10 +1016,12 @@ def _set_attach(att: Attachment, want: dict, key: str) -> None:
         cfg = att.config
         setattr(cfg, key, int(want[key]))
         att.maps["config"].update(layout.Index(0), cfg)
-    elif key == "granularity":
+    elif key in ("granularity", "link_rate_mbps"):
         cfg = att.config
+        name = want["granularity"]
+        rate = want.get("link_rate_mbps", 0)
         for i, device in enumerate(att.device_names()):
-            target = 1 if want[key] == "packet" else (cfg.devices[i].saved_gso_max_segs or 65535)
+            target = offload.choose(name, device, cfg.devices[i].mtu, rate)
             before = offload.gso_max_segs(device)
             if before == target:
                 continue
@@ -1021,6 +1029,10 @@ def _set_attach(att: Attachment, want: dict, key: str) -> None:
                 att.journal.before_write(f"gso_max_segs {device}")
                 att.journal.record_gso(device, before)
             offload.set_gso_max_segs(device, target)
+        for i in range(cfg.n_devices):
+            cfg.devices[i].granularity = GRANULARITIES.index(name)
+            cfg.devices[i].link_mbps = rate
+        att.maps["config"].update(layout.Index(0), cfg)
     elif key == "key_file":
         value = auth.read(att)
         new = layout.Auth(epoch=value.epoch)
@@ -1158,7 +1170,7 @@ def _fresh(cfg: Config) -> None:
     from mrc_ebpf.datapath import loader
     want = cfg.data["attach"]
     loader.attach(want["devices"], want["sid"], want["mode"], want["granularity"],
-                  retrans_steer=want["retrans_steer"], min_active=want["min_active"],
+                  link_rate_mbps=want.get("link_rate_mbps", 0), retrans_steer=want["retrans_steer"], min_active=want["min_active"],
                   shared_fate=want["shared_fate"], key_file=want.get("key_file"), **{k: want[k] for k in TIMER_RANGES})
     first = want["devices"][0]
     try:

@@ -2,23 +2,21 @@
 
 Read from the pinned maps at each scrape (nothing is sampled in between),
 so a scrape shows the same numbers `mrcctl stats -j` would at that moment.
+docs/ops.md has the table of families, labels and their cardinality.
 
-* `mrc_<counter>_total{dev}`: each datapath counter (enum mrc_counter).
-* per path, labels dev, peer (the peer prefix when sending, the sender's
-  SID when receiving), path (its id): `mrc_path_tx_{packets,bytes}_total`,
-  `mrc_path_downs_total`, `mrc_path_rx_{packets,bytes,lost,late}_total`;
-  per sender `mrc_peer_rx_{packets,reordered}_total`.
-* histograms from the datapath's log2 buckets: one-way queueing delay per
-  path received (`mrc_path_queueing_delay_seconds`) and reorder distance
-  per sender (`mrc_peer_reorder_distance_packets`); the buckets' upper
-  bounds are 2^i - 1 (us or packets); the maps keep no sum, so there is no
-  `_sum` nor `_count` (histogram_quantile does not need them; the +Inf
-  bucket is the count).
-* `mrc_path_up` (1 up, else 0) and `mrc_path_state{state}` (up, assumed-bad, denied, unknown).
-* `mrc_events_total{dev,kind}`: path events (down, up, fail-open, late),
-  counted by this process as it reads the datapath's event log; events
-  that scrolled out of the log between two scrapes (more than MRC_EVENTS)
-  are counted in `mrc_events_missed_total`.
+Labels have one meaning each: `peer` is a peer prefix (what we send to),
+`sid` a peer's SID (who sent what we received: the datapath knows a
+sender only by its SID), `path` a path id of that peer or sender.
+`mrc_peer_info{peer, sid}` joins the two.
+
+By default the series are per peer and per sender (paths summed, their
+histograms merged); `per_path=True` (`exporter --per-path`) adds the
+per-path series, about 8 per path sent on and 21 per path received on.
+
+Histograms: the datapath's log2 buckets (upper bounds 2^i - 1 us or
+packets), cumulative, with `_count` (the packets histogrammed).  There is
+no `_sum`: the maps keep none, and a sum estimated from the buckets would
+not be the observations' sum.
 """
 from __future__ import annotations
 
@@ -27,6 +25,8 @@ import threading
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from mrc_ebpf.control import events, paths, stats
 from mrc_ebpf.datapath import loader, pins
@@ -35,15 +35,24 @@ from mrc_ebpf.errors import MrcError
 STATES = ("up", "assumed-bad", "denied", "unknown")     # MRC's path states (path list)
 
 
-def _buckets(hist: list[int], scale: float) -> list[tuple[str, float]]:
-    """Cumulative buckets with upper bounds 2^i - 1 (times scale); the
-    last of the datapath's buckets holds everything above, so it is +Inf."""
+def _buckets(hist: list[int], divisor: int) -> list[tuple[str, float]]:
+    """Cumulative buckets with upper bounds (2^i - 1) / divisor; the last
+    of the datapath's buckets holds everything above, so it is +Inf.  The
+    bound is divided, not multiplied by 1e-6, so that it prints as the
+    number it is (1.5e-05, not 1.4999999999999999e-05)."""
     out, seen = [], 0
     for i, n in enumerate(hist[:-1]):
         seen += n
-        out.append((repr(stats.bucket_upper(i) * scale), seen))
+        out.append((floatToGoString(stats.bucket_upper(i) / divisor), seen))
     out.append(("+Inf", seen + hist[-1]))
     return out
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], hist: list[int], divisor: int) -> None:
+    buckets = _buckets(hist, divisor)
+    family.add_metric(labels, buckets, None)
+    family.samples.append(Sample(family.name + "_count", dict(zip(family._labelnames, labels)),
+                                 buckets[-1][1]))
 
 
 class EventTally:
@@ -72,8 +81,9 @@ class EventTally:
 
 
 class MrcCollector:
-    def __init__(self):
+    def __init__(self, per_path: bool = False):
         self.tally = EventTally()
+        self.per_path = per_path
 
     def describe(self):
         return []
@@ -83,19 +93,9 @@ class MrcCollector:
                                labels=["dev"])
         families: dict[str, object] = {}
 
-        def counter(name, doc, labels):
+        def family(kind, name, doc, labels):
             if name not in families:
-                families[name] = CounterMetricFamily(name, doc, labels=labels)
-            return families[name]
-
-        def gauge(name, doc, labels):
-            if name not in families:
-                families[name] = GaugeMetricFamily(name, doc, labels=labels)
-            return families[name]
-
-        def histogram(name, doc, labels):
-            if name not in families:
-                families[name] = HistogramMetricFamily(name, doc, labels=labels)
+                families[name] = kind(name, doc, labels=labels)
             return families[name]
 
         for device in pins.attached_devices():
@@ -106,7 +106,7 @@ class MrcCollector:
                 continue
             with att:
                 up.add_metric([device], 1)
-                self._one(device, att, counter, gauge, histogram)
+                self._one(device, att, family)
         yield up
         yield from families.values()
         kinds = CounterMetricFamily("mrc_events", "Path events by kind (from the datapath's event log)",
@@ -122,11 +122,50 @@ class MrcCollector:
         yield kinds
         yield missed
 
-    def _one(self, device, att, counter, gauge, histogram):
+    def _one(self, device, att, family):
+        counter = lambda *a: family(CounterMetricFamily, *a)     # noqa: E731
+        gauge = lambda *a: family(GaugeMetricFamily, *a)         # noqa: E731
+        histogram = lambda *a: family(HistogramMetricFamily, *a)  # noqa: E731
         for name, value in att.counters().items():
             counter(f"mrc_{name}", f"Datapath counter {name} (enum mrc_counter), summed over CPUs",
                     ["dev"]).add_metric([device], value)
-        for r in paths.list_paths(att):
+        self._sent(device, att, counter, gauge)
+        self._received(device, att, counter, histogram)
+        self.tally.update(device, events.read(att))
+
+    def _sent(self, device, att, counter, gauge):
+        """Per peer prefix; every peer, template peers included before they
+        carry traffic (their paths then `unknown`, counters 0)."""
+        # one walk of the peers (a template peer's rows carry its own SID)
+        rows = paths.list_paths(att, every_template_peer=True)
+        sids: dict[str, set[str]] = {}
+        agg: dict[str, dict] = {}
+        for r in rows:
+            a = agg.setdefault(r["prefix"], {"tx_packets": 0, "tx_bytes": 0, "downs": 0,
+                                             "states": dict.fromkeys(STATES, 0)})
+            for k in ("tx_packets", "tx_bytes", "downs"):
+                a[k] += r[k]
+            a["states"][r["state"]] = a["states"].get(r["state"], 0) + 1
+            if r["peer_sid"] and r["peer_sid"] != "::":
+                sids.setdefault(r["prefix"], set()).add(r["peer_sid"])
+        info = gauge("mrc_peer_info", "1 for each peer prefix and the SID its paths end at",
+                     ["dev", "peer", "sid"])
+        for prefix, a in agg.items():
+            for sid in sorted(sids.get(prefix) or {""}):
+                info.add_metric([device, prefix, sid], 1)
+            labels = [device, prefix]
+            counter("mrc_peer_tx_packets", "Packets sent to the peer (all its paths)",
+                    ["dev", "peer"]).add_metric(labels, a["tx_packets"])
+            counter("mrc_peer_tx_bytes", "Bytes sent to the peer (all its paths)",
+                    ["dev", "peer"]).add_metric(labels, a["tx_bytes"])
+            counter("mrc_peer_path_downs", "Times the peer's paths were taken down",
+                    ["dev", "peer"]).add_metric(labels, a["downs"])
+            state = gauge("mrc_peer_paths", "The peer's paths in each state", ["dev", "peer", "state"])
+            for s in STATES:
+                state.add_metric([*labels, s], a["states"].get(s, 0))
+        if not self.per_path:
+            return
+        for r in rows:
             labels = [device, r["prefix"], str(r["path_id"])]
             counter("mrc_path_tx_packets", "Packets sent on the path", ["dev", "peer", "path"]) \
                 .add_metric(labels, r["tx_packets"])
@@ -140,30 +179,53 @@ class MrcCollector:
                           ["dev", "peer", "path", "state"])
             for s in STATES:
                 state.add_metric([*labels, s], 1 if r["state"] == s else 0)
-        for r in stats.received(att):
+
+    def _received(self, device, att, counter, histogram):
+        """Per sender SID (paths summed, histograms merged)."""
+        rx = stats.received(att)
+        what = (("packets", "rx_packets", "Packets received"), ("bytes", "rx_bytes", "Bytes received"),
+                ("lost", "lost", "Sequence gaps (packets lost)"),
+                ("late", "late", "Packets that arrived after a later one of the same path"))
+        per_sender: dict[str, dict] = {}
+        for r in rx:
+            a = per_sender.setdefault(r["from"], {"hist": [0] * len(r["qdelay_hist"]),
+                                                  **{field: 0 for _, field, _ in what}})
+            for _, field, _ in what:
+                a[field] += r[field]
+            a["hist"] = [x + y for x, y in zip(a["hist"], r["qdelay_hist"])]
+        reorder = {r["from"]: r for r in stats.reorder(att)}
+        for sid in sorted(set(per_sender) | set(reorder)):
+            labels = [device, sid]
+            a = per_sender.get(sid)
+            if a:
+                for name, field, doc in what[1:]:
+                    counter(f"mrc_peer_rx_{name}", f"{doc} from the sender (all its paths)",
+                            ["dev", "sid"]).add_metric(labels, a[field])
+                _histogram(histogram("mrc_peer_queueing_delay_seconds",
+                                     "One-way delay above each path's minimum, per packet received "
+                                     "from the sender", ["dev", "sid"]), labels, a["hist"], 1_000_000)
+            r = reorder.get(sid)
+            if r:
+                counter("mrc_peer_rx_packets", "Packets received from the sender (all paths)",
+                        ["dev", "sid"]).add_metric(labels, r["packets"])
+                counter("mrc_peer_rx_reordered", "Packets from the sender that arrived after a later one",
+                        ["dev", "sid"]).add_metric(labels, r["reordered"])
+                _histogram(histogram("mrc_peer_reorder_distance_packets",
+                                     "How far behind the highest sequence seen a reordered packet arrived",
+                                     ["dev", "sid"]), labels, r["reorder_hist"], 1)
+        if not self.per_path:
+            return
+        for r in rx:
             labels = [device, r["from"], str(r["path_id"])]
-            for what, doc in (("packets", "Packets received on the path"),
-                              ("bytes", "Bytes received on the path"),
-                              ("lost", "Sequence gaps on the path (packets lost)"),
-                              ("late", "Packets that arrived after a later one of the path")):
-                counter(f"mrc_path_rx_{what}", doc, ["dev", "peer", "path"]) \
-                    .add_metric(labels, r[f"rx_{what}"] if what in ("packets", "bytes") else r[what])
-            histogram("mrc_path_queueing_delay_seconds",
-                      "One-way delay above the path's minimum, per packet received",
-                      ["dev", "peer", "path"]).add_metric(labels, _buckets(r["qdelay_hist"], 1e-6), None)
-        for r in stats.reorder(att):
-            labels = [device, r["from"]]
-            counter("mrc_peer_rx_packets", "Packets received from the sender (all paths)",
-                    ["dev", "peer"]).add_metric(labels, r["packets"])
-            counter("mrc_peer_rx_reordered", "Packets from the sender that arrived after a later one",
-                    ["dev", "peer"]).add_metric(labels, r["reordered"])
-            histogram("mrc_peer_reorder_distance_packets",
-                      "How far behind the highest sequence seen a reordered packet arrived",
-                      ["dev", "peer"]).add_metric(labels, _buckets(r["reorder_hist"], 1), None)
-        self.tally.update(device, events.read(att))
+            for name, field, doc in what:
+                counter(f"mrc_path_rx_{name}", f"{doc} on the path", ["dev", "sid", "path"]) \
+                    .add_metric(labels, r[field])
+            _histogram(histogram("mrc_path_queueing_delay_seconds",
+                                 "One-way delay above the path's minimum, per packet received",
+                                 ["dev", "sid", "path"]), labels, r["qdelay_hist"], 1_000_000)
 
 
-def registry() -> CollectorRegistry:
+def registry(per_path: bool = False) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(MrcCollector())
+    reg.register(MrcCollector(per_path))
     return reg

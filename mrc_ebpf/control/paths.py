@@ -47,6 +47,18 @@ def parse_prefix(text: str) -> ipaddress._BaseNetwork:
         raise MrcError(f"bad prefix {text!r}: expected e.g. fd00:2::/64 or 198.18.2.0/24")
 
 
+def exact_prefix(text: str) -> str:
+    """TEXT if it is a prefix with no host bits set, as `ip route` wants
+    one: `fd00:c2::1/64` is refused, not silently taken as fd00:c2::/64
+    (what the operator meant is not known).  The CLI's PREFIX arguments
+    and bulk files are checked so; config files canonicalize instead."""
+    prefix = parse_prefix(text)
+    if "/" in text and prefix.network_address != ipaddress.ip_address(text.split("/")[0]):
+        raise MrcError(f"invalid prefix for given prefix length: {text} has host bits set "
+                       f"(the prefix is {prefix}?)")
+    return text
+
+
 def parse_segments(text: str) -> list[ipaddress.IPv6Address]:
     items = [s for s in text.split(",") if s.strip()]
     if not items:
@@ -693,10 +705,12 @@ def peers(att: Attachment) -> list[dict]:
     return out
 
 
-def list_paths(att: Attachment) -> list[dict]:
+def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]:
     """Every path of every peer with paths of its own, and of each
     template's peer that has learnt state (has been sent to lately): the
-    others are the template's paths, unused."""
+    others are the template's paths, unused.  every_template_peer: those
+    too, with the zeroed state their first packet would start (the
+    exporter shows template peers before they carry traffic)."""
     rows = []
     names = classes.names(att)
     now = _monotonic_ns()
@@ -706,7 +720,9 @@ def list_paths(att: Attachment) -> list[dict]:
         if peer.flags & LAST_HOP:
             peer_state = att.maps["peer_state"].lookup(layout.Index(peer.peer_id))
             if peer_state is None:
-                continue
+                if not every_template_peer:
+                    continue
+                peer_state = layout.PeerState()
             metrics = {}
         else:
             metrics = route_metrics(att, prefix)

@@ -8,7 +8,7 @@ import time
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import bpfsys, hooks, journal, layout, memory, pins, replace, stale, xdp_chain
+from mrc_ebpf.datapath import auth, bpfsys, hooks, journal, layout, memory, pins, replace, stale, xdp_chain
 from mrc_ebpf.control import paths
 from mrc_ebpf.datapath.loader import PROG_RX, PROG_TX, Attachment
 from mrc_ebpf.errors import MrcError
@@ -75,7 +75,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
                    routes=[], path_states={}, min_active=None, programs={}, shared_fate=None,
-                   memory=None, templated_peers=0, active_peers=0)
+                   memory=None, templated_peers=0, active_peers=0, auth=None)
         return row
     with att:
         cfg = att.config
@@ -100,16 +100,20 @@ def _one(ipr: IPRoute, device: str) -> dict:
                            for k, p in sorted(entries, key=lambda kv: kv[1].peer_id)
                            if not p.flags & paths.LAST_HOP])
         chained = [_chained(att, cfg, i, row["problems"]) for i in range(len(row["devices"]))]
+        members = [layout.Device.from_buffer_copy(cfg.devices[i]) for i in range(len(row["devices"]))]
+        row["auth"] = auth.describe(auth.read(att))     # authenticated false: feedback anyone can forge
     for f in row["fail_open"]:
         row["problems"].append(f"every path to {f['prefix']} is down: sending on them anyway, "
                                f"probed (fail-open) for {f['for_ms']} ms")
     # what the kernel has on each device, against the pinned programs
-    row["hooks"] = [_hooks(ipr, name, rx_id, tx_id, row["problems"]) for name in row["devices"]]
+    row["hooks"] = [_hooks(ipr, name, rx_id, tx_id, row["problems"], member)
+                    for name, member in zip(row["devices"], members)]
     for hooked, other in zip(row["hooks"], chained):
         hooked["xdp_chained"] = other
     first = row["hooks"][0]
     row.update({k: first[k] for k in ("xdp_mode", "xdp_prog_id", "xdp_ours", "xdp_chained",
-                                      "tc_prog_id", "tc_ours", "granularity")})
+                                      "tc_prog_id", "tc_ours", "granularity",
+                                      "granularity_why", "xdp_why")})
     row["healthy"] = not row["problems"]
     return row
 
@@ -184,12 +188,13 @@ def _ack_windows(att: Attachment, entries, active) -> list[dict]:
     return out
 
 
-def _hooks(ipr: IPRoute, device: str, rx_id: int, tx_id: int, problems: list) -> dict:
+def _hooks(ipr: IPRoute, device: str, rx_id: int, tx_id: int, problems: list,
+           member: layout.Device | None = None) -> dict:
     hooked = {"device": device}
     found = ipr.link_lookup(ifname=device)
     if not found:
         hooked.update(xdp_mode=None, xdp_prog_id=0, xdp_ours=False, tc_prog_id=0, tc_ours=False,
-                      granularity=None)
+                      granularity=None, granularity_why=None, xdp_why=None)
         problems.append(f"{device} no longer exists: `mrcctl detach` clears the pins")
         return hooked
     index = found[0]
@@ -198,7 +203,7 @@ def _hooks(ipr: IPRoute, device: str, rx_id: int, tx_id: int, problems: list) ->
     hooked.update(xdp_mode=info["xdp_mode"], xdp_prog_id=info["xdp_prog_id"],
                   xdp_ours=bool(rx_id) and info["xdp_prog_id"] == rx_id,
                   tc_prog_id=tc_id, tc_ours=bool(tx_id) and tc_id == tx_id,
-                  granularity=_granularity(device))
+                  **_granularity(device, member, problems))
     if not hooked["xdp_ours"]:
         problems.append(f"XDP on {device} is not our program (expected id {rx_id})")
     if not hooked["tc_ours"]:
@@ -206,6 +211,28 @@ def _hooks(ipr: IPRoute, device: str, rx_id: int, tx_id: int, problems: list) ->
     return hooked
 
 
-def _granularity(device: str) -> str:
+def _granularity(device: str, member: layout.Device | None, problems: list) -> dict:
+    """What the device sprays at, why, and why its XDP mode: the device
+    record says what attach was asked for, the device what it runs."""
     from mrc_ebpf.datapath import offload
-    return offload.granularity(device)
+    from mrc_ebpf.datapath.loader import CFG_XDP_SKB, xdp_mode
+    try:
+        segs = offload.gso_max_segs(device)
+    except Exception:
+        return {"granularity": "unknown", "granularity_why": None, "xdp_why": None}
+    names = offload.GRANULARITIES
+    asked = names[member.granularity] if member is not None and member.granularity < len(names) else None
+    xdp_why = None
+    if asked is None:
+        told = offload.describe("", segs, 0, 0)
+    else:
+        mbps = member.link_mbps or offload.wire_mbps(device)
+        told = offload.describe(asked, segs, mbps, member.mtu)
+        want = offload.choose(asked, device, member.mtu, member.link_mbps)
+        if segs != want:
+            told["why"] = f"gso_max_segs is {segs}, not the {want} that {asked} sets: changed outside mrcctl"
+            problems.append(f"{device}: {told['why']}")
+        used = "skb" if member.flags & CFG_XDP_SKB else "native"
+        auto, why = xdp_mode(device, "auto")
+        xdp_why = why if (auto == "skb") == (used == "skb") else f"asked for (--mode {used})"
+    return {"granularity": told["what"], "granularity_why": told["why"], "xdp_why": xdp_why}

@@ -226,6 +226,10 @@ def parse_line(line: str, number: int) -> tuple[str, str, str]:
     parts = line.split()
     if len(parts) != 3:
         raise MrcError(f"line {number}: expected PREFIX TEMPLATE SID, got {line.strip()!r}")
+    try:
+        cp.exact_prefix(parts[0])
+    except MrcError as e:
+        raise MrcError(f"line {number}: {e}")
     return parts[0], parts[1], parts[2]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import ipaddress
+import os
 import re
 import struct
 import time
@@ -46,6 +47,28 @@ def read_key(path: str | Path) -> bytes:
     if key == bytes(KEY_BYTES):
         raise MrcError(f"key file {path}: the key is all zeros")
     return key
+
+
+def new_key_file(path: str | Path) -> Path:
+    """PATH, holding a new random key (mode 0600) if it did not exist; a
+    key file already there is checked and kept, so every host configured
+    from it gets the same key.  MrcError, one line, if it cannot be."""
+    path = Path(path).resolve()
+    key = os.urandom(KEY_BYTES)
+    while key == bytes(KEY_BYTES):
+        key = os.urandom(KEY_BYTES)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        read_key(path)
+        return path
+    except OSError as e:
+        raise MrcError(f"cannot make key file {path}: {e.strerror or e}")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"# mrc-ebpf fabric key (id {key_id(key)}): every host of the fabric needs this file\n"
+                f"{key.hex()}\n")
+    return path
 
 
 def key_id(key: bytes) -> int:

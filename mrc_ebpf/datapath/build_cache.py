@@ -11,7 +11,9 @@ before.  A cached build carries no BTF (bcc's maps do): `bpftool map dump`
 prints such maps in hex.
 
 MRC_EBPF_CACHE=DIR keeps builds in DIR (default /var/cache/mrc-ebpf),
-MRC_EBPF_CACHE=off compiles every time.  The directory is root's, mode
+MRC_EBPF_CACHE=off compiles every time.  Only a compile needs the kernel's
+headers (require_headers): a host whose cache holds the build for its
+kernel and sources attaches without them.  The directory is root's, mode
 0700: what it holds is loaded into the kernel, so a directory anyone else
 could write to is not used.
 """
@@ -89,12 +91,11 @@ def cached(text: bytes, cflags: list[str], programs: dict[str, str], compile,
 def one_program(source_file: Path, function: str, kind: str = "SCHED_CLS"):
     """(module, program) for a C file of one program (the lab's): bcc
     compiles it as its src_file, or the cache loads it."""
-    try:
-        from bcc import BPF
-    except ImportError:
-        raise MrcError("bcc is not installed: apt-get install python3-bpfcc (see README)")
+    require_bcc()
+    from bcc import BPF
 
     def compile():
+        require_headers()
         try:
             module = BPF(src_file=str(source_file).encode())
             return module, {function: module.load_func(function.encode(), getattr(BPF, kind))}
@@ -102,6 +103,46 @@ def one_program(source_file: Path, function: str, kind: str = "SCHED_CLS"):
             raise MrcError(f"cannot load {source_file.name}: {e}")
     module, progs = cached(source.expand(source_file).encode(), [], {function: kind}, compile)
     return module, progs[function]
+
+
+def require_bcc() -> None:
+    """bcc is importable, or MrcError saying which Debian package brings it."""
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        raise MrcError("bcc is not installed: apt-get install python3-bpfcc (Debian's; the PyPI "
+                       "`bcc` is another project), and run mrcctl from a venv made with "
+                       "`/usr/bin/python3 -m venv --system-site-packages` so that it sees it")
+
+
+def headers_dir() -> Path:
+    return Path(f"/lib/modules/{os.uname().release}/build")
+
+
+def require_headers() -> None:
+    """The kernel headers bcc compiles against are there, or MrcError
+    naming what to install: called just before a compile, never when the
+    cache holds the build."""
+    build = headers_dir()
+    if (build / "include").exists() or (build / "Makefile").exists():
+        return
+    release = os.uname().release
+    where = directory()
+    cache = (f"an attach whose build for kernel {release} and these sources is in {where} "
+             f"would need none, and there is none yet" if where is not None
+             else "the build cache is off: MRC_EBPF_CACHE")
+    debian = sorted(Path("/usr/src").glob("linux-headers-*-amd64"))
+    if debian:
+        have = debian[-1]
+        common = have.parent / (have.name[:-len("-amd64")] + "-common")
+        fix = (f"link Debian's headers there: mkdir -p {build.parent}; ln -s {have} {build}; "
+               f"ln -s {common} {build.parent / 'source'} (or apt-get install linux-headers-{release} "
+               f"where Debian has that package)")
+    else:
+        fix = (f"apt-get install linux-headers-{release} (a Debian kernel's own), or for another "
+               f"kernel apt-get install linux-headers-amd64 and link /usr/src/linux-headers-VER-amd64 "
+               f"as {build} and /usr/src/linux-headers-VER-common as {build.parent / 'source'}")
+    raise MrcError(f"kernel headers missing at {build}: bcc compiles against them ({cache}); {fix}")
 
 
 def directory() -> Path | None:

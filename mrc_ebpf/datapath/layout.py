@@ -64,7 +64,8 @@ class PeerTx(ctypes.Structure):
 
 @mirror("struct mrc_device")
 class Device(ctypes.Structure):
-    _fields_ = [("ifindex", u32), ("flags", u32), ("saved_gso_max_segs", u32), ("mtu", u32)]
+    _fields_ = [("ifindex", u32), ("flags", u32), ("saved_gso_max_segs", u32), ("mtu", u32),
+                ("granularity", u32), ("link_mbps", u32)]
 
 
 @mirror("struct mrc_config")

@@ -78,21 +78,14 @@ def load_datapath(rx_attach_type: int = 0):
 
 
 def _require_bcc() -> None:
-    try:
-        import bcc  # noqa: F401
-    except ImportError:
-        raise MrcError("bcc is not installed: apt-get install python3-bpfcc, and use a venv "
-                       "made with --system-site-packages (`make setup` does both)")
+    build_cache.require_bcc()
 
 
 def build_datapath(text: bytes | None = None):
     """Compile bpf/mrc.c: a bcc module whose maps exist, nothing loaded yet."""
     _require_bcc()
     from bcc import BPF
-    build = Path(f"/lib/modules/{os.uname().release}/build")
-    if not (build / "include").exists() and not (build / "Makefile").exists():
-        raise MrcError(f"kernel headers missing at {build}: apt-get install linux-headers-amd64 "
-                       f"and link them there (`make setup` does this)")
+    build_cache.require_headers()     # only here: a cached build needs no headers
     try:
         return BPF(text=text or source.expand().encode(), cflags=CFLAGS)
     except Exception as e:  # bcc raises bare Exception; the compiler's messages went to stderr
@@ -318,13 +311,13 @@ def _check_sid_free(sid: ipaddress.IPv6Address) -> None:
 
 def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granularity: str,
           undo: list, other: dict | None = None, chain_fd: int = -1,
-          slot: int = 0) -> tuple[layout.Device, str]:
+          slot: int = 0, link_rate_mbps: int = 0) -> tuple[layout.Device, str]:
     """Hook the programs to one device; what it changed goes on `undo`.
     OTHER: the XDP program already there, which mrc_rx takes the place
     of and hands on to (xdp_chain.py)."""
     info = hooks.device_info(ipr, index)
     flags = 0
-    used_mode = _xdp_hook(device, index, rx.fd, mode, undo, other, chain_fd, slot)
+    used_mode = _xdp_hook(device, index, rx.fd, xdp_mode(device, mode)[0], undo, other, chain_fd, slot)
     if other:
         flags |= xdp_chain.CFG_XDP_CHAINED
     if used_mode == "skb":
@@ -338,11 +331,31 @@ def _hook(ipr: IPRoute, device: str, index: int, tx, rx, fb, mode: str, granular
     hooks.tc_attach(ipr, index, fb.fd, "mrc_fb", hooks.TC_INGRESS_PARENT)
     undo.append(lambda: hooks.tc_detach(ipr, index, hooks.TC_INGRESS_PARENT))
     saved_segs = offload.gso_max_segs(device)
-    if granularity == "packet" and saved_segs != 1:
-        offload.set_gso_max_segs(device, 1)
+    segs = offload.choose(granularity, device, info["mtu"], link_rate_mbps)
+    if segs != saved_segs:
+        offload.set_gso_max_segs(device, segs)
         undo.append(lambda: offload.set_gso_max_segs(device, saved_segs))
     return layout.Device(ifindex=index, flags=flags, saved_gso_max_segs=saved_segs,
-                         mtu=info["mtu"]), used_mode
+                         mtu=info["mtu"], granularity=offload.GRANULARITIES.index(granularity),
+                         link_mbps=link_rate_mbps), used_mode
+
+
+def _granularity_fields(granularity: str, device: str, member: layout.Device) -> dict:
+    told = offload.describe(granularity, offload.gso_max_segs(device),
+                            member.link_mbps or offload.wire_mbps(device), member.mtu)
+    return {"granularity": told["what"], "granularity_why": told["why"]}
+
+
+def xdp_mode(device: str, mode: str) -> tuple[str, str]:
+    """The XDP mode to ask for on DEVICE, and why.  auto: native, but
+    generic on a veth, whose native XDP takes segmentation offload off
+    its peer (the sender) and bounds the peer's MTU: one TCP flow ran at
+    4.1 Gbit/s native against 10.8 generic (docs/performance/line-rate.md)."""
+    if mode != "auto":
+        return mode, "asked for (--mode)"
+    if offload.kind(device) == "veth":
+        return "skb", "auto: generic on veth (native XDP turns the peer's GSO/TSO off)"
+    return "auto", "auto: native where the driver has it"
 
 
 def _xdp_hook(device: str, index: int, rx_fd: int, mode: str, undo: list,
@@ -361,9 +374,9 @@ def _xdp_hook(device: str, index: int, rx_fd: int, mode: str, undo: list,
 
 
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
-           granularity: str = "packet", retrans_steer: bool = True, min_active: int = 0,
+           granularity: str = "auto", retrans_steer: bool = True, min_active: int = 0,
            key_file: str | None = None, shared_fate: bool = False, replace: bool = False,
-           **timers: int) -> dict:
+           link_rate_mbps: int = 0, **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices).
     With KEY_FILE, the TLVs it sends are signed and only authentic ones
     from peers are filed (datapath/auth.py).  With REPLACE, upgrade the
@@ -428,7 +441,8 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             modes = []
             for i, (device, (index, other)) in enumerate(zip(devices, found)):
                 cfg.devices[i], used_mode = _hook(ipr, device, index, tx, rx, fb, mode,
-                                                  granularity, undo, other, chain_fd, i)
+                                                  granularity, undo, other, chain_fd, i,
+                                                  link_rate_mbps)
                 modes.append(used_mode)
             cfg.mtu = min(cfg.devices[i].mtu for i in range(len(devices)))
             auth_value = auth.initial(key)
@@ -445,7 +459,8 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
                 raise
             raise MrcError(f"attach {' '.join(devices)} failed: {e}")
     return {"device": devices[0], "devices": devices, "ifindex": indexes[0], "sid": str(sid),
-            "xdp_mode": modes[0], "granularity": offload.granularity(devices[0]),
+            "xdp_mode": modes[0], "xdp_why": xdp_mode(devices[0], mode)[1],
+            **_granularity_fields(granularity, devices[0], cfg.devices[0]),
             "timers": timers, "pins": str(directory), "auth": auth.describe(auth_value),
             "xdp_chained": [{"device": d, "id": o["id"], "name": o["name"]}
                             for d, (_, o) in zip(devices, found) if o],

@@ -1,6 +1,11 @@
 """The control connection: test parameters out, results back, as one JSON
 object per line.
 
+The client opens with a 37-byte cookie, as iperf3's clients do (36
+characters and a NUL; mrc-perf's start with "mrcperf"); an mrc-perf server
+answers one byte "M" and the JSON lines follow, an iperf3 server answers
+PARAM_EXCHANGE and the client speaks iperf3's protocol (perf/iperf3_proto.py);
+a server seeing another cookie does the same for an iperf3 client.
 Client -> server: params.  Server -> client: accept (or error), then
 start once every data stream has arrived.  After the test the sending
 side sends `end` with its results; the receiving side drains, then sends
@@ -17,7 +22,7 @@ from dataclasses import asdict, dataclass
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.perf.udp import MAX_LENGTH, MIN_LENGTH
 
-VERSION = 1
+VERSION = 2         # 2: the client opens with a 37-byte cookie, as iperf3 does
 DEFAULT_PORT = 5201
 TCP_LENGTH = 128 * 1024         # iperf3's TCP default
 UDP_RATE = 1_000_000            # iperf3's UDP default: 1 Mbit/s per stream
@@ -35,6 +40,11 @@ class Params:
     reverse: bool = False
     congestion: str | None = None   # TCP congestion control for the data streams; None: each end's own
     mptcp: bool = False         # data streams are MPTCP connections (IPPROTO_MPTCP)
+    omit: float = 0.0           # seconds at the start not counted (iperf3 -O)
+    bytes: int = 0              # bytes to send in all, instead of a duration (iperf3 -n); 0: -t
+    window: int = 0             # SO_SNDBUF / SO_RCVBUF of the data sockets (iperf3 -w); 0: the kernel's
+    get_server_output: bool = False     # the server sends its own report (iperf3 --get-server-output)
+    bidir: bool = False         # both directions at once (iperf3 --bidir): streams each way
 
     def check(self) -> "Params":
         if self.protocol not in ("tcp", "udp"):
@@ -58,7 +68,28 @@ class Params:
                 raise MrcError(f"bad congestion control name {self.congestion!r}")
         if self.mptcp and self.protocol != "tcp":
             raise MrcError("MPTCP (-m) applies to TCP only")
+        if self.bidir and self.reverse:
+            raise MrcError("give -R or --bidir, not both")
+        if not 0 <= self.omit <= 600:
+            raise MrcError(f"bad omit {self.omit}: 0..600 seconds")
+        if self.bytes < 0:
+            raise MrcError("bad number of bytes: must not be negative")
+        if 0 < self.bytes < self.streams:
+            raise MrcError(f"bad number of bytes {self.bytes}: at least one per stream (-P {self.streams})")
+        if not 0 <= self.window <= 512 << 20:
+            raise MrcError(f"bad window {self.window}: 0 .. 512 MBytes")
         return self
+
+    @property
+    def total_streams(self) -> int:
+        """Data connections: `streams` each way with --bidir."""
+        return self.streams * (2 if self.bidir else 1)
+
+    @property
+    def run_seconds(self) -> float:
+        """How long the senders may run: the omitted seconds, then the
+        test (with -n, until the bytes are sent, at most a day)."""
+        return self.omit + (86400.0 if self.bytes else self.duration)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -71,7 +102,10 @@ class Params:
                        length=int(data["length"]), interval=float(data["interval"]),
                        reverse=bool(data["reverse"]),
                        congestion=None if data.get("congestion") is None else str(data["congestion"]),
-                       mptcp=bool(data.get("mptcp", False))).check()
+                       mptcp=bool(data.get("mptcp", False)), omit=float(data.get("omit", 0)),
+                       bytes=int(data.get("bytes", 0)), window=int(data.get("window", 0)),
+                       get_server_output=bool(data.get("get_server_output", False)),
+                       bidir=bool(data.get("bidir", False))).check()
         except (KeyError, TypeError, ValueError):
             raise MrcError("malformed test parameters")
 
@@ -85,6 +119,23 @@ def set_congestion(sock: socket.socket, name: str | None) -> None:
     except OSError as e:
         why = "not available on this host" if e.errno == 2 else (e.strerror or str(e))
         raise MrcError(f"cannot use TCP congestion control {name!r}: {why}")
+
+
+def set_window(sock: socket.socket, size: int) -> None:
+    """iperf3 -w: both socket buffers of a data socket (0: the kernel's)."""
+    if not size:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+    except OSError as e:
+        raise MrcError(f"cannot set the socket buffer size to {size}: {e.strerror or e}")
+
+
+def buffer_sizes(sock: socket.socket) -> dict:
+    """iperf3's start.sndbuf_actual / rcvbuf_actual."""
+    return {"sndbuf_actual": sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+            "rcvbuf_actual": sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)}
 
 
 IPPROTO_MPTCP = getattr(socket, "IPPROTO_MPTCP", 262)

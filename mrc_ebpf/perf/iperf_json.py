@@ -49,7 +49,8 @@ def _stream(r: dict, t0: float, t1: float, seconds: float, kind: str, role: str,
     if kind == "tcp" and role == "sender":
         out["retransmits"] = r.get("retransmits", 0)
         if socket_id is not None and "rtt_us" in r:
-            out.update(snd_cwnd=r["snd_cwnd"], rtt=r["rtt_us"])
+            out.update(snd_cwnd=r["snd_cwnd"], snd_wnd=r.get("snd_wnd", 0), rtt=r["rtt_us"],
+                       rttvar=r.get("rttvar_us", 0), pmtu=r.get("pmtu", 0))
     elif kind == "udp" and role == "sender":
         out["packets"] = r["packets"]
     elif kind == "udp":
@@ -63,9 +64,10 @@ def _stream(r: dict, t0: float, t1: float, seconds: float, kind: str, role: str,
 
 def _interval(rec: dict, kind: str, role: str, local_sender: bool) -> dict:
     t0, t1, sec = rec["start"], rec["end"], rec["seconds"]
-    streams = [dict(_stream(s, t0, t1, sec, kind, role, local_sender, s["id"]), omitted=False)
+    omitted = bool(rec.get("omitted", False))
+    streams = [dict(_stream(s, t0, t1, sec, kind, role, local_sender, s["id"]), omitted=omitted)
                for s in rec["streams"]]
-    total = dict(_stream(rec["sum"], t0, t1, sec, kind, role, local_sender, None), omitted=False)
+    total = dict(_stream(rec["sum"], t0, t1, sec, kind, role, local_sender, None), omitted=omitted)
     return {"streams": streams, "sum": total, "mrc": _mrc_figures(rec)}
 
 
@@ -81,8 +83,9 @@ def _rtt_stats(intervals: list[dict], index: int) -> dict:
     rtts = [i["streams"][index].get("rtt_us", 0) for i in intervals if index < len(i["streams"])]
     rtts = [r for r in rtts if r] or [0]
     cwnds = [i["streams"][index].get("snd_cwnd", 0) for i in intervals if index < len(i["streams"])] or [0]
-    return {"max_snd_cwnd": max(cwnds), "max_rtt": max(rtts), "min_rtt": min(rtts),
-            "mean_rtt": int(sum(rtts) / len(rtts))}
+    wnds = [i["streams"][index].get("snd_wnd", 0) for i in intervals if index < len(i["streams"])] or [0]
+    return {"max_snd_cwnd": max(cwnds), "max_snd_wnd": max(wnds), "max_rtt": max(rtts),
+            "min_rtt": min(rtts), "mean_rtt": int(sum(rtts) / len(rtts))}
 
 
 def _end(doc: dict, kind: str, local_sender: bool) -> dict:
@@ -113,11 +116,23 @@ def _end(doc: dict, kind: str, local_sender: bool) -> dict:
         sum_sent["sender"], sum_received["sender"] = True, False
         end["sum"] = dict(sum_received, sender=local_sender)
     end["sum_sent"], end["sum_received"] = sum_sent, sum_received
+    end["cpu_utilization_percent"] = _cpu(doc)
     if kind == "tcp":
         cc = {doc[k]["role"]: doc[k]["tcp_congestion"] for k in ("local", "remote")}
         end["sender_tcp_congestion"] = cc["sender"]
         end["receiver_tcp_congestion"] = cc["receiver"]
     return end
+
+
+def _cpu(doc: dict) -> dict:
+    """iperf3's end.cpu_utilization_percent: each end's process, user and
+    system time over the test's wall time (getrusage), in percent."""
+    out = {}
+    for who, side in (("host", "local"), ("remote", "remote")):
+        cpu = doc[side].get("cpu") or {"total": 0.0, "user": 0.0, "system": 0.0}
+        out.update({f"{who}_total": cpu["total"], f"{who}_user": cpu["user"],
+                    f"{who}_system": cpu["system"]})
+    return out
 
 
 def document(doc: dict) -> dict:
@@ -138,9 +153,19 @@ def document(doc: dict) -> dict:
         out_start["connecting_to"] = {"host": start["remote_host"], "port": start["remote_port"]}
     else:
         out_start["accepted_connection"] = {"host": start["remote_host"], "port": start["remote_port"]}
+    for key in ("cookie", "tcp_mss_default"):
+        if key in start:
+            out_start[key] = start[key]
+    out_start["target_bitrate"] = test["bitrate"]
+    for key in ("sock_bufsize", "sndbuf_actual", "rcvbuf_actual"):
+        if key in start:
+            out_start[key] = start[key]
     out_start["test_start"] = {"protocol": kind.upper(), "num_streams": test["streams"],
-                               "blksize": test["length"], "omit": 0, "duration": test["duration"],
-                               "bytes": 0, "blocks": 0, "reverse": int(test["reverse"]), "tos": 0,
+                               "blksize": test["length"], "omit": _num(test.get("omit", 0)),
+                               # -n: iperf3 writes duration 0
+                               "duration": 0 if test.get("bytes") else _num(test["duration"]),
+                               "bytes": test.get("bytes", 0),
+                               "blocks": 0, "reverse": int(test["reverse"]), "tos": 0,
                                "target_bitrate": test["bitrate"]}
     local_role, remote_role = doc["local"]["role"], doc["remote"]["role"]
     out = {
@@ -149,6 +174,7 @@ def document(doc: dict) -> dict:
         "end": _end(doc, kind, local_sender),
         "mrc": {
             "version": MRC_KEY_VERSION, "role": start["role"], "test": test,
+            "peer": doc.get("peer", "mrc-perf"),
             "control": {k: start[k] for k in ("local_host", "local_port", "remote_host", "remote_port")},
             "local": {"role": local_role, "datapath": doc["local"]["mrc"],
                       "tcp_congestion": doc["local"]["tcp_congestion"],
@@ -161,9 +187,48 @@ def document(doc: dict) -> dict:
                     "receiver": _mrc_figures(doc["end"]["receiver"])},
         },
     }
+    if "bidir_reverse" in doc:
+        _add_reverse_half(out, doc, kind, local_sender)
+    server_output = doc.get("server_output") or {}
+    if "json" in server_output:           # iperf3 --get-server-output
+        out["server_output_json"] = server_output["json"]
+    if "text" in server_output:
+        out["server_output_text"] = server_output["text"]
     if doc.get("error"):
         out["error"] = doc["error"]
     return out
+
+
+def _add_reverse_half(out: dict, doc: dict, kind: str, local_sender: bool) -> None:
+    """--bidir in iperf3's layout: each interval's streams are both halves'
+    (the reverse half's with the other `sender`), its `sum` the client's
+    sending half and `sum_bidir_reverse` the server's; end.streams both
+    halves', then sum_sent / sum_received and their *_bidir_reverse."""
+    back = {**doc, **doc["bidir_reverse"]}
+    role = back["local"]["role"]
+    rev = [_interval(i, kind, role, not local_sender) for i in back["local"]["intervals"]]
+    for i, r in zip(out["intervals"], rev):
+        i["streams"].extend(r["streams"])
+        i["sum_bidir_reverse"] = r["sum"]
+    end = _end(back, kind, not local_sender)
+    out["end"]["streams"].extend(end["streams"])
+    if "sum" in end:
+        out["end"]["sum_bidir_reverse"] = end["sum"]
+    out["end"]["sum_sent_bidir_reverse"] = end["sum_sent"]
+    out["end"]["sum_received_bidir_reverse"] = end["sum_received"]
+    mrc = out["mrc"]
+    mrc["bidir_reverse"] = {
+        "local": {"role": role, "intervals": rev},
+        "remote": {"role": back["remote"]["role"],
+                   "intervals": [_interval(i, kind, back["remote"]["role"], local_sender)
+                                 for i in back["remote"]["intervals"]]},
+        "end": {"sender": _mrc_figures(back["end"]["sender"]),
+                "receiver": _mrc_figures(back["end"]["receiver"])}}
+
+
+def _num(x):
+    """A whole number as iperf3 writes it (10, not 10.0)."""
+    return int(x) if float(x).is_integer() else x
 
 
 def read_result(doc: dict) -> dict:

@@ -16,7 +16,7 @@ def _head(kind: str, role: str, summary: bool = False) -> str:
     return base + "         Jitter    Lost/Total Datagrams  Latency p50/p99/p99.9"
 
 
-def header(kind: str, role: str) -> str:
+def header(kind: str, role: str, unit: str | None = None) -> str:
     return _head(kind, role)
 
 
@@ -26,9 +26,10 @@ def _latency(lat) -> str:
     return f"{lat['p50']:.0f}/{lat['p99']:.0f}/{lat['p99.9']:.0f} us"
 
 
-def _line(label: str, r: dict, t0: float, t1: float, kind: str, role: str, summary: bool) -> str:
+def _line(label: str, r: dict, t0: float, t1: float, kind: str, role: str, summary: bool,
+          unit: str | None = None) -> str:
     text = f"[{label:>3}] {t0:6.2f}-{t1:<6.2f} sec  {fmt_bytes(r['bytes']):>11}  " \
-           f"{fmt_rate(r['bits_per_second']):>15}"
+           f"{fmt_rate(r['bits_per_second'], unit):>15}"
     if kind == "tcp" and role == "sender":
         text += f" {r['retransmits']:>4}"
         if not summary and "snd_cwnd" in r:
@@ -44,11 +45,11 @@ def _line(label: str, r: dict, t0: float, t1: float, kind: str, role: str, summa
     return text
 
 
-def interval_lines(rec: dict, kind: str, role: str, multi: bool) -> list[str]:
+def interval_lines(rec: dict, kind: str, role: str, multi: bool, unit: str | None = None) -> list[str]:
     t0, t1 = rec["start"], rec["end"]
-    out = [_line(str(s["id"]), s, t0, t1, kind, role, False) for s in rec["streams"]]
+    out = [_line(str(s["id"]), s, t0, t1, kind, role, False, unit) for s in rec["streams"]]
     if multi:
-        out.append(_line("SUM", rec["sum"], t0, t1, kind, role, False))
+        out.append(_line("SUM", rec["sum"], t0, t1, kind, role, False, unit))
     if rec.get("mrc"):
         out.extend(mrc_lines(rec["mrc"]))
     return out
@@ -76,7 +77,7 @@ def mrc_lines(view: dict, indent: str = "") -> list[str]:
     return out
 
 
-def summary_lines(end: dict, kind: str, multi: bool) -> list[str]:
+def summary_lines(end: dict, kind: str, multi: bool, unit: str | None = None) -> list[str]:
     out = [RULE]
     for role in ("sender", "receiver"):
         s = end[role]
@@ -88,7 +89,7 @@ def summary_lines(end: dict, kind: str, multi: bool) -> list[str]:
         if multi:
             rows.append(("SUM", s["sum"]))
         for label, r in rows:
-            out.append(_line(label, r, s["start"], s["end"], kind, role, True) + f"  {role}")
+            out.append(_line(label, r, s["start"], s["end"], kind, role, True, unit) + f"  {role}")
     return out
 
 

@@ -10,6 +10,7 @@ holds both ends.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import sys
 import threading
@@ -17,14 +18,34 @@ import time
 
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.perf.control import (DEFAULT_PORT, TCP_LENGTH, UDP_RATE, VERSION, Control, Params, PeerGone,
-                           check_congestion, congestion_of, is_mptcp, mptcp_subflows, set_congestion,
-                           stream_socket)
+                           buffer_sizes, check_congestion, congestion_of, is_mptcp, mptcp_subflows,
+                           set_congestion, set_window, stream_socket)
 from mrc_ebpf.perf.mrc_view import MrcView
 from mrc_ebpf.perf.report import header, interval_lines, mrc_summary_lines, summary_lines
 from mrc_ebpf.perf.tcp import DATA_HELLO, DATA_MAGIC, TcpReceiver, TcpSender
 from mrc_ebpf.perf.udp import HEADER, KIND_HELLO, MAGIC, UdpReceiver, UdpSender, big_buffers, hello, receive
 
 SETUP_TIMEOUT = 10.0
+# the server's answer to an mrc-perf client's cookie (iperf3's is PARAM_EXCHANGE)
+MRC_HELLO = b"M"
+COOKIE_PREFIX = "mrcperf"
+_COOKIE_CHARS = "abcdefghijklmnopqrstuvwxyz234567"      # iperf3's
+
+
+def make_cookie() -> str:
+    """A test's cookie, 36 characters as iperf3's; mrc-perf's begin with
+    COOKIE_PREFIX, so a server tells an mrc-perf client from iperf3's."""
+    raw = os.urandom(36 - len(COOKIE_PREFIX))
+    return COOKIE_PREFIX + "".join(_COOKIE_CHARS[b % 32] for b in raw)
+
+
+def data_cookie(cookie_text: str) -> bytes:
+    """The 16 bytes an mrc-perf TCP data stream's hello carries."""
+    return cookie_text[-16:].encode()
+
+
+def is_iperf3_cookie(raw: bytes) -> bool:
+    return len(raw) == 37 and raw[36] == 0 and all(chr(c) in _COOKIE_CHARS for c in raw[:36])
 # a UDP receiver is done when nothing arrived for this long after the
 # sender's `end` (longer than any queue the tests build), or at DRAIN_MAX
 UDP_IDLE, DRAIN_MAX = 0.25, 3.0
@@ -39,15 +60,24 @@ __all__ = ["DEFAULT_PORT", "Params", "Output", "run_client", "serve"]
 class Output:
     """Text lines as the test goes (iperf3's habit) or one JSON document at the end."""
 
-    def __init__(self, json_mode: bool, stream=None):
+    def __init__(self, json_mode: bool, stream=None, verbose: bool = False, unit: str | None = None):
         self.json_mode = json_mode
         self.stream = stream or sys.stdout
         self.lock = threading.Lock()
+        self.verbose = verbose          # iperf3 -V: more lines
+        self.unit = unit                # iperf3 -f: the rate column's unit
+        self.captured: list[str] = []   # the lines of the current test (--get-server-output)
 
     def line(self, text: str = "") -> None:
+        self.captured.append(text)
         if not self.json_mode:
             with self.lock:
                 print(text, file=self.stream, flush=True)
+
+    def detail(self, text: str) -> None:
+        """A line printed only with -V."""
+        if self.verbose:
+            self.line(text)
 
 
 class Recorder:
@@ -77,31 +107,60 @@ class Recorder:
                 "mrc": self.mrc.delta(a["mrc"], b["mrc"], seconds) if self.mrc else None}
 
     def begin(self, t0: int) -> None:
-        self.t0 = t0
+        self.t0 = t0            # times count from here; moved to the end of -O's omitted seconds
+        self.start = t0
+        self.omitting = self.params.omit > 0
         self.first = self.prev = self._snap(t0)
-        self.out.line(header(self.kind, self.role))
-        if self.params.interval:
+        self.cpu0 = _cpu_times()
+        self.out.line(header(self.kind, self.role, self.out.unit))
+        if self.params.interval or self.omitting:
             self.thread = threading.Thread(target=self._loop, daemon=True)
             self.thread.start()
 
-    def _loop(self) -> None:
-        step = int(self.params.interval * 1e9)
-        # the last boundary is left to finish(): the test's end closes the
-        # last interval, so no sliver of an interval follows it
-        horizon = self.t0 + int(self.params.duration * 1e9) - step // 10
+    def _boundaries(self):
+        """(when, omitted) of the interval ends: through the omitted
+        seconds, then from their end on; the last one is left to finish()."""
+        p, t0 = self.params, self.start
+        step = int(p.interval * 1e9)
+        omit_end = t0 + int(p.omit * 1e9)
+        if p.omit:
+            k = 1
+            while step and t0 + k * step < omit_end - step // 10:
+                yield t0 + k * step, True
+                k += 1
+            yield omit_end, True
+        if not step:
+            return
+        # the test's end closes the last interval, so no sliver follows it
+        horizon = None if p.bytes else omit_end + int(p.duration * 1e9) - step // 10
         k = 1
-        while self.t0 + k * step < horizon:
-            if self.stop.wait(max(0.0, (self.t0 + k * step - _now()) / 1e9)):
-                return
-            self._emit(self._snap(_now()))
+        while horizon is None or omit_end + k * step < horizon:
+            yield omit_end + k * step, False
             k += 1
 
-    def _emit(self, snap: dict) -> None:
+    def _loop(self) -> None:
+        for when, omitted in self._boundaries():
+            if self.stop.wait(max(0.0, (when - _now()) / 1e9)):
+                return
+            snap = self._snap(_now())
+            if omitted and not self.omitting:
+                continue
+            if self.params.interval:
+                self._emit(snap, omitted)
+            if omitted and when == self.start + int(self.params.omit * 1e9):
+                # iperf3: the omitted seconds are not counted; times start again at 0
+                self.omitting = False
+                self.first = self.prev = snap
+                self.t0 = snap["t"]
+
+    def _emit(self, snap: dict, omitted: bool = False) -> None:
         rec = self._report(self.prev, snap)
+        rec["omitted"] = omitted
         self.prev = snap
         self.intervals.append(rec)
-        for text in interval_lines(rec, self.kind, self.role, len(self.streams) > 1):
-            self.out.line(text)
+        lines = interval_lines(rec, self.kind, self.role, len(self.streams) > 1, self.out.unit)
+        for text in lines:
+            self.out.line(text + ("  (omitted)" if omitted and not text.startswith("[MRC]") else ""))
 
     def finish(self, end_ns: int) -> dict:
         self.stop.set()
@@ -109,23 +168,50 @@ class Recorder:
             self.thread.join()
         snap = self._snap(max(end_ns, self.prev["t"]))
         if snap["t"] > self.prev["t"] or not self.intervals:
-            self._emit(snap)
+            self._emit(snap, self.omitting)
+        self.cpu = _cpu_percent(self.cpu0, _cpu_times())
         return self._report(self.first, snap, final=True)
 
 
+def _cpu_times() -> tuple:
+    """As iperf3: this process's user and system CPU time, and wall time."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return time.monotonic(), r.ru_utime, r.ru_stime
 
-def _announce(out, mrc, connected: list[dict]) -> None:
+
+def _cpu_percent(a: tuple, b: tuple) -> dict:
+    wall = b[0] - a[0]
+    if wall <= 0:
+        return {"total": 0.0, "user": 0.0, "system": 0.0}
+    user, system = 100 * (b[1] - a[1]) / wall, 100 * (b[2] - a[2]) / wall
+    return {"total": user + system, "user": user, "system": system}
+
+
+def _announce(out, mrc, connected: list[dict], params: Params | None = None) -> None:
     """iperf3's opening lines, and which datapath this end reads."""
+    if params is not None:          # iperf3 -V's line
+        what = f"{params.bytes} bytes to send" if params.bytes else f"{params.duration:g} second test"
+        out.detail(f"Starting Test: protocol: {params.protocol.upper()}, {params.streams} streams, "
+                   f"{params.length} byte blocks, omitting {params.omit:g} seconds, {what}, tos 0")
     if mrc:
         out.line(f"MRC datapath here: {mrc.device} SID {mrc.sid}; per-path lines follow each interval")
     for c in connected:
         out.line(f"[{c['id']:>3}] local {c['local_host']} port {c['local_port']} connected to "
                  f"{c['remote_host']} port {c['remote_port']}")
 
-def _workers(role, params, streams, udp_feeds, stop, deadline):
+def _limits(params, n: int) -> list[int]:
+    """-n: the bytes to send, split over the streams (0: no limit)."""
+    if not params.bytes:
+        return [0] * n
+    share, rest = divmod(params.bytes, n)
+    return [share + (1 if i < rest else 0) or 1 for i in range(n)]
+
+
+def _workers(role, params, streams, udp_feeds, stop, deadline, t0=None):
     if role == "sender":
-        return [threading.Thread(target=s.run, args=(deadline, stop, params.bitrate, params.length),
-                                 daemon=True) for s in streams]
+        return [threading.Thread(target=s.run, args=(deadline, stop, params.bitrate, params.length,
+                                                     t0, limit), daemon=True)
+                for s, limit in zip(streams, _limits(params, len(streams)))]
     if params.protocol == "tcp":
         return [threading.Thread(target=s.run, args=(stop, params.length), daemon=True)
                 for s in streams]
@@ -139,8 +225,8 @@ def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc,
     `congestion`: the TCP congestion control this end's data streams run."""
     stop = threading.Event()
     recorder = Recorder(streams, params, role, mrc, out)
-    deadline = t0 + int(params.duration * 1e9)
-    threads = _workers(role, params, streams, udp_feeds, stop, deadline)
+    deadline = t0 + int(params.run_seconds * 1e9)
+    threads = _workers(role, params, streams, udp_feeds, stop, deadline, t0)
     recorder.begin(t0)
     for t in threads:
         t.start()
@@ -154,7 +240,7 @@ def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc,
             ctrl.send({"op": "end", "results": local})
             remote = ctrl.expect("results", TCP_DRAIN_MAX + 30, "the receiver")["results"]
             return local, remote
-        remote = ctrl.expect("end", params.duration + 60, "the sender")["results"]
+        remote = ctrl.expect("end", params.run_seconds + 60, "the sender")["results"]
         _drain(params, streams, threads)
         stop.set()
         for t in threads:
@@ -177,11 +263,16 @@ def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc,
 def _drain(params, streams, threads) -> None:
     """Wait for what is still in flight after the sender stopped."""
     if params.protocol == "tcp":
-        for s in streams:
-            s.freeze()
+        if not params.bytes:
+            for s in streams:
+                s.freeze()
         give_up = time.monotonic() + TCP_DRAIN_MAX
         for t in threads:
             t.join(max(0.0, give_up - time.monotonic()))
+        if params.bytes:    # -n: the bytes asked for are counted, up to the last one's arrival
+            for s in streams:
+                s.freeze()
+                s.end_ns = s.last_ns or s.end_ns
         return
     give_up = _now() + int(DRAIN_MAX * 1e9)
     while _now() < give_up:
@@ -193,16 +284,41 @@ def _drain(params, streams, threads) -> None:
 
 def _results(role, mrc, recorder, summary, error, congestion, params, streams) -> dict:
     out = {"role": role, "mrc": mrc.info() if mrc else None, "tcp_congestion": congestion,
-           "intervals": recorder.intervals, "summary": summary, "error": error}
+           "intervals": recorder.intervals, "summary": summary, "error": error, "cpu": recorder.cpu}
     if params.mptcp:        # each stream's subflows at the end (MPTCP_INFO)
         out["mptcp_subflows"] = [mptcp_subflows(s.sock) for s in streams]
     return out
 
 
-SIDE_KEYS = ("role", "mrc", "tcp_congestion", "intervals", "mptcp_subflows")
+SIDE_KEYS = ("role", "mrc", "tcp_congestion", "intervals", "mptcp_subflows", "cpu")
 
 
-def _document(who, ctrl_sock, params, connected, local, remote, timestamp) -> dict:
+def print_server_output(out: Output, server_output: dict) -> None:
+    """--get-server-output in text mode, as iperf3 prints it."""
+    if "text" in server_output:
+        out.line("")
+        out.line("Server output:")
+        out.line(server_output["text"].rstrip("\n"))
+    elif "json" in server_output:
+        import json
+        out.line("")
+        out.line("Server JSON output:")
+        out.line(json.dumps(server_output["json"], indent=2))
+
+
+def start_extra(cookie_text: str, params: Params, sock: socket.socket, bufs: dict) -> dict:
+    """iperf3's start figures: the cookie, the first data stream's MSS and
+    its socket buffers (read before it connected, as iperf3 does)."""
+    extra = {"cookie": cookie_text, "sock_bufsize": params.window, **bufs}
+    if params.protocol == "tcp":
+        try:
+            extra["tcp_mss_default"] = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+        except OSError:
+            extra["tcp_mss_default"] = 0
+    return extra
+
+
+def _document(who, ctrl_sock, params, connected, local, remote, timestamp, extra=None) -> dict:
     lh, lp = ctrl_sock.getsockname()[:2]
     rh, rp = ctrl_sock.getpeername()[:2]
     by_role = {local["role"]: local, remote["role"]: remote}
@@ -211,7 +327,7 @@ def _document(who, ctrl_sock, params, connected, local, remote, timestamp) -> di
         "tool": "mrc-perf", "version": VERSION,
         "start": {"timestamp": timestamp, "role": who, "local_host": lh, "local_port": lp,
                   "remote_host": rh, "remote_port": rp, "test": params.to_json(),
-                  "connected": connected},
+                  "connected": connected, **(extra or {})},
         "local": {k: local[k] for k in SIDE_KEYS if k in local},
         "remote": {k: remote[k] for k in SIDE_KEYS if k in remote},
         "end": {"sender": by_role["sender"]["summary"], "receiver": by_role["receiver"]["summary"]},
@@ -220,8 +336,18 @@ def _document(who, ctrl_sock, params, connected, local, remote, timestamp) -> di
 
 
 def _print_end(out: Output, doc: dict, params: Params) -> None:
-    for text in summary_lines(doc["end"], params.protocol, params.streams > 1):
+    out.detail("Test Complete. Summary Results:")
+    for text in summary_lines(doc["end"], params.protocol, params.streams > 1, out.unit):
         out.line(text)
+    if "bidir_reverse" in doc:              # --bidir: the server's sending half
+        for text in summary_lines(doc["bidir_reverse"]["end"], params.protocol, params.streams > 1,
+                                  out.unit)[1:]:
+            out.line(text if text.startswith("[ ID]") else text + " (reverse)")
+    cpu = {k: doc[k].get("cpu") for k in ("local", "remote")}
+    if cpu["local"] and cpu["remote"]:       # iperf3 -V's line
+        out.detail("CPU Utilization: " + ", ".join(
+            f"{k}/{doc[k]['role']} {c['total']:.1f}% ({c['user']:.1f}%u/{c['system']:.1f}%s)"
+            for k, c in cpu.items()))
     if params.protocol == "tcp":    # iperf3's snd_tcp_congestion / rcv_tcp_congestion
         cc = {doc[k]["role"]: doc[k]["tcp_congestion"] for k in ("local", "remote")}
         out.line(f"TCP congestion control: sender {cc['sender']}, receiver {cc['receiver']}")
@@ -249,11 +375,12 @@ def _udp_length(ctrl_sock: socket.socket) -> int:
 
 # --------------------------------------------------------------------- client
 
-def _connect(host: str, port: int, bind: str | None) -> socket.socket:
+def _connect(host: str, port: int, bind: str | None, family: int = 0) -> socket.socket:
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
-        raise MrcError(f"cannot resolve {host}: {e.strerror}")
+        only = {socket.AF_INET: " as IPv4 (-4)", socket.AF_INET6: " as IPv6 (-6)"}.get(family, "")
+        raise MrcError(f"cannot resolve {host}{only}: {e.strerror}")
     if bind:
         infos = [i for i in infos if i[0] == _family(bind)] or infos
     last = None
@@ -276,27 +403,66 @@ def _connect(host: str, port: int, bind: str | None) -> socket.socket:
 
 
 def run_client(host: str, port: int, params: Params, out: Output, bind: str | None = None,
-               mrc_device: str | None = None, use_mrc: bool = True) -> dict:
+               mrc_device: str | None = None, use_mrc: bool = True, family: int = 0) -> dict:
+    """One test against an mrc-perf server, or an iperf3 one (its protocol,
+    perf/iperf3_proto.py): the server's first byte tells which.
+    `family`: socket.AF_INET or AF_INET6 only (-4, -6); 0 either."""
     params.check()
     if params.congestion is not None:      # refused here, before the server hears of it
         check_congestion(params.congestion)
     out.line(f"Connecting to host {host}, port {port}")
-    csock = _connect(host, port, bind)
+    csock = _connect(host, port, bind, family)
     try:
-        return _client_test(csock, params, out, mrc_device, use_mrc)
+        cookie_text = make_cookie()
+        ctrl = _greet(csock, cookie_text)
+        if ctrl is None:
+            from mrc_ebpf.perf import iperf3_proto
+            return iperf3_proto.client_test(csock, cookie_text, params, out, mrc_device, use_mrc)
+        return _client_test(ctrl, cookie_text, params, out, mrc_device, use_mrc)
     finally:
         csock.close()
 
 
-def _client_test(csock, params, out, mrc_device, use_mrc) -> dict:
+def _greet(csock: socket.socket, cookie_text: str) -> Control | None:
+    """Send the cookie (as iperf3 does: 36 characters and a NUL) and read
+    the server's first byte: mrc-perf's MRC_HELLO, or iperf3's PARAM_EXCHANGE
+    (None: speak iperf3's protocol from here on)."""
+    from mrc_ebpf.perf.iperf3_proto import ACCESS_DENIED, PARAM_EXCHANGE, SERVER_ERROR, server_error
     ctrl = Control(csock)
+    try:
+        csock.settimeout(SETUP_TIMEOUT)
+        csock.sendall(cookie_text.encode() + b"\0")
+        first = csock.recv(1)
+    except socket.timeout:
+        raise MrcError(f"the server did not answer within {SETUP_TIMEOUT:.0f} s")
+    except OSError as e:
+        raise MrcError(f"lost the control connection: {e.strerror or e}")
+    if first == MRC_HELLO:
+        return ctrl
+    if first == bytes([PARAM_EXCHANGE]):
+        return None
+    if first == bytes([ACCESS_DENIED & 0xff]):
+        raise MrcError("the server (iperf3) is busy running a test; try again later")
+    if first == bytes([SERVER_ERROR & 0xff]):
+        raise MrcError(server_error(csock))
+    if first == b"{":                   # mrc-perf's error line (busy, or a refusal)
+        ctrl.buf = first
+        ctrl.expect("hello", SETUP_TIMEOUT, "the server")
+    if not first:
+        raise MrcError("the server closed the control connection")
+    raise MrcError("protocol error: the server speaks neither mrc-perf's nor iperf3's protocol")
+
+
+def _client_test(ctrl, cookie_text, params, out, mrc_device, use_mrc) -> dict:
+    csock = ctrl.sock
     local_addr, remote_addr = csock.getsockname(), csock.getpeername()
     mrc = MrcView.open(mrc_device, remote_addr[0]) if use_mrc else None
     if not params.length:
         params.length = TCP_LENGTH if params.protocol == "tcp" else _udp_length(csock)
     params.check()
-    cookie = os.urandom(16)
     timestamp = time.time()
+    cookie = data_cookie(cookie_text)
+    out.detail(f"      Cookie: {cookie_text}")
     ctrl.send({"op": "params", "version": VERSION, "cookie": cookie.hex(),
                "sid": mrc.sid if mrc else None, "params": params.to_json()})
     reply = ctrl.expect("accept", SETUP_TIMEOUT, "the server")
@@ -304,7 +470,7 @@ def _client_test(csock, params, out, mrc_device, use_mrc) -> dict:
         mrc.peer_sid = reply.get("sid")
     socks, connected = [], []
     try:
-        for i in range(1, params.streams + 1):
+        for i in range(1, params.streams * (2 if params.bidir else 1) + 1):
             if params.protocol == "tcp":
                 s = stream_socket(csock.family, params.mptcp)
             else:
@@ -315,6 +481,9 @@ def _client_test(csock, params, out, mrc_device, use_mrc) -> dict:
                 big_buffers(s)
             else:
                 set_congestion(s, params.congestion)
+            set_window(s, params.window)
+            if i == 1:
+                bufs = buffer_sizes(s)
             s.settimeout(SETUP_TIMEOUT)
             try:
                 s.connect(remote_addr[:2])
@@ -330,13 +499,14 @@ def _client_test(csock, params, out, mrc_device, use_mrc) -> dict:
         else:
             _udp_handshake(ctrl, socks)
         t0 = _now()
-        _announce(out, mrc, connected)
-        role = "receiver" if params.reverse else "sender"
-        streams, feeds = _make_streams(role, params, socks)
-        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0,
-                                  congestion_of(socks[0]) if params.protocol == "tcp" else None)
-        doc = _document("client", csock, params, connected, local, remote, timestamp)
+        _announce(out, mrc, connected, params)
+        doc = _test_both_or_one("client", ctrl, params, socks, None, mrc, out, t0, connected, timestamp,
+                                start_extra(cookie_text, params, socks[0], bufs))
         _print_end(out, doc, params)
+        if params.get_server_output:
+            got = ctrl.expect("output", SETUP_TIMEOUT, "the server")
+            doc["server_output"] = {k: got[k] for k in ("json", "text") if got.get(k) is not None}
+            print_server_output(out, doc["server_output"])
         out.line("")
         out.line("mrc-perf Done.")
         return doc
@@ -362,36 +532,117 @@ def _udp_handshake(ctrl: Control, socks) -> None:
                    f"(a firewall, or no route back?)")
 
 
-def _make_streams(role, params, socks, addrs=None):
+def _make_streams(role, params, socks, addrs=None, ids=None):
     """Stream objects for this side, and the (socket, {id: receiver}) feeds
-    that UDP receive loops read."""
+    that UDP receive loops read.  `ids`: the streams' numbers (default
+    1..streams); with `addrs`, socks is the server's one UDP socket."""
     tcp = params.protocol == "tcp"
+    ids = list(ids or range(1, params.streams + 1))
     if role == "sender":
         if tcp:
-            return [TcpSender(i, s) for i, s in enumerate(socks, 1)], []
+            return [TcpSender(i, s) for i, s in zip(ids, socks)], []
         if addrs:       # the server's one UDP socket, to each client stream
-            return [UdpSender(i, socks[0], addrs[i]) for i in range(1, params.streams + 1)], []
-        return [UdpSender(i, s) for i, s in enumerate(socks, 1)], []
+            return [UdpSender(i, socks[0], addrs[i]) for i in ids], []
+        return [UdpSender(i, s) for i, s in zip(ids, socks)], []
     if tcp:
-        return [TcpReceiver(i, s) for i, s in enumerate(socks, 1)], []
-    streams = [UdpReceiver(i) for i in range(1, params.streams + 1)]
-    if len(socks) == 1 and params.streams > 1:
+        return [TcpReceiver(i, s) for i, s in zip(ids, socks)], []
+    streams = [UdpReceiver(i) for i in ids]
+    if addrs or (len(socks) == 1 and len(ids) > 1):
         return streams, [(socks[0], {s.id: s for s in streams})]
     return streams, [(sock, {s.id: s}) for sock, s in zip(socks, streams)]
 
 
+def _run_both(ctrl, params, socks, addrs, mrc, out, t0, congestion, first_sends: bool):
+    """--bidir: this end sends on one half of the streams and receives on
+    the other, at once (`first_sends`: the first `streams` are this end's
+    to send, as the client's are).  Both ends send `end` when their
+    senders stop, then `results` when their receivers have drained, so
+    the messages cross in a fixed order.  Returns ((sending half's local,
+    remote), (receiving half's local, remote))."""
+    n = params.streams
+    first, second = list(range(1, n + 1)), list(range(n + 1, 2 * n + 1))
+    send_ids, recv_ids = (first, second) if first_sends else (second, first)
+    if addrs:                               # the server's one UDP socket
+        send_socks = recv_socks = socks
+    else:
+        send_socks = [socks[i - 1] for i in send_ids]
+        recv_socks = [socks[i - 1] for i in recv_ids]
+    senders, _ = _make_streams("sender", params, send_socks, addrs, send_ids)
+    receivers, feeds = _make_streams("receiver", params, recv_socks, addrs, recv_ids)
+    stop_send, stop_recv = threading.Event(), threading.Event()
+    rec_send = Recorder(senders, params, "sender", mrc, out)
+    rec_recv = Recorder(receivers, params, "receiver", None, out)
+    deadline = t0 + int(params.run_seconds * 1e9)
+    send_threads = _workers("sender", params, senders, [], stop_send, deadline, t0)
+    recv_threads = _workers("receiver", params, receivers, feeds, stop_recv, deadline, t0)
+    rec_send.begin(t0)
+    rec_recv.begin(t0)
+    for t in send_threads + recv_threads:
+        t.start()
+    try:
+        for t in send_threads:
+            t.join()
+        summary = rec_send.finish(_now())
+        local_send = _results("sender", mrc, rec_send, summary,
+                              next((s.error for s in senders if s.error), None), congestion, params, senders)
+        ctrl.send({"op": "end", "results": local_send})
+        remote_send = ctrl.expect("end", params.run_seconds + 60, "the peer")["results"]
+        _drain(params, receivers, recv_threads)
+        stop_recv.set()
+        for t in recv_threads:
+            t.join()
+        if params.protocol == "udp":
+            sent = {s["id"]: s["packets"] for s in remote_send["summary"]["streams"]}
+            for s in receivers:
+                s.sent = sent.get(s.id)
+        last = max(s.end_ns for s in receivers)
+        summary = rec_recv.finish(last or _now())
+        local_recv = _results("receiver", None, rec_recv, summary,
+                              next((s.error for s in receivers if s.error), None), congestion, params,
+                              receivers)
+        ctrl.send({"op": "results", "results": local_recv})
+        remote_recv = ctrl.expect("results", TCP_DRAIN_MAX + 30, "the peer")["results"]
+        return (local_send, remote_recv), (local_recv, remote_send)
+    finally:
+        stop_send.set()
+        stop_recv.set()
+        rec_send.stop.set()
+        rec_recv.stop.set()
+
+
+def _test_both_or_one(who, ctrl, params, socks, addrs, mrc, out, t0, connected, timestamp, extra) -> dict:
+    """Run the test (one direction, or both with --bidir) and make its record."""
+    congestion = congestion_of(socks[0]) if params.protocol == "tcp" else None
+    client = who == "client"
+    if not params.bidir:
+        role = ("receiver" if params.reverse else "sender") if client else \
+            ("sender" if params.reverse else "receiver")
+        streams, feeds = _make_streams(role, params, socks, addrs)
+        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0, congestion)
+        return _document(who, ctrl.sock, params, connected, local, remote, timestamp, extra)
+    mine, theirs = _run_both(ctrl, params, socks, addrs, mrc, out, t0, congestion, first_sends=client)
+    # the record's main half is the client's sending one, as iperf3's sum / sum_sent
+    forward, backward = (mine, theirs) if client else (theirs, mine)
+    doc = _document(who, ctrl.sock, params, connected, *forward, timestamp, extra)
+    back = _document(who, ctrl.sock, params, connected, *backward, timestamp, extra)
+    doc["bidir_reverse"] = {k: back[k] for k in ("local", "remote", "end")}
+    doc["error"] = doc["error"] or back["error"]
+    return doc
+
+
 # --------------------------------------------------------------------- server
 
-def _listen(bind: str | None, port: int, kind: int, mptcp: bool = False) -> socket.socket:
-    family = _family(bind) if bind else socket.AF_INET6
-    addr = bind or "::"
+def _listen(bind: str | None, port: int, kind: int, mptcp: bool = False, only: int = 0) -> socket.socket:
+    """`only`: AF_INET or AF_INET6 (-4, -6); 0 both."""
+    family = _family(bind) if bind else (only or socket.AF_INET6)
+    addr = bind or ("0.0.0.0" if family == socket.AF_INET else "::")
     # an MPTCP listener takes plain TCP clients too (they fall back to TCP)
     sock = stream_socket(family, True) if mptcp else socket.socket(family, kind)
     try:
         if kind == socket.SOCK_STREAM:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6 and not bind:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1 if only else 0)
         sock.bind((addr, port))
         if kind == socket.SOCK_STREAM:
             sock.listen(128)
@@ -404,11 +655,11 @@ def _listen(bind: str | None, port: int, kind: int, mptcp: bool = False) -> sock
 
 def serve(port: int, out: Output, bind: str | None = None, one_off: bool = False,
           mrc_device: str | None = None, use_mrc: bool = True, on_doc=None,
-          on_error=None, mptcp: bool = False) -> int:
+          on_error=None, mptcp: bool = False, family: int = 0) -> int:
     """Serve tests until interrupted (or one with one_off); returns the exit
     status: with one_off, that of the test.  With mptcp the listener is an
     MPTCP socket, so clients may ask for MPTCP data streams (-m)."""
-    listener = _listen(bind, port, socket.SOCK_STREAM, mptcp)
+    listener = _listen(bind, port, socket.SOCK_STREAM, mptcp, family)
     try:
         while True:
             out.line("-" * 61)
@@ -416,8 +667,10 @@ def serve(port: int, out: Output, bind: str | None = None, one_off: bool = False
             out.line("-" * 61)
             conn, addr = listener.accept()
             status = 0
+            out.captured = []
             try:
-                doc = _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc)
+                doc = _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc,
+                                 out.json_mode)
                 if on_doc:
                     on_doc(doc)
             except MrcError as e:
@@ -432,16 +685,29 @@ def serve(port: int, out: Output, bind: str | None = None, one_off: bool = False
         listener.close()
 
 
-def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc) -> dict:
+def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc, json_mode=False) -> dict:
     ctrl = Control(conn)
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    cookie_raw = _read_cookie(conn)
+    mine = cookie_raw.startswith(COOKIE_PREFIX.encode()) and cookie_raw.endswith(b"\0")
+    if not mine and is_iperf3_cookie(cookie_raw):
+        from mrc_ebpf.perf import iperf3_proto
+        return iperf3_proto.serve_one(listener, conn, addr, port, bind, out, cookie_raw[:36].decode(),
+                                      mrc_device, use_mrc, json_mode)
+    if not mine:
+        ctrl.error("protocol error: not an mrc-perf or iperf3 client (or an mrc-perf older than "
+                   f"protocol {VERSION})")
+        raise MrcError(f"rejected a client from {addr[0]}: it speaks neither mrc-perf's protocol "
+                       f"{VERSION} nor iperf3's")
+    cookie_text = cookie_raw[:36].decode()
+    conn.sendall(MRC_HELLO)
     msg = ctrl.expect("params", SETUP_TIMEOUT, "the client")
     try:
         if msg.get("version") != VERSION:
             raise MrcError(f"client speaks protocol {msg.get('version')}, this server {VERSION}")
         params = Params.from_json(msg.get("params") or {})
         cookie = bytes.fromhex(str(msg.get("cookie", "")))
-        if len(cookie) != 16:
+        if cookie != data_cookie(cookie_text):
             raise MrcError("protocol error: bad cookie")
         if params.mptcp and not is_mptcp(listener):
             raise MrcError("the client asks for MPTCP data streams (-m): start the server with -m")
@@ -462,33 +728,38 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc) -> di
                 ctrl.error(str(e))
                 raise
             big_buffers(usock)
+            set_window(usock, params.window)
         ctrl.send({"op": "accept", "sid": mrc.sid if mrc else None})
         timestamp = time.time()
         if params.protocol == "tcp":
-            socks = _accept_streams(listener, cookie, params.streams)
+            socks = _accept_streams(listener, cookie, params.total_streams)
             try:
                 for s in socks:
                     set_congestion(s, params.congestion)
+                    set_window(s, params.window)
             except MrcError as e:
                 ctrl.error(str(e))
                 raise
             connected = [_conn_info(i, s) for i, s in enumerate(socks, 1)]
             addrs = None
         else:
-            addrs = _udp_hellos(usock, params.streams)
+            addrs = _udp_hellos(usock, params.total_streams)
             socks = [usock]
             lh, lp = conn.getsockname()[0], usock.getsockname()[1]
             connected = [{"id": i, "local_host": lh, "local_port": lp, "remote_host": a[0],
                           "remote_port": a[1]} for i, a in sorted(addrs.items())]
         ctrl.send({"op": "start"})
         t0 = _now()
-        _announce(out, mrc, connected)
-        role = "sender" if params.reverse else "receiver"
-        streams, feeds = _make_streams(role, params, socks, addrs)
-        local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0,
-                                  congestion_of(socks[0]) if params.protocol == "tcp" else None)
-        doc = _document("server", conn, params, connected, local, remote, timestamp)
+        _announce(out, mrc, connected, params)
+        doc = _test_both_or_one("server", ctrl, params, socks, addrs, mrc, out, t0, connected, timestamp,
+                                start_extra(cookie_text, params, socks[0], buffer_sizes(socks[0])))
         _print_end(out, doc, params)
+        if params.get_server_output:        # iperf3: the server's JSON if it runs -J, else its text
+            if json_mode:
+                from mrc_ebpf.perf.iperf_json import document
+                ctrl.send({"op": "output", "json": document(doc)})
+            else:
+                ctrl.send({"op": "output", "text": "\n".join(out.captured)})
         return doc
     except PeerGone as e:
         raise MrcError(f"client {addr[0]}: {e}")
@@ -502,6 +773,17 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc) -> di
             usock.close()
         if mrc:
             mrc.close()
+
+
+def _read_cookie(conn: socket.socket) -> bytes:
+    """The client's first 37 bytes (iperf3's cookie size)."""
+    conn.settimeout(SETUP_TIMEOUT)
+    try:
+        return _read_exact(conn, 37)
+    except socket.timeout:
+        raise MrcError(f"the client sent no cookie within {SETUP_TIMEOUT:.0f} s")
+    except (OSError, ValueError):
+        raise MrcError("the client closed the control connection")
 
 
 def _conn_info(i: int, s: socket.socket) -> dict:
@@ -536,8 +818,10 @@ def _accept_streams(listener, cookie: bytes, n: int) -> list[socket.socket]:
             if magic == DATA_MAGIC and their_cookie == cookie and 1 <= sid <= n and sid not in got:
                 got[sid] = s
                 continue
-            if _is_control(magic):
+            if isinstance(magic, bytes) and magic.startswith(COOKIE_PREFIX.encode()):
                 Control(s).error("the server is busy running a test; try again later")
+            elif isinstance(their_cookie, bytes) and is_iperf3_cookie(raw + b"a" * 8 + b"\0"):
+                _try_send(s, b"\xff")          # iperf3's ACCESS_DENIED
             s.close()
     except BaseException:
         for s in got.values():
@@ -548,8 +832,11 @@ def _accept_streams(listener, cookie: bytes, n: int) -> list[socket.socket]:
     return [got[i] for i in range(1, n + 1)]
 
 
-def _is_control(magic) -> bool:
-    return isinstance(magic, bytes) and magic.startswith(b"{")
+def _try_send(s: socket.socket, data: bytes) -> None:
+    try:
+        s.sendall(data)
+    except OSError:
+        pass
 
 
 def _read_exact(s: socket.socket, n: int) -> bytes:

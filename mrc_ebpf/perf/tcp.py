@@ -9,22 +9,28 @@ import time
 _now = time.monotonic_ns
 DATA_MAGIC = b"MRCPERF1"
 DATA_HELLO = struct.Struct("!8s16sI")       # magic, test cookie, stream id
-# struct tcp_info (uapi/linux/tcp.h): snd_mss @16, rtt @68, snd_cwnd @80, total_retrans @100
-_TCP_INFO_LEN = 104
+# struct tcp_info (uapi/linux/tcp.h): snd_mss @16, pmtu @60, rtt @68,
+# rttvar @72, snd_cwnd @80, total_retrans @100, snd_wnd @228 (Linux 5.19+)
+_TCP_INFO_LEN = 232
+_EMPTY_INFO = {"retransmits": 0, "rtt_us": 0, "rttvar_us": 0, "snd_cwnd": 0, "snd_wnd": 0, "pmtu": 0}
 
 
 def tcp_info(sock: socket.socket) -> dict:
+    """The figures iperf3 reads from TCP_INFO for its interval reports."""
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
     except OSError:
-        return {"retransmits": 0, "rtt_us": 0, "snd_cwnd": 0}
-    if len(raw) < _TCP_INFO_LEN:
-        return {"retransmits": 0, "rtt_us": 0, "snd_cwnd": 0}
+        return dict(_EMPTY_INFO)
+    if len(raw) < 104:
+        return dict(_EMPTY_INFO)
     mss, = struct.unpack_from("<I", raw, 16)
-    rtt, = struct.unpack_from("<I", raw, 68)
+    pmtu, = struct.unpack_from("<I", raw, 60)
+    rtt, rttvar = struct.unpack_from("<II", raw, 68)
     cwnd, = struct.unpack_from("<I", raw, 80)
     retrans, = struct.unpack_from("<I", raw, 100)
-    return {"retransmits": retrans, "rtt_us": rtt, "snd_cwnd": cwnd * mss}
+    snd_wnd = struct.unpack_from("<I", raw, 228)[0] if len(raw) >= 232 else 0
+    return {"retransmits": retrans, "rtt_us": rtt, "rttvar_us": rttvar, "snd_cwnd": cwnd * mss,
+            "snd_wnd": snd_wnd, "pmtu": pmtu}
 
 
 def _bps(nbytes: int, seconds: float) -> float:
@@ -39,17 +45,20 @@ class TcpSender:
         self.bytes = 0
         self.error: str | None = None
 
-    def run(self, deadline_ns: int, stop, rate: int, length: int) -> None:
+    def run(self, deadline_ns: int, stop, rate: int, length: int, start_ns: int | None = None,
+            limit: int = 0) -> None:
+        """Send until the deadline, `stop`, or `limit` bytes (0: no limit);
+        with a rate, paced from start_ns (the test's start)."""
         view = memoryview(bytearray(length))
         # a timeout makes a send blocked on a full buffer come back to
         # check the deadline
         self.sock.settimeout(0.1)
         send, now = self.sock.send, _now
-        start, sent = now(), 0
+        start, sent = start_ns or now(), 0
         try:
             while not stop.is_set():
                 t = now()
-                if t >= deadline_ns:
+                if t >= deadline_ns or (limit and sent >= limit):
                     break
                 if rate:
                     ahead = start + sent * 8e9 / rate - t
@@ -57,7 +66,7 @@ class TcpSender:
                         time.sleep(min(ahead, deadline_ns - t) / 1e9)
                         continue
                 try:
-                    sent += send(view)
+                    sent += send(view if not limit or limit - sent >= length else view[:limit - sent])
                 except socket.timeout:
                     continue
                 self.bytes = sent
@@ -75,7 +84,8 @@ class TcpSender:
         n = b["bytes"] - a["bytes"]
         return {"id": self.id, "bytes": n, "bits_per_second": _bps(n, seconds),
                 "retransmits": b["retransmits"] - a["retransmits"], "rtt_us": b["rtt_us"],
-                "snd_cwnd": b["snd_cwnd"]}
+                "rttvar_us": b["rttvar_us"], "snd_cwnd": b["snd_cwnd"], "snd_wnd": b["snd_wnd"],
+                "pmtu": b["pmtu"]}
 
     @staticmethod
     def sum(streams, a, b, seconds, reports, final=False) -> dict:

@@ -22,6 +22,9 @@ import time
 from array import array
 
 HEADER = struct.Struct("!HHIQQ")
+# iperf3's UDP datagram: sent at (sec, usec of CLOCK_MONOTONIC), packet count
+# from 1; 32-bit count unless the client asks for 64-bit counters
+IPERF3_HEADER, IPERF3_HEADER64 = struct.Struct("!III"), struct.Struct("!IIQ")
 MAGIC = 0x4D50
 KIND_DATA, KIND_HELLO = 1, 2
 MIN_LENGTH = HEADER.size
@@ -71,22 +74,39 @@ def _bps(nbytes: int, seconds: float) -> float:
 class UdpSender:
     kind = "udp"
 
-    def __init__(self, stream_id: int, sock: socket.socket, addr=None):
+    def __init__(self, stream_id: int, sock: socket.socket, addr=None, fmt: str = "mrc",
+                 counters64: bool = False):
         self.id, self.sock, self.addr = stream_id, sock, addr
+        self.fmt, self.counters64 = fmt, counters64     # fmt "iperf3": iperf3's datagrams
         self.packets = self.bytes = 0
         self.error: str | None = None
 
-    def run(self, deadline_ns: int, stop, rate: int, length: int) -> None:
+    def run(self, deadline_ns: int, stop, rate: int, length: int, start_ns: int | None = None,
+            limit: int = 0) -> None:
+        """Send until the deadline, `stop` or `limit` bytes (0: none).  The
+        schedule starts at start_ns, the test's start, not when this thread
+        got to run: a late start is caught up at once (BURST at a time), so
+        the first interval already carries the asked rate."""
         buf = bytearray(length)
-        pack, now, sid = HEADER.pack_into, _now, self.id
+        now, sid = _now, self.id
+        if self.fmt == "iperf3":        # iperf3: sec, usec (CLOCK_MONOTONIC), count from 1
+            head = IPERF3_HEADER64 if self.counters64 else IPERF3_HEADER
+
+            def stamp(seq, _pack=head.pack_into, _buf=buf):
+                t = now()
+                _pack(_buf, 0, t // 1_000_000_000, t % 1_000_000_000 // 1000, seq + 1)
+        else:
+            def stamp(seq, _pack=HEADER.pack_into, _buf=buf):
+                _pack(_buf, 0, MAGIC, KIND_DATA, sid, seq, now())
         send = self.sock.send if self.addr is None else \
             (lambda b, _s=self.sock.sendto, _a=self.addr: _s(b, _a))
         gap_ns = length * 8 * 1e9 / rate if rate else 0.0
-        start, seq = now(), 0
+        max_packets = -(-limit // length) if limit else 0
+        start, seq = start_ns or now(), 0
         try:
             while not stop.is_set():
                 t = now()
-                if t >= deadline_ns:
+                if t >= deadline_ns or (max_packets and seq >= max_packets):
                     break
                 if gap_ns:
                     due = int((t - start) / gap_ns) + 1 - seq
@@ -96,8 +116,10 @@ class UdpSender:
                     due = min(due, BURST)
                 else:
                     due = BURST
+                if max_packets:
+                    due = min(due, max_packets - seq)
                 for _ in range(due):
-                    pack(buf, 0, MAGIC, KIND_DATA, sid, seq, now())
+                    stamp(seq)
                     try:
                         send(buf)
                     except OSError as e:
@@ -166,8 +188,9 @@ class UdpReceiver:
     def _lost(self, a, b, final):
         if final and self.sent is not None:
             # the sender's count also covers a lost tail, which the
-            # highest sequence number seen cannot
-            return max(0, self.sent - b["packets"]), self.sent
+            # highest sequence number seen cannot (sent: what the sender
+            # counted in the same window, after any omitted seconds)
+            return max(0, self.sent - (b["packets"] - a["packets"])), self.sent
         lost = (b["expected"] - b["packets"]) - (a["expected"] - a["packets"])
         return lost, (b["packets"] - a["packets"]) + lost
 
@@ -250,3 +273,30 @@ def receive(sock: socket.socket, streams: dict[int, UdpReceiver], stop) -> None:
         stream = streams.get(sid)
         if stream is not None:
             stream.add(seq, sent, arrival, n, t)
+
+
+def receive_iperf3(sock: socket.socket, stream: UdpReceiver, stop, counters64: bool = False) -> None:
+    """As `receive`, for one stream of iperf3's datagrams on a connected
+    socket (iperf3 gives each UDP stream a socket of its own)."""
+    head = IPERF3_HEADER64 if counters64 else IPERF3_HEADER
+    buf = bytearray(65536)
+    unpack, now = head.unpack_from, _now
+    sock.settimeout(0.05)
+    while not stop.is_set():
+        try:
+            n = sock.recv_into(buf)
+        except socket.timeout:
+            continue
+        except OSError as e:
+            if e.errno in (errno.ECONNREFUSED, errno.EINTR):
+                continue
+            stream.error = f"stream {stream.id}: receive failed: {e.strerror or e}"
+            return
+        if n < head.size:
+            continue
+        sec, usec, count = unpack(buf)
+        if count < 1:
+            continue
+        t = now()
+        # iperf3 stamps CLOCK_MONOTONIC (iperf_time_now), as mrc-perf does
+        stream.add(count - 1, sec * 1_000_000_000 + usec * 1000, t, n, t)

@@ -27,8 +27,8 @@ def parse_rate(text: str) -> int:
     return int(_parse(text, 1000, "bitrate", "100M"))
 
 
-def parse_size(text: str) -> int:
-    return int(_parse(text, 1024, "length", "128K"))
+def parse_size(text: str, what: str = "length") -> int:
+    return int(_parse(text, 1024, what, "128K"))
 
 
 def _scaled(value: float, base: int, units: list[str]) -> str:
@@ -44,5 +44,20 @@ def fmt_bytes(n: float) -> str:
     return _scaled(float(n), 1024, ["Bytes", "KBytes", "MBytes", "GBytes", "TBytes"])
 
 
-def fmt_rate(bps: float) -> str:
-    return _scaled(float(bps), 1000, ["bits/sec", "Kbits/sec", "Mbits/sec", "Gbits/sec", "Tbits/sec"])
+_BIT_UNITS = ["bits/sec", "Kbits/sec", "Mbits/sec", "Gbits/sec", "Tbits/sec"]
+_BYTE_UNITS = ["Bytes/sec", "KBytes/sec", "MBytes/sec", "GBytes/sec", "TBytes/sec"]
+UNITS = "kmgtKMGT"
+
+
+def fmt_rate(bps: float, unit: str | None = None) -> str:
+    """iperf3's rate column; `unit` is -f's letter: k/m/g/t bits, K/M/G/T
+    bytes per second (bytes in powers of 1024, as iperf3), None adaptive."""
+    if not unit:
+        return _scaled(float(bps), 1000, _BIT_UNITS)
+    power = "kmgt".index(unit.lower()) + 1
+    if unit.islower():
+        value, name = bps / 1000 ** power, _BIT_UNITS[power]
+    else:
+        value, name = bps / 8 / 1024 ** power, _BYTE_UNITS[power]
+    digits = 2 if value < 9.995 else 1 if value < 99.95 else 0
+    return f"{value:.{digits}f} {name}"

@@ -30,6 +30,14 @@ def _pick_hosts(fab: Fabric, hosts: str | None) -> list[int]:
 ATTACH_WEIGHT = 20      # an attach (a bcc compile) against a path add, for the time left
 
 
+def link_rate_args(fab: Fabric, extra: list[str]) -> list[str]:
+    """A shaped fabric's spine links are slower than the hosts' veths:
+    granularity auto sizes bursts for them (--link-rate), unless told."""
+    if not fab.rate or any(a.startswith(("--link-rate", "--granularity")) for a in extra):
+        return []
+    return ["--link-rate", str(fab.rate)]
+
+
 def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
            ipv4: bool = False, entropy: int | None = None, progress=None, ev_order: bool = True) -> dict:
     """PROGRESS: called as progress(done, total, text) as hosts attach and paths go in.
@@ -51,6 +59,10 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
         if already:
             raise MrcError(f"already attached: {', '.join(already)} (mrcctl fabric detach first)")
         devs = [f"eth{p}" for p in range(fab.planes)]
+        extra = [*extra, *link_rate_args(fab, extra)]
+        # the fabric's key (fabric up makes one unless --no-key), unless one is given after --
+        if state.get("key_file") and "--key-file" not in extra:
+            extra = [*extra, "--key-file", state["key_file"]]
         done = []
         n = len(chosen)
         per_peer = 1 + ipv4
@@ -147,7 +159,8 @@ def attach_rendered(name: str, hosts: str | None = None) -> dict:
         already = [fab.host(h) for h in chosen if fab.host(h) in state["attached"]]
         if already:
             raise MrcError(f"already attached: {', '.join(already)} (mrcctl fabric detach first)")
-        configs = {h: host_config(desc, fab.host(h), peers=chosen) for h in chosen}
+        configs = {h: host_config(desc, fab.host(h), peers=chosen, key_file=state.get("key_file"))
+                   for h in chosen}
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=f"mrc-{name}-") as tmp:
             files = {}

@@ -9,7 +9,7 @@ from mrc_ebpf.lab import ecn_marks, faults, netns
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab.procs import batch as _batch, run
 
-from .plan import DEFAULT_DATA_BLOCK, DEFAULT_HASH, DEFAULT_SID_BLOCK, check_hash, DEFAULT_MTU, DEFAULT_RATE, ENCODINGS, Fabric, MAX_HOSTS, MAX_LEAVES, MAX_MTU, MAX_PLANES, MAX_SPINES, MIN_MTU, SYSCTL_RE, parse_rate
+from .plan import DEFAULT_DATA_BLOCK, DEFAULT_HASH, DEFAULT_SID_BLOCK, check_hash, DEFAULT_MTU, DEFAULT_RATE, ENCODINGS, Fabric, MAX_HOSTS, MAX_LEAVES, MAX_MTU, MAX_PLANES, MAX_SPINES, MIN_MTU, STATE_DIR, SYSCTL_RE, parse_rate
 from .state import check_name, existing_namespaces, locked, state_path
 
 
@@ -21,10 +21,13 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
        rate: str | None = DEFAULT_RATE, host_rate: str | None = None, encoding: str = "srh",
        mtu: int = DEFAULT_MTU, host_sysctls: list[str] = (), ecn_threshold: str | None = None,
        ecmp_hash: str = DEFAULT_HASH, progress=None, sid_block: str = DEFAULT_SID_BLOCK,
-       data_block: str = DEFAULT_DATA_BLOCK, description: dict | None = None) -> dict:
+       data_block: str = DEFAULT_DATA_BLOCK, description: dict | None = None, key: bool = False) -> dict:
     """PROGRESS: called as progress(done, total, text) while building.
     DESCRIPTION (description.Description.to_dict of the file the fabric was
-    described in) is kept in its state for `fabric attach --render`."""
+    described in) is kept in its state for `fabric attach --render`.
+    KEY: make the fabric a key (key_path: `fabric attach` gives it to every
+    host, so their feedback is authenticated; `mrcctl fabric up` does
+    unless --no-key)."""
     check_name(name)
     check_hash(ecmp_hash)
     for what, v, hi in (("--spines", spines, MAX_SPINES), ("--leaves", leaves, MAX_LEAVES),
@@ -76,10 +79,16 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
             if ecn_threshold is not None:
                 state["ecn_marking"] = ecn_marks.install(name, fab.marking_devices(),
                                                          ecn_marks.parse_threshold(ecn_threshold))
+            if key:     # a fresh one: a file left by an earlier fabric of this name goes
+                from mrc_ebpf.datapath import auth
+                key_path(name).unlink(missing_ok=True)
+                state["key_file"] = str(auth.new_key_file(key_path(name)))
         except BaseException as e:
             state["_removed"] = True
             _teardown(fab, state, quiet=True)
             state_path(name).unlink(missing_ok=True)
+            if state.get("key_file"):
+                key_path(name).unlink(missing_ok=True)
             if isinstance(e, MrcError):
                 raise MrcError(f"fabric up {name} failed, removed what it made: {e}")
             if isinstance(e, (subprocess.TimeoutExpired, OSError)):
@@ -88,7 +97,13 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
         state["status"] = "up"
         state["build_s"] = round(time.monotonic() - started, 2)
     return {"name": name, "namespaces": len(planned), "hosts": fab.host_count, "links": len(fab.links()),
-            "build_s": state["build_s"], "state": str(state_path(name)), **spec}
+            "build_s": state["build_s"], "state": str(state_path(name)),
+            "key_file": state.get("key_file"), **spec}
+
+
+def key_path(name: str):
+    """Where a fabric's key is kept: next to its state, root's, mode 0600."""
+    return STATE_DIR / f"{name}.key"
 
 
 def _build(fab: Fabric, progress) -> None:
@@ -155,4 +170,6 @@ def down(name: str) -> dict:
             raise MrcError(f"fabric down {name}: {'; '.join(problems)}")
         state["_removed"] = True
         state_path(name).unlink(missing_ok=True)
+        if state.get("key_file"):
+            key_path(name).unlink(missing_ok=True)
     return {"name": name, "removed": len(state.get("namespaces", [])), "problems": problems}

@@ -55,7 +55,8 @@ POLICY_NAMES = ("rr", "weighted", "random", "hash", "adaptive", "bytes")
 # with _), their types and ranges; devices and sid come from the plan.
 ATTACH_OPTIONS = {
     "mode": ("auto", "native", "skb"),
-    "granularity": ("packet", "burst"),
+    "granularity": ("auto", "packet", "burst"),
+    "link_rate_mbps": (0, 10_000_000),
     "loss_hold_us": (0, 10_000_000),
     "ack_timeout_us": (50, 10_000_000),
     "probe_us": (10, 10_000_000),

@@ -8,13 +8,14 @@ other host as a peer with all its paths from the address plan.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import yaml
 
 from mrc_ebpf.errors import MrcError
 
 from .description import Description
-from .plan import Fabric
+from .plan import parse_rate, Fabric
 
 CONFIG_VERSION = 1
 
@@ -54,9 +55,12 @@ def blocks_possible(desc: Description, host: str) -> str | None:
     return None
 
 
-def host_config(desc: Description, host: str, peers: list[int] | None = None, form: str = "auto") -> dict:
+def host_config(desc: Description, host: str, peers: list[int] | None = None, form: str = "auto",
+                key_file: str | None = None) -> dict:
     """HOST's config: attach section, classes, and each peer (every other
     host, or those in `peers`) with its paths in the plan's order.
+    KEY_FILE: the fabric's key, named in the attach section unless the
+    description names one for HOST.
 
     FORM "peers" lists every peer with its paths; "blocks" gives one path
     template (a path per plane and spine, the peer's SID as the last hop:
@@ -68,6 +72,11 @@ def host_config(desc: Description, host: str, peers: list[int] | None = None, fo
     opts = desc.options(fab.host(a))
     attach = {"devices": [f"eth{p}" for p in range(fab.planes)], "sid": fab.host_sid(a),
               **opts["attach"]}
+    if fab.rate and "link_rate_mbps" not in attach and attach.get("granularity", "auto") == "auto":
+        # the spines' links, slower than the hosts' own: bursts are sized for them
+        attach["link_rate_mbps"] = -(-parse_rate(fab.rate) // 1_000_000)
+    if key_file and "key_file" not in attach:
+        attach["key_file"] = str(key_file)
     cfg: dict = {"version": CONFIG_VERSION, "attach": attach}
     if opts["classes"]:
         cfg["classes"] = [dict(c) for c in opts["classes"]]
@@ -111,6 +120,12 @@ def _blocks(fab: Fabric, opts: dict, others: list[int]) -> dict:
     first_sid = blocks.sid_value(fab.host_sid(1)) - inc
     peers = [(TEMPLATE, 64, first_prefix + b * inc, first_sid + b * inc) for b in others]
     return {"templates": [tpl], "peer_blocks": [b.dict() for b in blocks.compress(peers)]}
+
+
+def key_beside(description_file: str) -> Path:
+    """The fabric key `mrcctl render` gives every host of a description
+    that names none: FILE's name with .key, beside it."""
+    return Path(description_file).resolve().with_suffix(".key")
 
 
 def counts(cfg: dict) -> tuple[int, int]:

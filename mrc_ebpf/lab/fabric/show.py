@@ -81,7 +81,7 @@ def describe(name: str) -> dict:
     return {"name": name, "status": state["status"], "hash": fab.hash,
             **{k: v for k, v in state["spec"].items() if k != "name"}, "hash_on_leaves": hashing,
             "namespaces": state["namespaces"], "hosts": hosts, "switches": switches, "links": links,
-            "paths": pairs,
+            "paths": pairs, "key_file": state.get("key_file"),
             "naming": {"links": "<spine>-<leaf> (s1-l2; plane p>0: p1s1-p1l2), <host>-<leaf> (h1-l1, "
                                 "h1-p1l1); a>b is one direction (fault on b's ingress); a node name "
                                 "means all its links",

@@ -1,0 +1,325 @@
+"""How fast the datapath itself is, on links nothing shapes.
+
+Two places, each built unshaped: a veth pair between two namespaces
+(4 entropy paths to the peer: the datapath's own cost, nothing to
+spread over) and a fabric of 4 spines (h1 -> h2 across it: spreading
+included).  In each, every mode moves iperf3 traffic in one run: 1 and 4
+TCP flows and a UDP flood, at each MTU:
+
+- plain: kernel forwarding, no encapsulation (the fabric hashes flows: ECMP);
+- seg6: the kernel's own SRv6 (`encap seg6` to an End.DT6 SID of the peer);
+- mptcp (fabric only): one MPTCP connection per flow, a subflow per spine
+  (mptcpize runs iperf3; left out where mptcpd is not installed);
+- mrc: mrc-ebpf as `mrcctl attach` leaves it (granularity and XDP mode
+  auto), policy rr;
+- mrc-packet: mrc-ebpf with --granularity packet, what the default was.
+
+Per run: the receiver's Gbit/s, the CPU it cost (all CPUs' busy time
+from /proc/stat over the run, per Gbit moved: the machine carries both
+ends and the fabric), and for mrc the share of bytes each path carried
+(its tx_bytes) and the spines' shares (the leaf's uplink byte counters).
+The hosts run the datacenter profile unless --hosts-default.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+from mrc_ebpf.bench.runner import fmt_spread, log, spread
+from mrc_ebpf.errors import MrcError
+
+TITLE = "line rate: one sprayed flow on unshaped links against the kernel's own forwarding, SRv6 and MPTCP"
+MODES = ("plain", "seg6", "mptcp", "mrc", "mrc-packet")
+MODES_ALLOWED = MODES
+LOADS = ("tcp1", "tcp4", "udp")
+PAIR_PATHS = 4
+A_SID, B_SID, B_DT6, A_DT6 = "fc00:a::1", "fc00:b::1", "fc00:b::d76", "fc00:a::d76"
+A6, B6 = "fd00:1::a", "fd00:1::b"
+
+
+def params(short: bool) -> dict:
+    return {"places": ["pair", "fabric"], "mtus": [1500] if short else [1500, 9000],
+            "modes": list(MODES), "loads": ["tcp1"] if short else list(LOADS),
+            "seconds": 2 if short else 5, "repeat": 1 if short else 3, "spines": 4}
+
+
+def set_mtu(p: dict, mtu: int) -> None:
+    p["mtus"] = [mtu]
+
+
+def check(p: dict) -> None:
+    bad = [x for x in p["places"] if x not in ("pair", "fabric")]
+    if bad or not p["places"]:
+        raise MrcError(f"line-rate places: pair and/or fabric, not {bad or 'none'}")
+    bad = [x for x in p["loads"] if x not in LOADS]
+    if bad or not p["loads"]:
+        raise MrcError(f"line-rate loads: some of {', '.join(LOADS)}, not {bad or 'none'}")
+
+
+def steps(p: dict) -> int:
+    return len(p["places"]) * len(p["mtus"]) * len(p["modes"]) * len(p["loads"]) * p["repeat"]
+
+
+# --------------------------------------------------------------------------- measuring
+
+def cpu_busy_s() -> float:
+    """Busy CPU seconds of the whole machine so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]            # idle + iowait
+    return (sum(fields[:8]) - idle) / 100.0  # USER_HZ
+
+
+def _iperf(env, client_ns: str, server_ns: str, dst: str, port: int, load: str, seconds: int,
+           mtu: int, mptcp: bool = False) -> dict:
+    wrap = ["mptcpize", "run"] if mptcp else []
+    srv = env.popen(server_ns, [*wrap, "iperf3", "-s", "-1", "-p", str(port), "-J"])
+    try:
+        time.sleep(0.3)
+        args = ["-c", dst, "-p", str(port), "-t", str(seconds), "-J"]
+        if load == "tcp4":
+            args += ["-P", "4"]
+        elif load == "udp":
+            args += ["-u", "-b", "0", "-l", str(mtu - 40 - 8 - 112)]   # fits the entropy path's 112 B
+        if env.cc and load != "udp":
+            args += ["-C", env.cc]
+        c0 = cpu_busy_s()
+        r = env.run(client_ns, [*wrap, "iperf3", *args], check=False, timeout=seconds + 60)
+        busy = cpu_busy_s() - c0
+    finally:
+        env.wait(srv, timeout=15)
+    try:
+        doc = json.loads(r.stdout)
+    except ValueError:
+        raise MrcError(f"iperf3 failed: {r.stderr.strip()[-200:]}")
+    if doc.get("error"):
+        raise MrcError(f"iperf3: {doc['error']}")
+    end = doc["end"]
+    if load == "udp":
+        bps = end["sum"]["bits_per_second"] * (1 - end["sum"].get("lost_percent", 0) / 100)
+        retrans = None
+    else:
+        bps = end["sum_received"]["bits_per_second"]
+        retrans = end["sum_sent"].get("retransmits")
+    return {"gbps": bps / 1e9, "cpu_s_per_gbit": busy / max(bps / 1e9 * seconds, 1e-9),
+            "retransmits": retrans}
+
+
+def _shares(before: dict, after: dict) -> list[float]:
+    d = [after.get(k, 0) - before.get(k, 0) for k in sorted(before)]
+    total = sum(d)
+    return [round(x / total, 4) for x in d] if total else []
+
+
+def _path_bytes(env, ns: str) -> dict:
+    doc = json.loads(env.mrcctl(ns, "path", "list", "-j").stdout)
+    rows = doc if isinstance(doc, list) else doc.get("paths", [])
+    return {r["path_id"]: r["tx_bytes"] for r in rows}
+
+
+def _uplink_bytes(env, fab) -> dict:
+    r = env.run(None, ["ip", "-n", fab.ns("l1"), "-s", "-j", "link", "show"])
+    tx = {d["ifname"]: d["stats64"]["tx"]["bytes"] for d in json.loads(r.stdout)}
+    return {f"s{k}": tx.get(f"s{k}", 0) for k in range(1, fab.spines + 1)}
+
+
+# --------------------------------------------------------------------------- the pair
+
+@contextlib.contextmanager
+def _pair(env, mtu: int, host_sysctls):
+    from mrc_ebpf.bench.runner import namespaces
+    with namespaces("lr", ["A", "B"]) as ns:
+        A, B = ns["A"], ns["B"]
+        env.run(None, ["ip", "link", "add", "a0", "netns", A, "type", "veth", "peer", "name", "b0",
+                       "netns", B])
+        for n, dev, me, peer, sid in ((A, "a0", A6, B6, B_SID), (B, "b0", B6, A6, A_SID)):
+            for kv in [*host_sysctls, f"net.ipv6.conf.{dev}.seg6_enabled=1"]:
+                env.run(n, ["sysctl", "-qw", kv])
+            env.run(n, ["ip", "link", "set", dev, "mtu", str(mtu), "up"])
+            # a queue on the sending veth: it pushes back instead of dropping
+            # when the receiver's ring is full (ENVIRONMENT.md)
+            env.run(n, ["tc", "qdisc", "replace", "dev", dev, "root", "pfifo"])
+            env.run(n, ["ip", "-6", "addr", "add", f"{me}/64", "dev", dev, "nodad"])
+            env.run(n, ["ip", "-6", "route", "add", f"{sid[:-1]}/48", "via", peer])
+        yield A, B
+
+
+def _pair_mode(env, A: str, B: str, mode: str):
+    """Set the pair up for MODE; returns an undo."""
+    if mode == "seg6":
+        for n, dev, dt6, peer, peer_dt6, gw in ((A, "a0", A_DT6, B6, B_DT6, B6), (B, "b0", B_DT6, A6, A_DT6, A6)):
+            env.run(n, ["ip", "-6", "route", "add", f"{dt6}/128", "encap", "seg6local", "action", "End.DT6",
+                        "table", "local", "dev", dev])
+            env.run(n, ["ip", "-6", "route", "add", f"{peer}/128", "encap", "seg6", "mode", "encap", "segs",
+                        peer_dt6, "via", gw, "dev", dev])
+
+        def undo():
+            for n, dt6, peer in ((A, A_DT6, B6), (B, B_DT6, A6)):
+                env.run(n, ["ip", "-6", "route", "del", f"{dt6}/128"], check=False)
+                env.run(n, ["ip", "-6", "route", "del", f"{peer}/128"], check=False)
+        return undo
+    if mode.startswith("mrc"):
+        extra = ["--granularity", "packet"] if mode == "mrc-packet" else []
+        for n, dev, sid, peer, peer_sid in ((A, "a0", A_SID, B6, B_SID), (B, "b0", B_SID, A6, A_SID)):
+            env.mrcctl(n, "attach", dev, "--sid", sid, *extra)
+            env.mrcctl(n, "path", "add", f"{peer}/128", "--entropy", str(PAIR_PATHS), "--sid", peer_sid)
+
+        def undo():
+            env.mrcctl(A, "detach", "a0", check=False)
+            env.mrcctl(B, "detach", "b0", check=False)
+        return undo
+    return lambda: None
+
+
+def _run_pair(p: dict, env, mtu: int, out: dict) -> None:
+    port = 5600
+    with _pair(env, mtu, p["host_sysctls"]) as (A, B):
+        for mode in p["modes"]:
+            if mode == "mptcp":
+                continue        # one link: nothing for subflows to spread over
+            undo = _pair_mode(env, A, B, mode)
+            try:
+                if mode.startswith("mrc"):
+                    out.setdefault("status", {})[f"pair {mode}"] = json.loads(
+                        env.mrcctl(A, "status", "-j").stdout)
+                for load in p["loads"]:
+                    for rep in range(p["repeat"]):
+                        port += 1
+                        log(f"line-rate: pair, MTU {mtu}, {mode}, {load}, run {rep + 1}", step=True)
+                        b0 = _path_bytes(env, A) if mode.startswith("mrc") else None
+                        rec = _iperf(env, A, B, B6, port, load, p["seconds"], mtu)
+                        if b0 is not None:
+                            rec["path_shares"] = _shares(b0, _path_bytes(env, A))
+                        out["pair"][str(mtu)][mode][load].append(rec)
+            finally:
+                undo()
+
+
+# --------------------------------------------------------------------------- the fabric
+
+def _run_fabric(p: dict, env, mtu: int, out: dict) -> None:
+    from mrc_ebpf.bench import contenders
+    from mrc_ebpf.bench.runner import fabric
+    from mrc_ebpf.lab import fabric as fab_mod
+    port = 5700
+    with fabric("lr", spines=p["spines"], rate=None, mtu=mtu, host_sysctls=p["host_sysctls"]) as fab:
+        h1, h2 = fab.ns("h1"), fab.ns("h2")
+        dt6 = fab.host_sid(2).rstrip(":") + "::d76"
+        for mode in p["modes"]:
+            if mode == "mptcp" and not _has_mptcpize(env):
+                out.setdefault("notes", []).append("mptcp left out: mptcpize (Debian's mptcpd) is not installed")
+                continue
+            undo = lambda: None
+            if mode == "seg6":
+                gw = _gateway(env, h1, fab.addr6(2))
+                env.run(h2, ["ip", "-6", "route", "add", f"{dt6}/128", "encap", "seg6local", "action",
+                             "End.DT6", "table", "local", "dev", "eth0"])
+                env.run(h1, ["ip", "-6", "route", "add", f"{fab.addr6(2)}/128", "encap", "seg6", "mode",
+                             "encap", "segs", dt6, "via", gw, "dev", "eth0"])
+
+                def undo():
+                    env.run(h2, ["ip", "-6", "route", "del", f"{dt6}/128"], check=False)
+                    env.run(h1, ["ip", "-6", "route", "del", f"{fab.addr6(2)}/128"], check=False)
+            elif mode.startswith("mrc"):
+                extra = ["--", "--granularity", "packet"] if mode == "mrc-packet" else []
+                fab_mod.attach(fab.name, "h1,h2", "rr", extra[1:])
+                undo = lambda: fab_mod.detach(fab.name, "h1,h2")
+            try:
+                ctx = contenders.mode(env, fab, mode, [1, 2]) if mode == "mptcp" else contextlib.nullcontext()
+                with ctx:
+                    if mode.startswith("mrc"):
+                        out.setdefault("status", {})[f"fabric {mode}"] = json.loads(
+                            env.mrcctl(h1, "status", "-j").stdout)
+                    for load in p["loads"]:
+                        for rep in range(p["repeat"]):
+                            port += 1
+                            log(f"line-rate: fabric, MTU {mtu}, {mode}, {load}, run {rep + 1}", step=True)
+                            u0 = _uplink_bytes(env, fab)
+                            b0 = _path_bytes(env, h1) if mode.startswith("mrc") else None
+                            rec = _iperf(env, h1, h2, fab.addr6(2), port, load, p["seconds"], mtu,
+                                         mptcp=mode == "mptcp")
+                            rec["spine_shares"] = _shares(u0, _uplink_bytes(env, fab))
+                            if b0 is not None:
+                                rec["path_shares"] = _shares(b0, _path_bytes(env, h1))
+                            out["fabric"][str(mtu)][mode][load].append(rec)
+            finally:
+                undo()
+
+
+def _gateway(env, ns: str, dst: str) -> str:
+    r = json.loads(env.run(ns, ["ip", "-6", "-j", "route", "get", dst]).stdout)
+    return r[0]["gateway"]
+
+
+def _has_mptcpize(env) -> bool:
+    return env.run(None, ["sh", "-c", "command -v mptcpize"], check=False).returncode == 0
+
+
+# --------------------------------------------------------------------------- the scenario
+
+def run(p: dict, env) -> dict:
+    check(p)
+    raw: dict = {"pair": {}, "fabric": {}}
+    for place in ("pair", "fabric"):
+        for mtu in p["mtus"]:
+            raw[place][str(mtu)] = {m: {load: [] for load in p["loads"]} for m in p["modes"]}
+    for mtu in p["mtus"]:
+        if "pair" in p["places"]:
+            _run_pair(p, env, mtu, raw)
+        if "fabric" in p["places"]:
+            _run_fabric(p, env, mtu, raw)
+    summary: dict = {}
+    for place in p["places"]:
+        for mtu in p["mtus"]:
+            for mode, by_load in raw[place][str(mtu)].items():
+                for load, runs in by_load.items():
+                    if not runs:
+                        continue
+                    summary.setdefault(place, {}).setdefault(str(mtu), {}).setdefault(mode, {})[load] = {
+                        "gbps": spread([r["gbps"] for r in runs]),
+                        "cpu_s_per_gbit": spread([r["cpu_s_per_gbit"] for r in runs]),
+                        "runs": runs}
+    notes = list(raw.get("notes", []))
+    for place, by_mtu in summary.items():
+        for mtu, by_mode in by_mtu.items():
+            ref = by_mode.get("seg6", {}).get("tcp1")
+            mine = by_mode.get("mrc", {}).get("tcp1")
+            if ref and mine:
+                notes.append(f"{place}, MTU {mtu}, one TCP flow: mrc {mine['gbps']['median']:.2f} Gbit/s = "
+                             f"{mine['gbps']['median'] / ref['gbps']['median']:.2f} of the kernel's SRv6 "
+                             f"({ref['gbps']['median']:.2f})")
+    return {"summary": summary, "status": raw.get("status", {}), "notes": notes}
+
+
+def table(results: dict):
+    headers = ["place", "MTU", "mode", "load", "Gbit/s", "CPU s / Gbit", "shares (paths or spines)"]
+    rows = []
+    for place, by_mtu in results["summary"].items():
+        for mtu, by_mode in by_mtu.items():
+            for mode, by_load in by_mode.items():
+                for load, s in by_load.items():
+                    last = s["runs"][-1]
+                    shares = last.get("path_shares") or last.get("spine_shares") or []
+                    rows.append([place, mtu, mode, load, fmt_spread(s["gbps"], digits=2),
+                                 fmt_spread(s["cpu_s_per_gbit"], digits=3),
+                                 " ".join(f"{x:.2f}" for x in shares)])
+    return headers, rows
+
+
+def plot(results: dict, plt):
+    places = list(results["summary"])
+    fig, axes = plt.subplots(1, max(len(places), 1), figsize=(7 * max(len(places), 1), 4), squeeze=False)
+    for ax, place in zip(axes[0], places):
+        labels, values = [], []
+        for mtu, by_mode in results["summary"][place].items():
+            for mode, by_load in by_mode.items():
+                if "tcp1" in by_load:
+                    labels.append(f"{mode}\n{mtu}")
+                    values.append(by_load["tcp1"]["gbps"]["median"])
+        ax.bar(range(len(values)), values)
+        ax.set_xticks(range(len(values)))
+        ax.set_xticklabels(labels, fontsize=6)
+        ax.set_ylabel("Gbit/s, one TCP flow")
+        ax.set_title(place, fontsize=9)
+    return fig
