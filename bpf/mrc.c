@@ -4,7 +4,8 @@
  * (lib/maps.h), so they are compiled together:
  *   mrc_tx  TC egress: SRv6 encapsulation, path choice  (mrc_tx.c)
  *   mrc_rx  XDP:       validation, decapsulation, measurement (mrc_rx.c)
- *   mrc_fb  TC ingress: feedback for one-way traffic     (mrc_fb.c)
+ *   mrc_fb  TC ingress: feedback for one-way traffic, and the
+ *           control packets generic XDP skips (mrc_fb.c)
  *
  * bcc rewrites map calls and finds programs only in the file it is
  * given, so the loader (mrc_ebpf/source.py) inlines the quoted includes

@@ -50,6 +50,11 @@
 #define MRC_F_PROBE		0x01	/* sent to test a path, not data */
 #define MRC_F_FEEDBACK		0x02	/* the fb_* fields report on one of the peer's paths */
 #define MRC_F_CONTROL		0x04	/* feedback only: the receiver consumes it */
+/* with MRC_F_FEEDBACK: a packet on the path fb_path_id arrived CE-marked
+ * (outer ECN) since that path was last reported so: the fabric's queues
+ * on it are filling.  The sender skips the path for a while (struct
+ * mrc_path_live.skip); congestion, never a failure. */
+#define MRC_F_FB_CE		0x08
 
 struct mrc_tlv {
 	__u8	type;		/* MRC_TLV_TYPE */
@@ -284,6 +289,19 @@ struct mrc_path_live {
 	__u32	downs;			/* times it went down */
 	__u32	probes;			/* packets sent on it while down */
 	__u64	kept_since_ns;		/* overdue send the floor kept it up for (MRC_EV_KEPT logged) */
+	/* down: the interval before next_probe_ns (us), doubled at each
+	 * probe from probe_us up to probe_max_us (a dead path is probed ever
+	 * less often), at least 1 s / probe_budget */
+	__u32	probe_gap_us;
+	__u32	ce_reports;		/* the peer's reports that said CE (MRC_F_FB_CE) */
+	/* Skip (MRC's SKIP, UET's skipped ECN-marked EV): congestion, not
+	 * failure.  A CE report not yet acted on (ce_reports above the high
+	 * 32 bits) leaves the path out of the spray for
+	 * config.skip_rotations of its turns (the low 32 bits count them
+	 * down); counted in the floor (min_active) while it lasts, never
+	 * taken down for it.  One word: one compare-and-swap (16 bytes a
+	 * path at most: the 64 MB of 131,072 peers, docs/design/scale.md) */
+	__u64	skip;			/* ce_reports acted on << 32 | turns left */
 };
 
 /*
@@ -329,6 +347,8 @@ struct mrc_peer_acks {
 					 * peer fewer than min_active usable paths */
 #define MRC_EV_SHARED_DOWN	6	/* its first hop is suspect (another path through it
 					 * went down) and its probe went unanswered */
+#define MRC_EV_SKIP		7	/* the peer reported CE on it: left out of the spray
+					 * for skip_rotations turns (congestion, still up) */
 
 struct mrc_event {
 	__u64	seq;		/* 1, 2, ...: position in the log (0: empty slot) */
@@ -366,7 +386,7 @@ struct mrc_rx_path {
 	/* the sender's epoch next_seq belongs to: another one restarts the
 	 * path's sequence (and delay baseline) instead of counting late */
 	__u32	epoch;
-	__u32	pad2;
+	__u32	ce;		/* packets that arrived with outer CE (a fabric queue marked them) */
 	/* bit i: path_seq next_seq - 2 - i arrived (the replay window of an
 	 * authenticated sender: a number arrives once; next_seq - 1 did) */
 	__u64	seen;
@@ -381,6 +401,7 @@ struct mrc_rx_peer {
 	__u64	reordered;	/* arrived with peer_seq below the highest seen */
 	__u64	heard[MRC_MAX_PATHS / 64];	/* paths heard from, not yet reported */
 	__u64	loss_news[MRC_MAX_PATHS / 64];	/* paths with a loss not yet reported */
+	__u64	ce_news[MRC_MAX_PATHS / 64];	/* paths with a CE mark not yet reported */
 	__u64	latest_tx[MRC_MAX_PATHS];	/* per path: the newest sender tx_ns that arrived */
 	__u64	fb_sent_ns;	/* when our last feedback to this sender left */
 	__u32	max_peer_seq;
@@ -425,6 +446,34 @@ struct mrc_peer_tx {
  * takes anyway), not per-CPU copies of every path.
  */
 #define MRC_MAX_ACTIVE_PEERS	256	/* peers with learnt state at once */
+
+/*
+ * A peer without learnt state (never sent to, or evicted from the LRU)
+ * starts its turns at an offset of its own, not at path 0
+ * (lib/peer_state.h, peer_state_turn): its id spread by Fibonacci hashing
+ * plus how often its state started before, counted in peer_starts (by
+ * peer_id mod MRC_PEER_STARTS; 16 bits, four to a word), so peers that keep
+ * losing their state still spray over all their paths, and a new state of
+ * a peer that had one is counted as made again (MRC_STATE_REMADE).  An
+ * LRU insert fails only when no element can be freed for it (not for
+ * being full: the oldest is evicted): such a packet is counted
+ * (MRC_STATE_FAIL) and dropped as before (MRC_TX_DROP_NO_PATH).
+ */
+#define MRC_PEER_STARTS		262144	/* a power of two */
+
+/*
+ * peer_cache: LRU hash, a destination address -> the peers trie's answer
+ * for it (lib/peer_cache.h): one hash lookup per packet however many
+ * prefixes the trie holds.  An entry is good while its generation is
+ * peers_gen's, which the control plane bumps after every write to peers.
+ */
+#define MRC_PEER_CACHE		8192
+struct mrc_peer_cached {
+	struct mrc_peer	peer;
+	__u32	gen;		/* peers_gen when it was looked up */
+	__u32	found;		/* 0: no prefix covers the address */
+	__u32	pad;		/* 8-byte size: bcc's per-CPU copy (peer_buf) needs it */
+};
 
 struct mrc_path_state {
 	struct mrc_path_live	live;
@@ -497,6 +546,13 @@ struct mrc_device {
 #define MRC_DEFAULT_PROBE_US		5000
 #define MRC_DEFAULT_FB_INTERVAL_US	100
 #define MRC_DEFAULT_REORDER_MAX_US	16000
+/* Off by default, so that what was measured stays true until they are
+ * benchmarked on: 0 keeps probe_us fixed (no backoff), no budget, no skip.
+ * Suggested: probe_max_us 1000000, probe_budget 1000, skip_rotations 2
+ * (docs/design/failover.md). */
+#define MRC_DEFAULT_PROBE_MAX_US	0	/* a down path's probe interval doubles up to this */
+#define MRC_DEFAULT_PROBE_BUDGET	0	/* probes a second through one first hop (0: no limit) */
+#define MRC_DEFAULT_SKIP_ROTATIONS	0	/* turns a CE-reported path is skipped (0: never) */
 
 /* config: array of one, written by the loader at attach */
 struct mrc_config {
@@ -512,6 +568,13 @@ struct mrc_config {
 	struct mrc_device devices[MRC_MAX_DEVICES];
 	__u32	min_active;	/* a peer keeps at least this many paths in use (0: no floor) */
 	__u32	shared_fate;	/* 1: a path down makes its first hop suspect (lib/shared_fate.h) */
+	/* a path whose peer reported CE on it skips this many of its turns
+	 * (about as many rotations of the spray); 0: CE reports skip nothing */
+	__u32	skip_rotations;
+	__u32	probe_max_us;	/* a down path's probe interval doubles up to this (0: probe_us, fixed) */
+	/* down paths' probes a second through one first hop (struct
+	 * mrc_hop; a path without one: its own interval), 0: no limit */
+	__u32	probe_budget;
 };
 
 /* tx_flows: array by a TCP flow's hash (direct-mapped): how far each flow
@@ -579,6 +642,15 @@ enum mrc_counter {
 	MRC_RX_AUTH_OLD_EPOCH,		/* epoch older than the sender's latest */
 	MRC_RX_AUTH_REPLAY,		/* path_seq seen already, or behind the window */
 	MRC_RX_EPOCH,			/* a sender's new epoch: its tracking restarted */
+	MRC_RX_CONTROL_TC,		/* RX: control packets filed at TC ingress, not XDP (a clone
+					 * bpf_clone_redirect made is skipped by generic XDP) */
+	/* learnt state (peer_state, lib/peer_state.h): not outcomes */
+	MRC_STATE_NEW,			/* TX found a peer's state new: its turns started at its offset */
+	MRC_STATE_REMADE,		/* ... of which the peer had state before: evicted since */
+	MRC_STATE_FAIL,			/* TX: none could be made (the LRU freed no element): dropped */
+	MRC_TX_SKIP,			/* a turn skipped: the peer reported CE on its path */
+	MRC_TX_PROBE_HELD,		/* of tx_probe: a probe copy the probe budget held back, not sent */
+	MRC_RX_FB_CE,			/* feedback said one of our paths was CE-marked */
 	MRC_COUNTER_MAX,
 };
 
@@ -667,6 +739,11 @@ struct mrc_hop {
 	__u64	watch2_ns;
 	__u64	watch2_who;
 	__u64	watch2_after_ns;
+	/* datapath: the probe budget (config.probe_budget): no down path's
+	 * probe through the hop before this; each probe moves it on by
+	 * 1 s / probe_budget */
+	__u64	probe_next_ns;
+	__u64	probes_held;	/* due probes the budget held back */
 };
 
 /* path_fate: array by path index of a row (the peer's own or a

@@ -159,18 +159,74 @@ static __always_inline int rx_check_doh(struct ipv6hdr *ip6, void *data_end, __u
 	return 0;
 }
 
+/*
+ * Rules 1-12 for a packet whose destination is our SID and whose next
+ * header is Routing or Destination Options, from its outer header on.
+ * Returns 0 (valid: the outer and inner lengths, the inner ethertype and
+ * the MRC TLV or NULL are filled) or the drop reason.  Shared by mrc_rx
+ * and by mrc_fb (TC ingress), which checks the control packets that XDP
+ * never saw (rx_tc_control).
+ */
+static __always_inline __u32 rx_check(struct ipv6hdr *ip6, void *data_end, struct rx_ext *ext,
+				      struct mrc_tlv **mrc, __u32 *outer_len, __u32 *inner_len,
+				      __u16 *inner_proto)
+{
+	__u32 l3_len, reason = 0;
+	int rc;
+
+	if (ip6->version != 6 || ip6->saddr.s6_addr[0] == 0xff)
+		return MRC_RX_DROP_OUTER_HEADER;
+	l3_len = data_end - (void *)ip6;
+	if (bpf_ntohs(ip6->payload_len) + sizeof(*ip6) != l3_len)
+		return MRC_RX_DROP_PAYLOAD_LEN;
+	if (ip6->nexthdr == IPPROTO_ROUTING)
+		rc = rx_check_srh(ip6, data_end, l3_len, ext, mrc);
+	else
+		rc = rx_check_doh(ip6, data_end, l3_len, ext, mrc);
+	if (rc)
+		return rc;
+
+	*outer_len = sizeof(*ip6) + ext->len;
+	*inner_len = l3_len - *outer_len;
+	*inner_proto = rx_check_inner(ext->nexthdr, (void *)ip6 + (*outer_len & 0xfff),
+				      data_end, *inner_len, &reason);
+	return *inner_proto ? 0 : reason;
+}
+
+/*
+ * A valid packet's MRC TLV: measured and its feedback filed, when it is
+ * authentic and fresh (with a key, lib/auth.h).  Returns 0 when filed,
+ * else the counter saying why not (already counted).
+ */
+static __always_inline __u32 rx_file(const struct ipv6hdr *ip6, const struct mrc_tlv *mrc,
+				     __u32 inner_len, __u64 now)
+{
+	__u32 unfiled;
+	int keyed;
+
+	count(MRC_RX_MRC_TLV);
+	unfiled = auth_verify(ip6, mrc, &keyed);
+	if (!unfiled)
+		unfiled = rx_track(ip6->saddr.s6_addr, mrc, inner_len, now, keyed,
+				   ecn_of_ip6(ip6) == ECN_CE);
+	if (unfiled)
+		count(unfiled);
+	else
+		feedback_file(ip6->saddr.s6_addr, mrc, now);
+	return unfiled;
+}
+
 int mrc_rx(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data, eth_copy;
 	struct ipv6hdr *ip6;
-	struct mrc_tlv *mrc;
+	struct mrc_tlv *mrc = NULL;
 	struct mrc_config *cfg;
 	struct rx_ext ext = {};
-	__u32 zero = 0, l3_len, outer_len, inner_len, reason = 0;
-	__u16 inner_proto;
-	int rc;
+	__u32 zero = 0, outer_len = 0, inner_len = 0, reason;
+	__u16 inner_proto = 0;
 
 	count(MRC_RX_SEEN);
 
@@ -190,38 +246,13 @@ int mrc_rx(struct xdp_md *ctx)
 
 	/* From here on the packet claims to be ours: whatever is wrong
 	 * with it is dropped, never decapsulated. */
-	if (ip6->version != 6 || ip6->saddr.s6_addr[0] == 0xff)
-		return rx_drop(MRC_RX_DROP_OUTER_HEADER);
-	l3_len = data_end - (void *)ip6;
-	if (bpf_ntohs(ip6->payload_len) + sizeof(*ip6) != l3_len)
-		return rx_drop(MRC_RX_DROP_PAYLOAD_LEN);
-	if (ip6->nexthdr == IPPROTO_ROUTING)
-		rc = rx_check_srh(ip6, data_end, l3_len, &ext, &mrc);
-	else
-		rc = rx_check_doh(ip6, data_end, l3_len, &ext, &mrc);
-	if (rc)
-		return rx_drop(rc);
-
-	outer_len = sizeof(*ip6) + ext.len;
-	inner_len = l3_len - outer_len;
-	inner_proto = rx_check_inner(ext.nexthdr, (void *)ip6 + (outer_len & 0xfff),
-				     data_end, inner_len, &reason);
-	if (!inner_proto)
+	reason = rx_check(ip6, data_end, &ext, &mrc, &outer_len, &inner_len, &inner_proto);
+	if (reason)
 		return rx_drop(reason);
 	if (mrc) {
 		__u64 now = bpf_ktime_get_ns();
-		__u32 unfiled;
-		int keyed;
+		__u32 unfiled = rx_file(ip6, mrc, inner_len, now);
 
-		count(MRC_RX_MRC_TLV);
-		/* with a key, only an authentic, fresh TLV is filed (lib/auth.h) */
-		unfiled = auth_verify(ip6, mrc, &keyed);
-		if (!unfiled)
-			unfiled = rx_track(ip6->saddr.s6_addr, mrc, inner_len, now, keyed);
-		if (unfiled)
-			count(unfiled);
-		else
-			feedback_file(ip6->saddr.s6_addr, mrc, now);
 		if (mrc->flags & MRC_F_CONTROL) {
 			count(MRC_RX_CONTROL);	/* it carried feedback only */
 			return XDP_DROP;

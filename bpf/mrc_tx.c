@@ -13,6 +13,7 @@
  */
 #include "lib/counters.h"
 #include "lib/addr.h"
+#include "lib/parse.h"
 #include "lib/srh.h"
 #include "lib/usid.h"
 #include "lib/path_select.h"
@@ -20,6 +21,7 @@
 #include "lib/control.h"
 #include "lib/tcp_steer.h"
 #include "lib/template.h"
+#include "lib/peer_cache.h"
 
 static __always_inline int tx_pass(void)
 {
@@ -46,18 +48,14 @@ struct tx_inner {
 static __always_inline int tx_classify(struct __sk_buff *skb, const struct mrc_config *cfg,
 				       struct mrc_peer_key *key, struct tx_inner *inner)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
+	__u16 family;
+	void *l3 = parse_ip(skb, &family);
 
-	if ((void *)(eth + 1) > data_end)
+	if (!l3)
 		return -1;
+	if (family == ETH_P_IPV6) {
+		struct ipv6hdr *ip6 = l3;
 
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = (void *)(eth + 1);
-
-		if ((void *)(ip6 + 1) > data_end)
-			return -1;
 		/* ND, link-local and multicast stay on the link; a packet
 		 * sourced from our SID is one we already encapsulated and
 		 * redirected back through this hook. */
@@ -69,20 +67,15 @@ static __always_inline int tx_classify(struct __sk_buff *skb, const struct mrc_c
 		inner->tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
 		return 0;
 	}
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip4 = (void *)(eth + 1);
+	struct iphdr *ip4 = l3;
 
-		if ((void *)(ip4 + 1) > data_end)
-			return -1;
-		/* IPv4-mapped: ::ffff:a.b.c.d */
-		key->addr[10] = 0xff;
-		key->addr[11] = 0xff;
-		__builtin_memcpy(&key->addr[12], &ip4->daddr, 4);
-		inner->proto = IPPROTO_IPIP;
-		inner->tos = ip4->tos;
-		return 0;
-	}
-	return -1;
+	/* IPv4-mapped: ::ffff:a.b.c.d */
+	key->addr[10] = 0xff;
+	key->addr[11] = 0xff;
+	__builtin_memcpy(&key->addr[12], &ip4->daddr, 4);
+	inner->proto = IPPROTO_IPIP;
+	inner->tos = ip4->tos;
+	return 0;
 }
 
 /* The traffic class of a packet, from its DSCP. */
@@ -122,7 +115,7 @@ int mrc_tx(struct __sk_buff *skb)
 	if (tx_classify(skb, cfg, &key, &inner))
 		return tx_pass();
 
-	peer = mrc_peers.lookup(&key);
+	peer = peer_lookup(&key);
 	if (!peer)
 		return tx_pass();
 	if (!control && !(mark & MRC_PROBE_MARK_MASK) && cfg->retrans_steer &&

@@ -125,15 +125,19 @@ def test_cost(runs):
     for setup in ("none", "mrc", "mrc-key", "kernel"):
         assert r["throughput"][setup]["pps"]["median"] > 1000
     assert r["mrc_over_kernel_pps"]["median"] > 0
-    # peers in the maps: today's layout, then 1 and 1,000 peers on a template
-    assert [(x["layout"], x["peers"]) for x in r["peers"]] == \
-        [("own paths", 1), ("template", 1), ("template", 1000)]
+    # peers in the maps: today's layout, then 1 and 1,000 peers on a template,
+    # the measured one outside the address plan and inside it (short: the
+    # cache only, not the trie alone beside it)
+    assert [(x["layout"], x["peers"], x["lookup"]) for x in r["peers"]] == \
+        [("own paths", 1, "cache"), ("template", 1, "cache"), ("template, in the plan", 1, "cache"),
+         ("template", 1000, "cache"), ("template, in the plan", 1000, "cache")]
     for x in r["peers"]:
         assert 0 < x["tx_ns_median"]["median"] < 1e6 and 0 < x["rx_ns_median"]["median"] < 1e6
         assert x["memlock_128_cpus"] >= x["memlock"] == sum(x["maps"].values())
     # the trie and SID hash grow with the peers, nothing else does
-    grown = {n for n, b in r["peers"][2]["maps"].items() if b != r["peers"][1]["maps"][n]}
+    grown = {n for n, b in r["peers"][3]["maps"].items() if b != r["peers"][1]["maps"][n]}
     assert grown == {"peers", "peer_by_sid"}
+    assert "tx_1000_over_1_in_plan" in r["flatness_peers"]
 
 
 def test_line_rate(runs):

@@ -108,7 +108,8 @@ def test_invalid_files_name_their_line(text, line, reason):
 def test_attach_ranges_are_those_of_mrcctl_attach():
     from mrc_ebpf.cli.mrcctl import attach
     options = {p.name: p for p in attach.params}
-    for name, (lo, hi) in {**config.TIMER_RANGES, "min_active": config.MIN_ACTIVE_RANGE}.items():
+    for name, (lo, hi) in {**config.TIMER_RANGES, "min_active": config.MIN_ACTIVE_RANGE,
+                           **config.SETTING_RANGES}.items():
         kind = options[name].type
         assert isinstance(kind, click.IntRange) and (kind.min, kind.max) == (lo, hi), name
     assert tuple(options["mode"].type.choices) == config.MODES

@@ -17,6 +17,7 @@ import pytest
 from conftest import UDP_SEND, mrcctl
 from test_fabric import fabric, make_fabric, one_line_error  # noqa: F401
 from mrc_ebpf.control import ev_trace, paths
+from mrc_ebpf.control.spray import rotation
 from mrc_ebpf.datapath import layout
 
 
@@ -149,15 +150,15 @@ def _ev(hop: str | None) -> layout.Path:
 def test_rotation_gives_every_hop_a_turn_per_round_and_keeps_every_ev():
     hops = ["fd01::1"] * 5 + ["fd01::2"] * 2 + ["fd01::3"] * 3 + [None]
     members = [(i, _ev(h)) for i, h in enumerate(hops)]
-    order = ev_trace.rotation(members, 1024)
+    order = rotation(members, 1024)
     by_id = dict(enumerate(hops))
     body, tail = order[:-1], order[-1:]
     assert tail == [10]                                   # the untraced EV, once, at the end
     assert len(body) == 5 * 3 and set(body) == set(range(10))
     for r in range(5):                                    # each round: every hop once, in order
         assert [by_id[i] for i in body[3 * r:3 * r + 3]] == ["fd01::1", "fd01::2", "fd01::3"]
-    assert ev_trace.rotation([(0, _ev(None))], 1024) is None      # nothing traced: id order
-    assert len(ev_trace.rotation(members, 7)) <= 7 and ev_trace.rotation(members, 7)[:3] == [0, 5, 7]
+    assert rotation([(0, _ev(None))], 1024) is None      # nothing traced: id order
+    assert len(rotation(members, 7)) <= 7 and rotation(members, 7)[:3] == [0, 5, 7]
 
 
 def test_probe_has_the_evs_outer_header():

@@ -30,6 +30,12 @@ def test_shape_of_the_target_fabric():
     # a peer in the maps: within issue 19's 64 MB
     assert r["memory"]["bytes"] == r["memory"]["fixed_bytes"] + 128 * r["memory"]["per_cpu_bytes"]
     assert r["memory"]["peers_held"] == 131071 and r["memory"]["bytes"] <= 64e6
+    # as the kernel counts it (issue 28: the LPM trie's intermediate nodes
+    # and the slab objects; tests/test_memory.py checks the model against
+    # a memory cgroup), well above memlock's figure
+    from mrc_ebpf.datapath import memory
+    assert r["memory"]["kernel_bytes"] == memory.host_kernel_bytes(131071, 128)
+    assert r["memory"]["kernel_bytes"] > r["memory"]["bytes"] + 15e6
 
 
 def test_config_size_is_what_render_writes():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,57 @@ def test_model_matches_kernel_for_an_attachment(interop):
 def _py():
     import sys
     return [sys.executable]
+
+
+def _memory_cgroup() -> Path | None:
+    """This process's memory cgroup directory (v1's memory controller, or
+    v2 with memory), or None."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "memory":
+            d = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            if (d / "memory.kmem.usage_in_bytes").exists():
+                return d
+        if controllers == "":
+            for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+                d = root / path.lstrip("/")
+                if "memory" in (d / "cgroup.controllers").read_text().split() \
+                        if (d / "cgroup.controllers").exists() else False:
+                    return d
+    return None
+
+
+@pytest.mark.root
+def test_kernel_count_of_131071_peers_matches_the_cgroup():
+    """What `status` and `fabric plan` now report for the peer maps (the
+    LPM trie's intermediate nodes and the slab's rounding included:
+    memory.kernel_bytes) against the kernel's own count: the memory
+    cgroup's, for a process alone in a cgroup this test makes, filling
+    the datapath's peers trie and peer_by_sid hash with the 131,071 peers
+    of the issue's configuration.  memlock is far below it (issue 28:
+    84 MB by the cgroup against 62.4 MB of memlock for the whole host)."""
+    import subprocess
+    import sys
+    parent = _memory_cgroup()
+    if parent is None:
+        pytest.skip("no memory cgroup with kernel memory accounting here")
+    n = 131071
+    cgroup = parent / f"mrc-test-kmem-{os.getpid()}"
+    cgroup.mkdir()
+    try:
+        out = subprocess.run([sys.executable, str(Path(__file__).parent / "tools" / "kmem_peers.py"),
+                              str(cgroup), str(n)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+    finally:
+        cgroup.rmdir()
+    entries = {"peers": n, "peer_by_sid": n}
+    plan = [(64, bytes.fromhex(f"fd000001{i // 256:04x}{i % 256:04x}") + bytes(8)) for i in range(1, n + 1)]
+    intermediates = memory.lpm_intermediates(plan)
+    assert intermediates == n - 1          # no prefix of the plan covers another
+    model = memory.kernel_model(got["cpus"], entries, {"peers": intermediates})
+    expected = model["peers"] + model["peer_by_sid"]
+    assert abs(got["charged"] - expected) <= 0.03 * expected, (got, expected)
+    memlock = sum(got["memlock"].values())
+    assert memlock == sum(v for k, v in memory.model(got["cpus"], entries).items() if k in entries)
+    assert got["charged"] > 1.5 * memlock, (got, memlock)

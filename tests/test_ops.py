@@ -182,6 +182,7 @@ def test_exporter_per_path_series(spray):
         assert samples[("mrc_path_tx_packets_total", labels)] == r["tx_packets"]
         assert samples[("mrc_path_tx_bytes_total", labels)] == r["tx_bytes"]
         assert samples[("mrc_path_downs_total", labels)] == r["downs"]
+        assert samples[("mrc_path_ce_reports_total", labels)] == r["ce_reports"]
         assert samples[("mrc_path_up", labels)] == (r["state"] == "up")
         state = tuple(sorted({**dict(labels), "state": r["state"]}.items()))
         assert samples[("mrc_path_state", state)] == 1
@@ -193,6 +194,7 @@ def test_exporter_per_path_series(spray):
         assert samples[("mrc_path_rx_lost_total", labels)] == r["lost"]
         assert samples[("mrc_path_rx_late_total", labels)] == r["late"]
         assert samples[("mrc_path_queueing_delay_seconds_count", labels)] == sum(r["qdelay_hist"])
+        assert samples[("mrc_path_rx_ce_total", labels)] == r["ce"]
         inf = tuple(sorted({**dict(labels), "le": "+Inf"}.items()))
         assert samples[("mrc_path_queueing_delay_seconds_bucket", inf)] == sum(r["qdelay_hist"])
     assert by_path["received"]

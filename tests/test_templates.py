@@ -71,6 +71,13 @@ def test_bulk_adds_many_peers_all_or_nothing(interop, tmp_path):
     cpus = s["memory"]["cpus"]
     assert mem["peers"] == memory.model(cpus, {"peers": n})["peers"]
     assert mem["peer_by_sid"] == memory.model(cpus, {"peer_by_sid": n})["peer_by_sid"]
+    # and as the kernel counts them: the trie's intermediate nodes as the
+    # keys' structure says (`status` reads them back)
+    kernel = s["memory"]["kernel_maps"]
+    parts = s["memory"]["lpm_intermediates"]["peers"]
+    assert kernel["peers"] == memory.kernel_model(cpus, {"peers": n}, {"peers": parts})["peers"]
+    assert kernel["peer_by_sid"] == memory.kernel_model(cpus, {"peer_by_sid": n})["peer_by_sid"]
+    assert s["memory"]["kernel_bytes"] > s["memory"]["bytes"]
     # a SID already another peer's is refused
     dup = tmp_path / "dup.txt"
     dup.write_text("fd00:8::/64 leaf1 fc00:7:0:0::1\n")

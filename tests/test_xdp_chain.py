@@ -200,7 +200,7 @@ def _load_frags_program() -> int:
     license = ctypes.create_string_buffer(b"GPL")
     attr = Attr(prog_type=6, insn_cnt=2, insns=ctypes.addressof(insns),
                 license=ctypes.addressof(license), prog_flags=1 << 5, prog_name=b"frags_pass")
-    return bpfsys._bpf(5, attr)   # BPF_PROG_LOAD
+    return bpfsys.bpf(5, attr)   # BPF_PROG_LOAD
 
 
 def test_frags_program_cannot_be_chained_one_line_error(interop):

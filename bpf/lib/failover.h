@@ -10,6 +10,7 @@
 
 #include "lib/maps.h"
 #include "lib/compiler.h"
+#include "lib/counters.h"
 #include "lib/floor.h"
 #include "lib/peer_state.h"
 #include "lib/shared_fate.h"
@@ -87,6 +88,108 @@ static __always_inline void failover_ack_window_widen(struct mrc_peer_acks *acks
 }
 
 /*
+ * Skip (MRC's SKIP state, UET's skip of an ECN-marked EV): the peer
+ * reported a CE mark on the path (live.ce_reports grew), so its queues
+ * are filling: it skips its next skip_rotations turns, then is used
+ * again.  A new report restarts the count.  Congestion, never failure:
+ * the path stays up and keeps its acknowledgement clock.  The floor
+ * holds (min_active, and at least one path not skipped): a skip
+ * reserves a place in it as a down does, and gives it back with its
+ * last turn; a report the floor refuses is not acted on.  O(1): one
+ * compare per turn, a compare-and-swap of one word (live.skip: the
+ * reports acted on << 32 | turns left) while it skips.
+ */
+static __always_inline int failover_skip(const struct mrc_config *cfg, struct mrc_peer_state *st,
+				    const struct mrc_peer *peer, __u32 path_id, __u64 now)
+{
+	struct mrc_path_live *live = peer_path_live(st, path_id);
+	__u64 reports = live->ce_reports, w = live->skip, n = cfg->skip_rotations, left = (__u32)w, want;
+
+	if (reports != w >> 32 && n) {
+		want = reports << 32 | n;
+		if (left) {
+			/* skipping already: a new report restarts the count */
+			__sync_bool_compare_and_swap(&live->skip, w, want);
+		} else if (floor_take_out_min(cfg, peer->template_id, st, cfg->min_active ? cfg->min_active : 1)) {
+			if (__sync_bool_compare_and_swap(&live->skip, w, want))
+				failover_event_log(peer->peer_id, path_id, MRC_EV_SKIP, now, 0);
+			else
+				floor_release(st);
+		} else {
+			__sync_bool_compare_and_swap(&live->skip, w, reports << 32);	/* refused */
+		}
+		w = live->skip;
+		left = (__u32)w;
+	}
+	if (!left)
+		return 0;
+	/* this turn is skipped; the last one gives its floor place back */
+	if (__sync_bool_compare_and_swap(&live->skip, w, w - 1) && left == 1)
+		floor_release(st);
+	count(MRC_TX_SKIP);
+	return 1;
+}
+
+/*
+ * The budget of down paths' probes (config.probe_budget a second): per
+ * first hop when the path has one (struct mrc_hop, as shared fate knows
+ * them), so many peers' paths through one dead switch do not multiply
+ * its probes; a path without one is held to it by its own interval
+ * (failover_probe_gap).  One probe a 1 s / budget through a hop: 1 if
+ * the probe copy for path `path_id` (its row's `row_index`) may go, and
+ * its slot is taken; else the path is due again at once (its interval
+ * not doubled), and tried by a later packet.  Once a packet, after the
+ * reroute loop (the verifier's budget is the loop's).
+ */
+static __always_inline int failover_probe_budget(const struct mrc_config *cfg, struct mrc_peer_state *st,
+						 __u32 row_index, __u16 path_id, __u64 now)
+{
+	struct mrc_path_live *live;
+	struct mrc_path_fate *pf;
+	struct mrc_hop *h;
+	__u64 next;
+
+	if (!cfg->probe_budget)
+		return 1;
+	pf = mrc_path_fate.lookup(&row_index);
+	h = shared_fate_hop(pf);
+	if (!h)
+		return 1;
+	next = h->probe_next_ns;
+	if (now >= next &&
+	    __sync_bool_compare_and_swap(&h->probe_next_ns, next, now + 1000000000ULL / cfg->probe_budget))
+		return 1;
+	__sync_fetch_and_add(&h->probes_held, 1);
+	count(MRC_TX_PROBE_HELD);
+	live = peer_path_live(st, path_id);
+	live->probes--;		/* not sent after all */
+	live->next_probe_ns = now;
+	live->probe_gap_us >>= 1;
+	return 0;
+}
+
+/* A down path's next probe interval: the last one doubled, from probe_us
+ * up to probe_max_us (exponential backoff: a dead path costs ever fewer
+ * probes, one a probe_max_us at most, and an answer brings it back
+ * within that), never shorter than the budget allows one path. */
+static __always_inline __u64 failover_probe_gap(const struct mrc_path_live *live, const struct mrc_config *cfg)
+{
+	/* without branches (this runs in the reroute loop, and every branch
+	 * there costs the verifier a state per try): all values < 2^63 */
+	__s64 probe_ns = (__u64)cfg->probe_us * 1000, max = (__u64)cfg->probe_max_us * 1000;
+	__s64 gap = 2000 * (__u64)live->probe_gap_us, d;
+
+	d = max - gap;			/* gap = min(gap, max) */
+	gap += d & (d >> 63);
+	d = gap - probe_ns;		/* gap = max(gap, probe_ns) */
+	gap -= d & (d >> 63);
+	/* and one path's share of the budget (a division by 0 is 0 in BPF) */
+	d = gap - (__s64)(1000000000ULL / cfg->probe_budget);
+	gap -= d & (d >> 63);
+	return gap;
+}
+
+/*
  * May this packet take the path?  Applies what feedback said since the
  * last look (acknowledged: the clock stops, a down path comes back up),
  * and takes the path down when it is overdue.  Overdue is relative, as
@@ -110,7 +213,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 	__u64 probe_ns = (__u64)cfg->probe_us * 1000;
 	__u64 since = live->unacked_since_ns;
 	__u64 down = live->down_ns;
-	__u64 acked, window, probe;
+	__u64 acked, window, probe, gap;
 
 	if (!acks->last_ns)
 		return PATH_USE;
@@ -136,8 +239,10 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 	if (down) {
 		__u64 due = live->next_probe_ns;
 
-		if (now < due || !__sync_bool_compare_and_swap(&live->next_probe_ns, due, now + probe_ns))
+		gap = failover_probe_gap(live, cfg);
+		if (now < due || !__sync_bool_compare_and_swap(&live->next_probe_ns, due, now + gap))
 			return PATH_SKIP;
+		live->probe_gap_us = gap / 1000;
 		if (fate)	/* shared fate: its hop is still suspect */
 			shared_fate_path_down(cfg, row_index, (__u64)peer_id << 16 | path_id, 0, now);
 		return PATH_PROBE;
@@ -167,6 +272,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 		if (__sync_bool_compare_and_swap(&live->down_ns, 0, now)) {
 			live->down_after_ns = live->last_sent_ns;
 			live->next_probe_ns = now + probe_ns;
+			live->probe_gap_us = cfg->probe_us;
 			live->downs++;
 			failover_event_log(peer_id, path_id, since == probe ? MRC_EV_SHARED_DOWN : MRC_EV_DOWN,
 					   now, since);

@@ -143,7 +143,7 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 	struct mrc_rx_key key = {};
 	struct mrc_rx_peer *peer;
 	struct mrc_rx_path *path;
-	__u64 lost;
+	__u64 lost, ce, ce_bit, *ce_word;
 	int exact;
 
 	peer = mrc_rx_peers.lookup((struct mrc_sid *)peer_sid);
@@ -151,8 +151,28 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 		return;
 	tlv->flags |= MRC_F_FEEDBACK;
 	exact = feedback_fill_heard(tlv, peer, feedback_take_loss(peer, !probe), !probe);
+	/* a CE mark, after a loss and a slow path (their acknowledgement
+	 * keeps a live path up; a mark only steers the spray), and after the
+	 * path heard last if it has one (what was reported before marks
+	 * were: when every path is marked, reports go on as they did): a
+	 * marked path of the same block of 64 as the path heard last (one
+	 * word, not a walk: the TX program's verifier budget; a path of
+	 * another block is told when it is heard last).  A report that
+	 * names a marked path says so (MRC_F_FB_CE), once. */
+	if (exact < 0) {
+		ce = peer->ce_news[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)];
+		if (ce && !(ce & (1ULL << (peer->last_path_id & 63))))
+			exact = (peer->last_path_id & ~63) + feedback_lowest_bit(ce);
+	}
 	__builtin_memcpy(key.sid, peer_sid->addr, 16);
 	key.path_id = exact >= 0 ? exact : peer->last_path_id;
+	ce_bit = 1ULL << (key.path_id & 63);
+	ce_word = &peer->ce_news[(key.path_id / 64) & (MRC_MAX_PATHS / 64 - 1)];
+	if (*ce_word & ce_bit) {
+		tlv->flags |= MRC_F_FB_CE;
+		if (!probe)
+			__sync_fetch_and_and(ce_word, ~ce_bit);
+	}
 	if (!tlv->fb_path_tx32)
 		tlv->fb_path_tx32 = bpf_htonl((__u32)peer->latest_tx[key.path_id & (MRC_MAX_PATHS - 1)]);
 	if (!probe)	/* a probe does not answer: mrc_fb may still owe one */
@@ -253,6 +273,11 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 	health->lost = lost;
 	health->qdelay_us = bpf_ntohs(tlv->fb_qdelay_us);
 	health->updated_ns = now;
+	/* congestion on the path: TX skips it (lib/failover.h, failover_skip) */
+	if (tlv->flags & MRC_F_FB_CE) {
+		peer_path_live(st, path_id)->ce_reports++;
+		count(MRC_RX_FB_CE);
+	}
 	feedback_ack(st, tlv->fb_block, mrc_ntohll(tlv->fb_heard),
 		     bpf_ntohl(tlv->fb_since_ns32), path_id, bpf_ntohl(tlv->fb_path_tx32), now);
 	count(MRC_RX_FEEDBACK);

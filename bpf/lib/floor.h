@@ -16,11 +16,11 @@
 /* May one more of the peer's paths be taken out?  1: yes, and it is
  * counted (floor_release() undoes it if the transition is lost); 0: no,
  * the peer would be left with fewer than min_active usable paths. */
-static __always_inline int floor_take_out(const struct mrc_config *cfg, __u32 template_id,
-					  struct mrc_peer_state *st)
+static __always_inline int floor_take_out_min(const struct mrc_config *cfg, __u32 template_id,
+					      struct mrc_peer_state *st, __u64 min)
 {
 	struct mrc_peer_floor *f = mrc_peer_floor.lookup(&template_id);
-	__u64 min = cfg->min_active, before;
+	__u64 before;
 
 	if (!f)
 		return 1;
@@ -32,6 +32,12 @@ static __always_inline int floor_take_out(const struct mrc_config *cfg, __u32 te
 		return 0;
 	}
 	return 1;
+}
+
+static __always_inline int floor_take_out(const struct mrc_config *cfg, __u32 template_id,
+					  struct mrc_peer_state *st)
+{
+	return floor_take_out_min(cfg, template_id, st, cfg->min_active);
 }
 
 /* A path taken out is back (or the transition went to another CPU). */

@@ -14,6 +14,12 @@ BPF_LPM_TRIE(mrc_peers, struct mrc_peer_key, struct mrc_peer, MRC_MAX_PEER_PREFI
 BPF_ARRAY(mrc_paths, struct mrc_path, MRC_MAX_PEERS * MRC_MAX_PATHS);
 BPF_TABLE("lru_hash", __u32, struct mrc_peer_state, mrc_peer_state, MRC_MAX_ACTIVE_PEERS);
 BPF_ARRAY(mrc_peer_state_zero, struct mrc_peer_state, 1);	/* all zero, never written */
+/* how often each peer's state started: its first turn when new (lib/peer_state.h) */
+BPF_ARRAY(mrc_peer_starts, __u64, MRC_PEER_STARTS / 4);
+/* destination -> peer, before the trie (lib/peer_cache.h) */
+BPF_TABLE("lru_hash", struct mrc_sid, struct mrc_peer_cached, mrc_peer_cache, MRC_PEER_CACHE);
+BPF_ARRAY(mrc_peers_gen, __u32, 1);
+BPF_PERCPU_ARRAY(mrc_peer_buf, struct mrc_peer_cached, 1);
 BPF_PERCPU_ARRAY(mrc_counters, __u64, MRC_COUNTER_MAX);
 BPF_ARRAY(mrc_spray, struct mrc_spray, MRC_MAX_PEERS * MRC_MAX_CLASSES);
 BPF_ARRAY(mrc_dscp_class, __u32, 64);

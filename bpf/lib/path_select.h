@@ -175,6 +175,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 				 * waits for the next packet, not this one's data
 				 * (into a black hole: lost) */
 				live->next_probe_ns = now;
+				live->probe_gap_us >>= 1;	/* not probed: no backoff */
 			}
 			use = PATH_SKIP;
 		}
@@ -226,6 +227,9 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		count(MRC_TX_PROBE);
 		live->probes++;
 	}
+	/* the probe budget (lib/failover.h): a copy it holds back is not sent */
+	if (copy && !failover_probe_budget(cfg, st, row * MRC_MAX_PATHS + copy - 1, copy - 1, now))
+		copy = 0;
 	choice->path_id = id;
 	choice->path_index = index;
 	choice->probe |= use == PATH_PROBE;
@@ -257,8 +261,10 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	if (!list)
 		return -1;
 	st = peer_state_get(peer->peer_id);
-	if (!st)
+	if (!st) {
+		count(MRC_STATE_FAIL);
 		return -1;
+	}
 	ptx = &st->tx;
 	n = list->n;
 	if (n == 0 || n > MRC_SPRAY_SLOTS)
@@ -267,6 +273,8 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	 * reordering from it.  It is not used for loss, so a number taken
 	 * by a packet that is dropped later does no harm. */
 	choice->peer_seq = __sync_fetch_and_add(&ptx->seq, 1);
+	/* new state: its turns start at its own offset (lib/peer_state.h) */
+	choice->peer_seq = peer_state_turn(st, choice->peer_seq, peer->peer_id, n, list->quantum);
 	choice->tclass = tclass;
 	choice->probe = 0;
 
@@ -307,6 +315,18 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	}
 	default:	/* MRC_POLICY_RR, MRC_POLICY_WEIGHTED (its list repeats by weight) */
 		at = choice->peer_seq % n;
+	}
+	/* the pick's path skipped for congestion (a CE report): its turn
+	 * is skipped, as a down path's is (lib/failover.h, failover_skip),
+	 * and so is the next one's if it is skipped too.  Here, before the
+	 * reroute loop and at most twice a packet: the verifier's budget is
+	 * the loop's (a third skipped path in a row is used).  Not only
+	 * while skip_rotations is set: a skip running when it is set to 0
+	 * runs out (and gives its floor place back). */
+	if (failover_skip(cfg, st, peer, path_select_pick(list, at), now)) {
+		at = path_select_skip_turn(list, n, ptx, peer->policy, at);
+		if (failover_skip(cfg, st, peer, path_select_pick(list, at), now))
+			at = path_select_skip_turn(list, n, ptx, peer->policy, at);
 	}
 	return path_select_live(list, n, at, peer, st, peer->policy, cfg, now, may_copy, choice);
 }

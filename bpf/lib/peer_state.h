@@ -10,6 +10,7 @@
 
 #include "lib/maps.h"
 #include "lib/compiler.h"
+#include "lib/counters.h"
 
 /* The peer's state if it has any (mrc_fb: a peer without any is owed
  * nothing). */
@@ -19,7 +20,8 @@ static __always_inline struct mrc_peer_state *peer_state_find(__u32 peer_id)
 }
 
 /* The peer's state, created zeroed by its first packet either way: sent
- * to it (TX), or feedback or data from it (RX; configured peers only). */
+ * to it (TX), or feedback or data from it (RX; configured peers only).
+ * NULL when the LRU could make none (TX counts it: MRC_STATE_FAIL). */
 static __always_inline struct mrc_peer_state *peer_state_get(__u32 peer_id)
 {
 	struct mrc_peer_state *st = mrc_peer_state.lookup(&peer_id);
@@ -33,6 +35,46 @@ static __always_inline struct mrc_peer_state *peer_state_get(__u32 peer_id)
 	/* NOEXIST: another CPU may have created it meanwhile; keep that one */
 	mrc_peer_state.insert(&peer_id, st);
 	return mrc_peer_state.lookup(&peer_id);
+}
+
+/*
+ * The turn a packet takes, from the number it took from the peer's
+ * sequence (`seq`, fetched and incremented): the same, unless the state
+ * is new (seq 0: made by this packet, or by RX, for a peer never sent to
+ * or evicted since).  Then not 0, which every peer losing its state in
+ * turn would take (with more peers than the LRU holds, every packet went
+ * on path 0), but the peer's own offset, its id spread over the n turns
+ * by Fibonacci hashing (consecutive ids land about n * 0.618 apart: the
+ * peers of a template start on different paths), plus the number of
+ * times its state started before (peer_starts): a peer that loses its
+ * state at every packet still takes its turns in order, n packets over n
+ * paths.  The peer's sequence (and bytes' turns) move on from there.
+ * Counted: MRC_STATE_NEW, and MRC_STATE_REMADE when it had state before.
+ * O(1): one array word, for a new state only.
+ */
+static __always_inline __u64 peer_state_turn(struct mrc_peer_state *st, __u64 seq, __u32 peer_id,
+					     __u32 n, __u32 quantum)
+{
+	__u32 slot = peer_id & (MRC_PEER_STARTS - 1), word = slot / 4, shift = (slot % 4) * 16;
+	__u64 *starts, first;
+	__u32 k;
+
+	if (seq)
+		return seq;
+	starts = mrc_peer_starts.lookup(&word);
+	if (!starts)
+		return seq;
+	/* four peers' 16-bit counts a word (an array's values take 8 bytes
+	 * each); the wrap of one carries into the next, once in 65,536 */
+	k = (__sync_fetch_and_add(starts, 1ULL << shift) >> shift) & 0xffff;
+	count(MRC_STATE_NEW);
+	if (k)
+		count(MRC_STATE_REMADE);
+	first = ((((__u64)(peer_id * 2654435769U) * n) >> 32) + k) % n;
+	/* adds, not stores: another CPU may have taken a number meanwhile */
+	__sync_fetch_and_add(&st->tx.seq, first);
+	__sync_fetch_and_add(&st->tx.bytes, first * quantum);
+	return first;
 }
 
 static __always_inline struct mrc_path_state *peer_path(struct mrc_peer_state *st, __u32 path_id)

@@ -60,7 +60,7 @@ static __always_inline int rx_track_window(struct mrc_rx_path *p, __u32 seq)
  * *stale is set.
  */
 static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_tlv *tlv,
-					 __u32 bytes, __u64 now, int keyed, int *stale)
+					 __u32 bytes, __u64 now, int keyed, int ce, int *stale)
 {
 	struct mrc_rx_key key = {};
 	struct mrc_rx_path *p;
@@ -97,6 +97,8 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 	p->packets++;
 	p->bytes += bytes;
 	p->last_ns = now;
+	if (ce)
+		p->ce++;
 	if ((__s32)(seq - p->next_seq) >= 0) {
 		gap = seq != p->next_seq;
 		p->lost += seq - p->next_seq;	/* 0 when in order */
@@ -197,7 +199,8 @@ static __always_inline void rx_track_heard(struct mrc_rx_peer *peer, __u16 path_
 	__sync_fetch_and_or(&peer->heard[block], bit);
 }
 
-static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct mrc_tlv *tlv, int gap)
+static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct mrc_tlv *tlv, int gap,
+					  int ce)
 {
 	__u32 peer_seq = bpf_ntohl(tlv->peer_seq);
 	__u64 *tx, sent, before;
@@ -206,6 +209,10 @@ static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct
 	peer->last_path_id = bpf_ntohs(tlv->path_id);
 	if (gap)
 		peer->loss_news[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
+			1ULL << (peer->last_path_id & 63);
+	/* a CE mark: told in the next report that names the path (lib/feedback.h) */
+	if (ce)
+		peer->ce_news[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
 			1ULL << (peer->last_path_id & 63);
 	/* the newest send, not the latest arrival: a packet overtaken on
 	 * its path (two CPUs) must not make the acknowledgement go back */
@@ -225,11 +232,13 @@ static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct
 }
 
 /*
- * What a valid packet's TLV tells the receiver, filed.  Returns 0 when
- * its feedback may be filed too, or the counter saying why not.
+ * What a valid packet's TLV tells the receiver, filed; `ce`: its outer
+ * header arrived CE-marked (a fabric queue on its path is filling).
+ * Returns 0 when its feedback may be filed too, or the counter saying
+ * why not.
  */
 static __always_inline __u32 rx_track(const __u8 *src_sid, const struct mrc_tlv *tlv, __u32 bytes,
-				      __u64 now, int keyed)
+				      __u64 now, int keyed, int ce)
 {
 	struct mrc_rx_peer *peer;
 	__u32 why = 0;
@@ -238,11 +247,11 @@ static __always_inline __u32 rx_track(const __u8 *src_sid, const struct mrc_tlv 
 	peer = rx_track_sender(src_sid, tlv, keyed, &why);
 	if (why)
 		return why;
-	gap = rx_track_path(src_sid, tlv, bytes, now, keyed, &stale);
+	gap = rx_track_path(src_sid, tlv, bytes, now, keyed, ce, &stale);
 	if (stale)
 		return MRC_RX_AUTH_REPLAY;
 	if (peer)
-		rx_track_peer(peer, tlv, gap);
+		rx_track_peer(peer, tlv, gap, ce);
 	return 0;
 }
 

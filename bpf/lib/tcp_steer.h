@@ -26,6 +26,7 @@
 #include "lib/maps.h"
 #include "lib/counters.h"
 #include "lib/compiler.h"
+#include "lib/parse.h"
 
 #define TCP_FLAG_FIN	0x01
 #define TCP_FLAG_SYN	0x02
@@ -101,47 +102,41 @@ static __always_inline int tcp_steer_is_retrans(struct __sk_buff *skb, __u32 l4,
 static __always_inline int tcp_steer_locate(struct __sk_buff *skb, __u32 *l4, __u32 *l4_len,
 					    __u32 *flow_key)
 {
-	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
+	__u16 family;
+	void *l3 = parse_ip(skb, &family);
 
-	if ((void *)(eth + 1) > data_end)
+	if (!l3)
 		return 0;
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = (void *)(eth + 1);
-
+	if (family == ETH_P_IPV6) {
+		struct ipv6hdr *ip6 = l3;
 		__u32 *ports = (void *)(ip6 + 1), *a = (void *)&ip6->saddr;
 
-		/* the ports' word and both addresses: 40 + 4 bytes past eth */
+		/* the ports' word past the 40 bytes parse_ip checked */
 		if ((void *)(ports + 1) > data_end || ip6->nexthdr != IPPROTO_TCP)
 			return 0;
 		*flow_key = a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7] ^ *ports;
-		*l4 = sizeof(*eth) + sizeof(*ip6);
+		*l4 = ETH_HLEN + sizeof(*ip6);
 		*l4_len = bpf_ntohs(ip6->payload_len);
 		return 1;
 	}
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip4 = (void *)(eth + 1);
-		__u32 ihl, total;
+	struct iphdr *ip4 = l3;
+	__u32 ihl, total, *ports;
 
-		if ((void *)(ip4 + 1) > data_end || ip4->protocol != IPPROTO_TCP)
-			return 0;
-		ihl = ip4->ihl * 4;
-		total = bpf_ntohs(ip4->tot_len);
-		__u32 *ports;
-
-		if (ihl < sizeof(*ip4) || total < ihl)
-			return 0;
-		ihl &= 0x3c;		/* for the verifier: ihl * 4 <= 60 */
-		ports = (void *)ip4 + ihl;
-		if ((void *)(ports + 1) > data_end)
-			return 0;
-		*flow_key = ip4->saddr ^ ip4->daddr ^ *ports;
-		*l4 = sizeof(*eth) + ihl;
-		*l4_len = total - ihl;
-		return 1;
-	}
-	return 0;
+	if (ip4->protocol != IPPROTO_TCP)
+		return 0;
+	ihl = ip4->ihl * 4;
+	total = bpf_ntohs(ip4->tot_len);
+	if (ihl < sizeof(*ip4) || total < ihl)
+		return 0;
+	ihl &= 0x3c;		/* for the verifier: ihl * 4 <= 60 */
+	ports = l3 + ihl;
+	if ((void *)(ports + 1) > data_end)
+		return 0;
+	*flow_key = ip4->saddr ^ ip4->daddr ^ *ports;
+	*l4 = ETH_HLEN + ihl;
+	*l4_len = total - ihl;
+	return 1;
 }
 
 /*

@@ -37,7 +37,7 @@ import threading
 import time
 
 from mrc_ebpf.errors import MrcError
-from mrc_ebpf.bench.runner import log
+from mrc_ebpf.bench.steps import log
 
 CONTENDERS = ("prr", "plb", "mptcp")
 HASH = {"prr": "flowlabel", "plb": "flowlabel", "mptcp": "flowlabel"}

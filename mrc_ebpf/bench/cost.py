@@ -110,9 +110,11 @@ def _measure_points(module, tx, rx, runs, policies) -> list[dict]:
     return rows
 
 
-def _timed_point(tx, rx, packet: bytes, runs: int) -> tuple[list[int], list[int]]:
-    """TX on `packet` and RX on what TX made, `runs` single runs each."""
-    return _timed_tx(tx, packet, runs), _timed_rx(rx, _inbound(_tx_once(tx, packet), runs, False))
+def _timed_point(tx, rx, packet: bytes, runs: int, peer_sid: str = PEER_SID) -> tuple[list[int], list[int]]:
+    """TX on `packet` and RX on what TX made, `runs` single runs each
+    (what RX times comes from `peer_sid`, the peer TX sent to)."""
+    return _timed_tx(tx, packet, runs), _timed_rx(rx, _inbound(_tx_once(tx, packet), runs, False,
+                                                               peer_sid=peer_sid))
 
 
 def _packet() -> bytes:
@@ -271,14 +273,15 @@ def _sign(frame: bytearray) -> None:
     frame[mac_at:mac_at + 8] = auth.tlv_mac(BENCH_KEY, PEER_SID, SID, bytes(frame[at:at + layout.C["MRC_TLV_SIZE"]]))
 
 
-def _inbound(out: bytes, runs: int, keyed: bool, feedback: bool = False) -> list[bytes]:
+def _inbound(out: bytes, runs: int, keyed: bool, feedback: bool = False,
+             peer_sid: str = PEER_SID) -> list[bytes]:
     """What the peer would send us, as RX sees it: our SID as destination,
     and a new path_seq each run (a repeated one would be a late packet, and
     with a key a replay, not filed: cheaper than the real thing), signed
     when keyed; with `feedback`, saying it carries feedback (its fb_*
     words as TX wrote them)."""
     inbound = bytearray(out)
-    inbound[14 + 8:14 + 24] = ipaddress.IPv6Address(PEER_SID).packed
+    inbound[14 + 8:14 + 24] = ipaddress.IPv6Address(peer_sid).packed
     inbound[14 + 24:14 + 40] = ipaddress.IPv6Address(SID).packed
     inbound[14 + 40 + 3] = 0                  # segments left: we are the last
     inbound[14 + 48:14 + 64] = ipaddress.IPv6Address(SID).packed
@@ -309,38 +312,70 @@ def _acked(frame: bytes, keyed: bool) -> bytes:
 
 # ------------------------------------------------------------ peers in the maps (scale)
 
-PEER_PREFIX = "fd00:b::/64"     # the measured peer: the packet's destination
+PEER_PREFIX = "fd00:b::/64"     # the measured peer outside the address plan
 PEERS_AT = (1, 1000, 100000, 131072)     # the last: the 131,072-NIC fabric's memory
+# the measured peer inside the address plan: host 1 of leaf 0, among the
+# others (the trie's walk to it grows with them; to PEER_PREFIX it does not)
+INSIDE = 1
 
 
-def _fill_peers(module, n: int, n_paths: int, policy: str, active: int) -> None:
+def _clear(module, names) -> None:
+    """Empty the maps: read in batches and deleted in batches (bcc's
+    clear() is two syscalls an entry: minutes for 131,071 peers)."""
+    for name in names:
+        key_t, value_t, percpu = layout.MAPS[name]
+        m = bpfsys.PinnedMap.from_fd(module[layout.symbol(name)].map_fd, key_t, value_t, percpu, name)
+        try:
+            keys, _, n = m.dump()
+            if n:
+                m.delete_batch(keys, n)
+        finally:
+            m.close()
+
+
+def _plan(i: int) -> tuple[str, str]:
+    """Peer i of the fabric's address plan (leaf, host): prefix and SID."""
+    return f"fd00:1:{i // 256:x}:{i % 256:x}::/64", f"fc00:1:{i // 256:x}:{i % 256:x}::1"
+
+
+def _fill_peers(module, n: int, n_paths: int, policy: str, active: int, inside: bool = False) -> tuple[str, str]:
     """n peers in the maps, all on one template of n_paths paths (row 0),
-    the measured one (PEER_PREFIX, PEER_SID) among them; `active` of them
-    with learnt state, as after a packet to each."""
-    for name in ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers"):
-        module[layout.symbol(name)].clear()
+    the measured one among them: PEER_PREFIX (outside the plan) and plan
+    peers 1..n-1, or (`inside`) plan peers INSIDE..INSIDE+n-1; `active`
+    of them with learnt state, as after a packet to each.  Written in
+    batches (BPF_MAP_UPDATE_BATCH).  Returns the measured peer's
+    destination address and SID."""
+    import struct
+    _clear(module, ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers", "peer_cache"))
     _configure(module, n_paths, policy)          # row 0: the paths
-    module["mrc_peers"].clear()                      # ... and no own-path peer
-    peers, by_sid = module["mrc_peers"], module["mrc_peer_by_sid"]
-    last_hop = layout.C["MRC_PEER_F_LAST_HOP"]
+    _clear(module, ("peers", "peer_cache"))          # ... and no own-path peer
     base = layout.C["MRC_MAX_PEERS"]
-
-    def add(peer_id: int, prefix: str, sid: str):
-        peer = layout.Peer(peer_id=peer_id, n_paths=n_paths, policy=POLICIES[policy], flags=last_hop,
-                           template_id=0)
-        ctypes.memmove(peer.sid.addr, ipaddress.IPv6Address(sid).packed, 16)
-        key = peers.Key.from_buffer_copy(bytes(peer_key(ipaddress.ip_network(prefix))))
-        peers[key] = peers.Leaf.from_buffer_copy(bytes(peer))
-        by_sid[by_sid.Key.from_buffer_copy(ipaddress.IPv6Address(sid).packed)] = by_sid.Leaf(peer_id)
-
-    add(base, PEER_PREFIX, PEER_SID)
-    # the others as a fabric's address plan numbers them: leaf, host
-    for i in range(1, n):
-        add(base + i, f"fd00:1:{i // 256:x}:{i % 256:x}::/64", f"fc00:1:{i // 256:x}:{i % 256:x}::1")
+    plan = [_plan(i) for i in (range(INSIDE, INSIDE + n) if inside else range(1, n))]
+    if not inside:
+        plan.insert(0, (PEER_PREFIX, PEER_SID))
+    peer = struct.Struct("=IHBBI16s")
+    keys, values, sids, ids = [], [], [], []
+    for k, (prefix, sid) in enumerate(plan):
+        sid_b = ipaddress.IPv6Address(sid).packed
+        keys.append(bytes(peer_key(ipaddress.ip_network(prefix))))
+        values.append(peer.pack(base + k, n_paths, POLICIES[policy], layout.C["MRC_PEER_F_LAST_HOP"], 0, sid_b))
+        sids.append(sid_b)
+        ids.append((base + k).to_bytes(4, "little"))
+    for name, ks, vs in (("peers", keys, values), ("peer_by_sid", sids, ids)):
+        key_t, value_t, _ = layout.MAPS[name]
+        m = bpfsys.PinnedMap.from_fd(module[layout.symbol(name)].map_fd, key_t, value_t, name=name)
+        try:
+            for at in range(0, len(ks), 65536):
+                m.update_batch(b"".join(ks[at:at + 65536]), b"".join(vs[at:at + 65536]),
+                               len(ks[at:at + 65536]))
+        finally:
+            m.close()
     zero = layout.PeerState()
-    for i in range(1, min(active, n)):
-        module["mrc_peer_state"][ctypes.c_uint32(base + i)] = \
+    for k in range(1, min(active, n)):
+        module["mrc_peer_state"][ctypes.c_uint32(base + k)] = \
             module["mrc_peer_state"].Leaf.from_buffer_copy(bytes(zero))
+    prefix, sid = plan[0]
+    return str(ipaddress.ip_network(prefix).network_address + 9), sid
 
 
 def maps_memlock(module) -> dict[str, int]:
@@ -353,41 +388,60 @@ def maps_memlock(module) -> dict[str, int]:
     return out
 
 
+def _packet_to(dst: str) -> bytes:
+    return bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") /
+                 IPv6(src="fd00:a::a", dst=dst) / UDP(dport=9) / bytes(64))
+
+
 def measure_peers(runs: int = 20000, peer_counts=PEERS_AT, n_paths: int = 256, policy: str = "rr",
-                  repeat: int = 1, active: int | None = None) -> list[list[dict]]:
+                  repeat: int = 1, active: int | None = None, trie_alone: bool = True) -> list[list[dict]]:
     """Per-packet cost with 1, 1,000, 100,000 ... peers in the maps (all
     on one template, the LRU of learnt state full), against today's
     layout (one peer with paths of its own), side by side in one compile;
-    and the maps' memlock at each point."""
-    from mrc_ebpf.datapath import memory
+    for the measured peer outside the address plan and inside it
+    ("template, in the plan": the trie's walk to it grows with the
+    peers); and the maps' memlock at each point.  With `trie_alone`, a
+    second compile without the cache of the trie's answers
+    (lib/peer_cache.h, MRC_NO_PEER_CACHE) is timed at every point right
+    after the first: the lookup as it was, side by side."""
+    from mrc_ebpf.datapath import memory, source
     active = layout.C["MRC_MAX_ACTIVE_PEERS"] if active is None else active
-    module, tx, rx, _ = compile_datapath()
-    packet = _packet()
+    builds = [("cache", compile_datapath())]
+    if trie_alone:
+        text = ("#define MRC_NO_PEER_CACHE 1\n" + source.expand()).encode()
+        builds.append(("trie alone", compile_datapath(text=text)))
     cpus = bpfsys.possible_cpus()
     try:
         reps = []
         for _ in range(repeat):
             rows = []
             for n in (None, *peer_counts):
-                if n is None:
-                    for name in ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers"):
-                        module[layout.symbol(name)].clear()
-                    _configure(module, n_paths, policy)
-                else:
-                    _fill_peers(module, n, n_paths, policy, active)
-                _set_key(module, False)
-                tx_ns, rx_ns = _timed_point(tx, rx, packet, runs)
-                mem = maps_memlock(module)
-                in_use = {"peers": n or 1, "peer_by_sid": n or 1}
-                grow = sum(memory.model(128, in_use).values()) - sum(memory.model(cpus, in_use).values())
-                rows.append({"layout": "own paths" if n is None else "template", "peers": n or 1,
-                             "paths": n_paths, "tx_ns": _percentiles(tx_ns), "rx_ns": _percentiles(rx_ns),
-                             "memlock": sum(mem.values()), "memlock_128_cpus": sum(mem.values()) + grow,
-                             "maps": mem})
+                for inside in ((False,) if n is None else (False, True)):
+                    for lookup, (module, tx, rx, _) in builds:
+                        if n is None:
+                            _clear(module, ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers",
+                                            "peer_cache"))
+                            _configure(module, n_paths, policy)
+                            dst, sid = "fd00:b::b", PEER_SID
+                        else:
+                            dst, sid = _fill_peers(module, n, n_paths, policy, active, inside)
+                        _set_key(module, False)
+                        packet = _packet_to(dst)
+                        tx_ns, rx_ns = _timed_point(tx, rx, packet, runs, peer_sid=sid)
+                        mem = maps_memlock(module)
+                        in_use = {"peers": n or 1, "peer_by_sid": n or 1}
+                        grow = sum(memory.model(128, in_use).values()) - sum(memory.model(cpus, in_use).values())
+                        rows.append({"layout": "own paths" if n is None else
+                                     "template, in the plan" if inside else "template",
+                                     "lookup": lookup, "peers": n or 1,
+                                     "paths": n_paths, "tx_ns": _percentiles(tx_ns), "rx_ns": _percentiles(rx_ns),
+                                     "memlock": sum(mem.values()), "memlock_128_cpus": sum(mem.values()) + grow,
+                                     "maps": mem})
             reps.append(rows)
         return reps
     finally:
-        module.cleanup()
+        for _, (module, *_) in builds:
+            module.cleanup()
 
 
 # --------------------------------------------------------------------------- the scenario
@@ -403,6 +457,8 @@ A_SID, B_SID, B_DT6, A_DT6 = "fc00:a::1", "fc00:b::1", "fc00:b::6", "fc00:a::6"
 def params(short: bool) -> dict:
     return {"runs": 1000 if short else 20000, "paths": [1, 16, 256], "policies": ["rr", "bytes", "adaptive"],
             "peers": [1, 1000] if short else list(PEERS_AT),
+            # the trie alone (MRC_NO_PEER_CACHE) timed beside the cache: a second compile
+            "trie_alone": not short,
             "key_batches": 10 if short else 20, "key_per": 100 if short else 200,
             "flood_seconds": 1.0 if short else 5.0, "payload_bytes": 64, "repeat": 1 if short else 3,
             "setups": list(SETUPS), "sender": "iperf3 -u -l 64 -b 0 (one thread)",
@@ -503,9 +559,10 @@ def run(p: dict, env) -> dict:
     peer_rows = []
     if p.get("peers"):
         log(f"cost: {', '.join(map(str, p['peers']))} peers in the maps")
-        reps = measure_peers(p["runs"], tuple(p["peers"]), repeat=p["repeat"])
+        reps = measure_peers(p["runs"], tuple(p["peers"]), repeat=p["repeat"],
+                             trie_alone=p.get("trie_alone", True))
         for i, row in enumerate(reps[0]):
-            peer_rows.append({k: row[k] for k in ("layout", "peers", "paths", "memlock",
+            peer_rows.append({k: row[k] for k in ("layout", "lookup", "peers", "paths", "memlock",
                                                     "memlock_128_cpus", "maps")}
                              | {"tx_ns_median": spread([rep[i]["tx_ns"]["median"] for rep in reps]),
                                 "rx_ns_median": spread([rep[i]["rx_ns"]["median"] for rep in reps])})
@@ -565,12 +622,18 @@ def run(p: dict, env) -> dict:
         notes.append(f"mrc with a key / without pps ratio {keyed['median']:.2f}")
     peers_flat = {}
     if peer_rows:
-        one = [r for r in peer_rows if r["layout"] == "template"][0]
-        own = peer_rows[0]
-        for r in peer_rows[1:]:
-            for d in ("tx", "rx"):
-                peers_flat[f"{d}_{r['peers']}_over_1"] = \
-                    r[f"{d}_ns_median"]["median"] / one[f"{d}_ns_median"]["median"]
+        own = [r for r in peer_rows if r["layout"] == "own paths" and r["lookup"] == "cache"][0]
+        for lay, tag in (("template", ""), ("template, in the plan", "_in_plan")):
+            for lookup in ("cache", "trie alone"):
+                rows = [r for r in peer_rows if r["layout"] == lay and r["lookup"] == lookup]
+                if not rows:
+                    continue
+                suffix = tag + ("" if lookup == "cache" else "_trie_alone")
+                for r in rows[1:]:
+                    for d in ("tx", "rx"):
+                        peers_flat[f"{d}_{r['peers']}_over_{rows[0]['peers']}{suffix}"] = \
+                            r[f"{d}_ns_median"]["median"] / rows[0][f"{d}_ns_median"]["median"]
+        one = [r for r in peer_rows if r["layout"] == "template" and r["lookup"] == "cache"][0]
         for d in ("tx", "rx"):
             peers_flat[f"{d}_template_1_over_own_paths"] = \
                 one[f"{d}_ns_median"]["median"] / own[f"{d}_ns_median"]["median"]
@@ -594,7 +657,8 @@ def table(results: dict):
                      f"{r['tx_key_over_no_key']:.3f} ({r['tx_plus_ns']:+.0f} ns)",
                      f"{r['rx_key_over_no_key']:.3f} ({r['rx_plus_ns']:+.0f} ns)", "", "", ""))
     for r in results.get("peers", []):
-        rows.append(("peers in the maps", f"{r['peers']} ({r['layout']}, {r['paths']} paths), "
+        rows.append(("peers in the maps", f"{r['peers']} ({r['layout']}, {r.get('lookup', 'cache')}, "
+                     f"{r['paths']} paths), "
                      f"{r['memlock'] / 2**20:.1f} MiB ({r['memlock_128_cpus'] / 2**20:.1f} at 128 CPUs)",
                      fmt_spread(r["tx_ns_median"]), fmt_spread(r["rx_ns_median"]), "", "", ""))
     for setup, t in results["throughput"].items():
@@ -634,6 +698,7 @@ def main() -> None:
     parser.add_argument("--key-cost", metavar="BATCHES", type=int,
                         help="Instead: what a key costs, paired (measure_key_cost), BATCHES pairs of "
                              "200-packet batches per point")
+    parser.add_argument("--repeat", type=int, default=1, help="with --peers: rounds of every point")
     parser.add_argument("--peers", metavar="N,N,...",
                         help="Instead: the cost with N peers in the maps (e.g. 1,1000,100000), "
                              "and the maps' memlock")
@@ -651,14 +716,15 @@ def main() -> None:
                                 "TX key / no key", "RX key / no key", "TX +ns", "RX +ns"]))
         return
     if args.peers:
-        rows = measure_peers(args.runs, tuple(int(n) for n in args.peers.split(",")))[0]
+        reps = measure_peers(args.runs, tuple(int(n) for n in args.peers.split(",")), repeat=args.repeat)
         if args.json:
-            print(json.dumps(rows, indent=2))
+            print(json.dumps(reps if args.repeat > 1 else reps[0], indent=2))
             return
-        print(tabulate([(r["layout"], r["peers"], r["tx_ns"]["median"], r["rx_ns"]["median"],
+        rows = reps[0]
+        print(tabulate([(r["layout"], r["lookup"], r["peers"], r["tx_ns"]["median"], r["rx_ns"]["median"],
                          f"{r['memlock'] / 2**20:.1f}", f"{r['memlock_128_cpus'] / 2**20:.1f}")
                         for r in rows],
-                       headers=["paths", "peers", "TX ns median", "RX ns median", "memlock MiB",
+                       headers=["paths", "lookup", "peers", "TX ns median", "RX ns median", "memlock MiB",
                                 "at 128 CPUs"]))
         return
     rows = measure(args.runs)[0]

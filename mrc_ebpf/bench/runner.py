@@ -35,6 +35,9 @@ import sys
 import time
 from pathlib import Path
 
+from mrc_ebpf.bench import steps
+# bench/steps.py, so that contenders (imported here) logs too; scenarios import log from here
+from mrc_ebpf.bench.steps import log  # noqa: F401
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab import netns, procs
 
@@ -46,27 +49,6 @@ VERSION = 1
 PY = sys.executable
 MADE: list[str] = []        # fabric / namespace-set names this process made (the JSON lists them)
 HASHED: dict[str, dict] = {}  # fabric -> its leaves' ECMP hash as read back after it was built
-
-
-# The CLI's progress line (cli/progress.py) while a scenario runs, or None:
-# log lines then go through it (above the line), and each measurement a
-# scenario logs with step=True moves it on, out of the scenario's steps(p).
-PROGRESS = None
-STEPS = {"done": 0, "total": 0}
-
-
-def log(msg: str, step: bool = False) -> None:
-    line = f"[bench] {msg}"
-    if PROGRESS is not None:
-        PROGRESS.log(line)
-    else:
-        print(line, file=sys.stderr, flush=True)
-    if step:
-        STEPS["done"] += 1
-        if PROGRESS is not None:
-            total = max(STEPS["total"], STEPS["done"])
-            # measurements finished so far: this one has just begun
-            PROGRESS(STEPS["done"] - 1, total, f"{msg} [{STEPS['done']}/{total}]")
 
 
 def spread(values) -> dict:
@@ -350,9 +332,9 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
     del MADE[:]
     HASHED.clear()
     started, t0 = time.time(), time.monotonic()
-    STEPS.update(done=0, total=mod.steps(p) if hasattr(mod, "steps") else 0)
-    if PROGRESS is not None:
-        PROGRESS.restart()
+    steps.STEPS.update(done=0, total=mod.steps(p) if hasattr(mod, "steps") else 0)
+    if steps.PROGRESS is not None:
+        steps.PROGRESS.restart()
     log(f"{scenario}: {mod.TITLE} ({'short' if short else 'full'}, repeat {p.get('repeat')})")
     try:
         results = mod.run(p, env)
@@ -376,8 +358,8 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
     fig.savefig(path_png, dpi=100)
     plt.close(fig)
     doc["files"] = {"json": str(path_json), "png": str(path_png)}
-    if PROGRESS is not None:
-        PROGRESS.close()            # the table goes where the line was
+    if steps.PROGRESS is not None:
+        steps.PROGRESS.close()            # the table goes where the line was
     if not quiet:
         from tabulate import tabulate
         headers, rows = mod.table(results)

@@ -50,7 +50,7 @@ def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_thres
           params, json_, progress):
     """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):
     JSON + PNG under --out and a table of min/median/max."""
-    from mrc_ebpf.bench import runner
+    from mrc_ebpf.bench import runner, steps
     from mrc_ebpf.errors import MrcError
     names = list(SCENARIOS) if scenario == "all" else [scenario]
     overrides = {}
@@ -66,7 +66,7 @@ def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_thres
     if modes is not None and not mode_list:
         raise MrcError("--modes: give at least one mode")
     with Progress("bench", progress) as shown:
-        runner.PROGRESS = shown if shown.enabled else None
+        steps.PROGRESS = shown if shown.enabled else None
         try:
             docs = runner.run_all(names, short=short, out=out, repeat=repeat, quiet=json_,
                                   congestion=congestion,
@@ -74,7 +74,7 @@ def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_thres
                                   ecn_threshold=ecn_threshold, hosts_default=hosts_default,
                                   modes=mode_list, overrides=overrides or None)
         finally:
-            runner.PROGRESS = None
+            steps.PROGRESS = None
     if json_:
         pretty = (click.get_current_context().obj or {}).get("pretty")
         click.echo(json.dumps(docs if scenario == "all" else docs[0], indent=2 if pretty else None,

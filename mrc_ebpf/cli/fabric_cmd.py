@@ -410,7 +410,8 @@ def plan(nics, planes, radix, cpus, paths, encoding, measure, measure_peers, mea
         rows = [("config", f"{_size(c['bytes'])} ({c['form']} form): {c['peers']} peers, {c['paths']} paths"),
                 ("kernel memory", f"{_size(m['bytes'])} on {m['cpus']} CPUs ({_size(m['fixed_bytes'])} + "
                                   f"{_size(m['per_cpu_bytes'])} a CPU), today's maps: {m['peers_held']} "
-                                  f"of {c['peers']} peers held")]
+                                  f"of {c['peers']} peers held; {_size(m['kernel_bytes'])} as the kernel "
+                                  f"counts it (slab objects, the trie's intermediate nodes)")]
         if "apply" in r:
             a = r["apply"]
             rows.append(("apply time", f"{a['seconds']} s onto an attachment (attach: {a['attach_s']} s, "

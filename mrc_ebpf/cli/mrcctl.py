@@ -21,7 +21,7 @@ from mrc_ebpf.cli.common import (attached, complete_attached, complete_devices, 
                                   dev_option, dumps, emit, enter_netns, exact_prefix, json_option,
                                   lock_timeout,
                                   tabulate)
-from mrc_ebpf.datapath.layout import TIMER_DEFAULTS
+from mrc_ebpf.datapath.layout import SETTING_DEFAULTS, TIMER_DEFAULTS
 from mrc_ebpf.datapath.source import prefixed
 
 EXIT_ERROR = 1
@@ -148,6 +148,18 @@ def cli(ctx, json_, pretty, netns_name):
               help="A path whose packets go unacknowledged this long is taken down.")
 @click.option("--probe-us", type=click.IntRange(10, 10_000_000), default=TIMER_DEFAULTS["probe_us"], show_default=True,
               help="A down path is tried with one packet this often.")
+@click.option("--probe-max-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["probe_max_us"],
+              show_default=True,
+              help="A down path's probe interval doubles from --probe-us up to this (reset when it "
+                   "answers); 0 keeps it at --probe-us.")
+@click.option("--probe-budget", type=click.IntRange(0, 1_000_000), default=SETTING_DEFAULTS["probe_budget"],
+              show_default=True,
+              help="Down paths' probes a second through one first hop at most (a path without "
+                   "a known first hop: through itself); 0: no limit.")
+@click.option("--skip-rotations", type=click.IntRange(0, 1_000_000), default=SETTING_DEFAULTS["skip_rotations"],
+              show_default=True,
+              help="A path the peer reports CE-marked skips this many of its spray turns (MRC's skip: "
+                   "congestion, never assumed-bad); 0: CE marks skip nothing.")
 @click.option("--fb-interval-us", type=click.IntRange(10, 10_000_000), default=TIMER_DEFAULTS["fb_interval_us"], show_default=True,
               help="One-way traffic: the receiver sends feedback at least this often.")
 @click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["reorder_max_us"], show_default=True,
@@ -172,6 +184,7 @@ def cli(ctx, json_, pretty, netns_name):
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_timeout_us, probe_us,
+           probe_max_us, probe_budget, skip_rotations,
            fb_interval_us, reorder_max_us, retrans_steer, min_active, shared_fate, key_file, replace):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
@@ -187,7 +200,8 @@ def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_ti
         if given:
             raise click.UsageError(f"--replace keeps the running settings and takes no {given[0]} "
                                    f"(detach and attach to change them)")
-        result = loader.attach(list(devices), None, replace=True)
+        from mrc_ebpf.datapath import replace as upgrade
+        result = upgrade.replace(list(devices))
         emit(ctx, result, lambda r: click.echo(
             f"replaced the programs of {' '.join(r['devices'])} ("
             + ", ".join(f"{k} {v['old_id']} -> {v['new_id']}" for k, v in r["programs"].items())
@@ -203,7 +217,9 @@ def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_ti
                              key_file=key_file, loss_hold_us=loss_hold_us,
                              ack_timeout_us=ack_timeout_us, probe_us=probe_us,
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us,
-                             min_active=min_active, shared_fate=shared_fate)
+                             min_active=min_active, shared_fate=shared_fate,
+                             probe_max_us=probe_max_us, probe_budget=probe_budget,
+                             skip_rotations=skip_rotations)
     emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
         f"{r['granularity']}; feedback "
@@ -247,15 +263,36 @@ def fmt_auth(a: dict | None) -> str:
                                          for k in a["keys"])
 
 
+def _fmt_probing(p: dict | None) -> str:
+    """status: down paths and the probe rate their schedule gives."""
+    if not p:
+        return "-"
+    budget = f"{p['budget_per_hop_per_s']}/s a first hop" if p["budget_per_hop_per_s"] else "no budget"
+    return (f"{p['down_paths']} down paths, {p['probes_per_s']} probes/s "
+            f"(every {p['probe_us']} us doubling to {p['probe_max_us']} us; {budget})")
+
+
 def fmt_memory(mem: dict | None) -> str:
     """`status`'s kernel memory line: the maps' memlock, and the largest."""
     if not mem:
         return "-"
     mib = lambda n: f"{n / (1 << 20):.1f} MiB"  # noqa: E731
     largest = sorted(mem["maps"].items(), key=lambda kv: -kv[1])[:3]
-    return (f"{mib(mem['bytes'])} in {len(mem['maps'])} maps on {mem['cpus']} CPUs "
+    line = (f"{mib(mem['bytes'])} in {len(mem['maps'])} maps on {mem['cpus']} CPUs "
             f"({mib(mem['scaled_bytes'])} on {mem['scaled_cpus']}); largest: "
             + ", ".join(f"{n} {mib(b)}" for n, b in largest))
+    if "kernel_bytes" in mem:
+        line += (f"; as the kernel counts it (slab objects, the trie's intermediate nodes): "
+                 f"{mib(mem['kernel_bytes'])} ({mib(mem['kernel_scaled_bytes'])} on {mem['scaled_cpus']})")
+    return line
+
+
+def fmt_learnt(state: dict | None) -> str:
+    """`status`'s learnt state line: the LRU's use and its evictions."""
+    if not state:
+        return "-"
+    return (f"{state['active']} of {state['max']} peers; {state['started']} states started, "
+            f"{state['evicted_and_remade']} after an eviction, {state['failed']} could not be made")
 
 
 @cli.command()
@@ -296,9 +333,13 @@ def status(ctx):
             items += [("MTU", r["mtu"]), ("overhead", ", ".join(f"{n}: {b} B" for n, b in r["overhead"].items())),
                      ("peers", f"{r['peers']} ({r['templated_peers']} on templates, "
                                f"{r['active_peers']} with learnt state)"),
+                     ("learnt state", fmt_learnt(r.get("learnt_state"))),
                      ("paths", r["paths"]),
                      ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
                      ("min active", r["min_active"] or "no floor"),
+                     ("congestion skip", f"{r['skip_rotations']} turns a CE report"
+                      if r.get("skip_rotations") else "off"),
+                     ("probing", _fmt_probing(r.get("probing"))),
                      ("programs", ", ".join(f"{k} {v['id']}" for k, v in r["programs"].items())
                       + f"; loaded {max((v['loaded'] or '' for v in r['programs'].values()), default='') or '-'}"),
                      ("shared fate", {True: "on", False: "off"}.get(r.get("shared_fate"), "-")),
@@ -360,13 +401,13 @@ def stats(ctx, device, by_path, show_events, watch):
         click.echo(tabulate([(r["prefix"], r["path_id"], " > ".join(r["segments"]), r["class"],
                               r["state"], r["downs"], r["weight"], r["tx_packets"], r["tx_bytes"],
                               (r["feedback"] or {}).get("qdelay_us", "-"),
-                              (r["feedback"] or {}).get("lost", "-")) for r in d["sent"]],
+                              (r["feedback"] or {}).get("lost", "-"), r["ce_reports"]) for r in d["sent"]],
                              headers=["prefix", "id", "segments", "class", "state", "downs", "weight",
-                                      "tx pkts", "tx bytes", "fb qdelay us", "fb lost"]))
+                                      "tx pkts", "tx bytes", "fb qdelay us", "fb lost", "fb ce"]))
         click.echo("\nreceived (per sender and its path)")
         click.echo(tabulate([(r["from"], r["path_id"], r["rx_packets"], r["rx_bytes"], r["lost"],
-                              r["late"], r["qdelay_p50_us"], r["qdelay_p99_us"]) for r in d["received"]],
-                             headers=["from", "path", "rx pkts", "rx bytes", "lost", "late",
+                              r["late"], r["ce"], r["qdelay_p50_us"], r["qdelay_p99_us"]) for r in d["received"]],
+                             headers=["from", "path", "rx pkts", "rx bytes", "lost", "late", "ce",
                                       "qdelay p50 us", "p99 us"]))
         for r in d["reorder"]:
             click.echo(f"reordered from {r['from']}: {r['reordered']} of {r['packets']}")
@@ -549,9 +590,10 @@ def path_list(ctx, device):
         # an EV's traced hop (path trace --order) before the peer's SID it ends at
         table = [(r["prefix"], r["path_id"], " > ".join(([r["hop"]] if r.get("hop") else []) + r["segments"]),
                   r["policy"], r["class"],
-                  r["state"], r["weight"], r["tx_packets"], r["tx_bytes"]) for r in rows]
+                  r["state"], r["weight"], r["tx_packets"], r["tx_bytes"], r["ce_reports"])
+                 for r in rows]
         click.echo(tabulate(table, headers=["prefix", "id", "segments", "policy", "class", "state",
-                                            "weight", "tx pkts", "tx bytes"]))
+                                            "weight", "tx pkts", "tx bytes", "fb ce"]))
         routes = {r["prefix"]: r["route_metrics"] for r in rows if not r.get("template")}
         for prefix, metrics in routes.items():
             click.echo(f"route {prefix}: {fmt_metrics(metrics)}")

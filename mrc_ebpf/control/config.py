@@ -36,10 +36,12 @@ LINK_RATE_RANGE = (0, 10_000_000)       # Mbit/s; 0: the device's own speed
 # the ranges of `mrcctl attach`'s options (tests/test_config.py checks they agree)
 TIMER_RANGES = {"loss_hold_us": (0, 10_000_000), "ack_timeout_us": (50, 10_000_000),
                 "probe_us": (10, 10_000_000), "fb_interval_us": (10, 10_000_000),
-                "reorder_max_us": (0, 10_000_000)}
+                "reorder_max_us": (0, 10_000_000), "probe_max_us": (0, 10_000_000)}
 MIN_ACTIVE_RANGE = (0, 256)
+# congestion skip and the probe budget (struct mrc_config; defaults layout.SETTING_DEFAULTS)
+SETTING_RANGES = {"skip_rotations": (0, 1_000_000), "probe_budget": (0, 1_000_000)}
 ATTACH_KEYS = ("devices", "sid", "mode", "granularity", "link_rate_mbps", *TIMER_RANGES, "retrans_steer",
-               "shared_fate", "min_active", "key_file")
+               "shared_fate", "min_active", *SETTING_RANGES, "key_file")
 DEFAULT_POLICY = "rr"           # what `path add` gives a new peer
 MAX_CLASS_NAME = 15
 # What the maps cannot tell (the mode asked for, the key file's name):
@@ -225,6 +227,8 @@ def _attach(r: _Reader, node) -> dict:
         if "shared_fate" in m else False
     out["min_active"] = r.integer(m["min_active"][1], "min_active", *MIN_ACTIVE_RANGE) \
         if "min_active" in m else 0
+    for name, (lo, hi) in SETTING_RANGES.items():
+        out[name] = r.integer(m[name][1], name, lo, hi) if name in m else layout.SETTING_DEFAULTS[name]
     if "key_file" in m:
         node = m["key_file"][1]
         path = r.base / r.scalar(node, str, "key_file")
@@ -261,7 +265,7 @@ def canonical_metrics(effective: dict[str, str]) -> dict[str, str]:
     """What differs from mrcctl's default TCP metrics: the values that
     differ, and "none" for a default the route does not have."""
     out = {}
-    for key in routes._RTAX:
+    for key in routes.RTAX:
         want = effective.get(key)
         if want != routes.DEFAULT_TCP_METRICS.get(key):
             out[key] = "none" if want is None else want
@@ -279,7 +283,7 @@ def effective_metrics(canonical: dict[str, str]) -> dict[str, str]:
 
 
 def _route_metrics(r: _Reader, node) -> dict:
-    m = r.mapping(node, "route_metrics", optional=tuple(routes._RTAX))
+    m = r.mapping(node, "route_metrics", optional=tuple(routes.RTAX))
     given = {}
     for key, (_, value_node) in m.items():
         raw = r.construct.construct_object(value_node) if isinstance(value_node, yaml.ScalarNode) else None
@@ -394,7 +398,7 @@ def _templates(r: _Reader, node, class_names: set) -> list[dict]:
         m = r.mapping(item, "a template", required=("name", "paths"), optional=("policy",))
         name_node = m["name"][1]
         name = r.scalar(name_node, str, "template name")
-        r.checked(name_node, templates._key, name)
+        r.checked(name_node, templates.name_key, name)
         if name in out:
             r.fail(name_node, f"template {name} is defined twice")
         paths_node = m["paths"][1]
@@ -573,6 +577,8 @@ def running_with_ids(att: Attachment, key_file: str | None = None,
     attach["retrans_steer"] = bool(cfg.retrans_steer)
     attach["shared_fate"] = bool(cfg.shared_fate)
     attach["min_active"] = cfg.min_active
+    for name in SETTING_RANGES:
+        attach[name] = getattr(cfg, name)
     key = signing_key(att)
     if key is not None:
         path = key_file or applied.get("key_file")
@@ -616,8 +622,8 @@ def running_templates(att: Attachment) -> list[dict]:
     for row, name in sorted(templates.names(att).items(), key=lambda kv: kv[1]):
         tpl = templates.get(att, name)
         entries = []
-        for _, p in paths._used(att, tpl):
-            entry = {"via": paths._segments_of(p)[:-1]}
+        for _, p in paths.used_paths(att, tpl):
+            entry = {"via": paths.segments_of(p)[:-1]}
             if p.weight != 1:
                 entry["weight"] = p.weight
             cname = names.get(p.tclass, str(p.tclass))
@@ -695,7 +701,7 @@ def plan(desired: dict, current: dict, att: Attachment | None,
     is attached yet (CURRENT is DESIRED's attach section alone)."""
     changes: list[dict] = []
     want, have = desired["attach"], current["attach"]
-    for key in (*TIMER_RANGES, "retrans_steer", "shared_fate", "min_active", "granularity",
+    for key in (*TIMER_RANGES, "retrans_steer", "shared_fate", "min_active", *SETTING_RANGES, "granularity",
                 "link_rate_mbps"):
         if want.get(key, 0) != have.get(key, 0):
             changes.append({"what": "attach", "key": key, "from": have.get(key, 0),
@@ -1012,7 +1018,7 @@ def _rows(att: Attachment, prefix: str) -> list[dict]:
 
 
 def _set_attach(att: Attachment, want: dict, key: str) -> None:
-    if key in TIMER_RANGES or key in ("retrans_steer", "shared_fate", "min_active"):
+    if key in TIMER_RANGES or key in SETTING_RANGES or key in ("retrans_steer", "shared_fate", "min_active"):
         cfg = att.config
         setattr(cfg, key, int(want[key]))
         att.maps["config"].update(layout.Index(0), cfg)
@@ -1170,8 +1176,9 @@ def _fresh(cfg: Config) -> None:
     from mrc_ebpf.datapath import loader
     want = cfg.data["attach"]
     loader.attach(want["devices"], want["sid"], want["mode"], want["granularity"],
-                  link_rate_mbps=want.get("link_rate_mbps", 0), retrans_steer=want["retrans_steer"], min_active=want["min_active"],
-                  shared_fate=want["shared_fate"], key_file=want.get("key_file"), **{k: want[k] for k in TIMER_RANGES})
+                  link_rate_mbps=want.get("link_rate_mbps", 0), retrans_steer=want["retrans_steer"],
+                  min_active=want["min_active"], shared_fate=want["shared_fate"],
+                  key_file=want.get("key_file"), **{k: want[k] for k in (*TIMER_RANGES, *SETTING_RANGES)})
     first = want["devices"][0]
     try:
         with loader.changing(first) as att:

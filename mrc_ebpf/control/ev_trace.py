@@ -28,8 +28,8 @@ few rounds; the lab fabric sets its spines' per-destination limit to 0.
 
 The hop is recorded on the path in segments[1] (an entropy path sends
 segments[0] only, n_segments stays 1; bpf/mrc_common.h): `path list`
-shows it, `path deny --hop` matches it, and _rebuild orders the spray
-list with `rotation` whenever a peer's paths have recorded hops.
+shows it, `path deny --hop` matches it, and spray.rebuild orders the spray
+list with `spray.rotation` whenever a peer's paths have recorded hops.
 """
 from __future__ import annotations
 
@@ -40,6 +40,10 @@ import socket
 import struct
 import time
 
+from mrc_ebpf.control.path_spec import ENTROPY, HOP_SLOT, parse_prefix
+from mrc_ebpf.control.peer_table import (LAST_HOP, MAX_CLASSES, key_prefix, lookup_peer, path_index,
+                                         path_state, used_paths)
+from mrc_ebpf.control.spray import rebuild
 from mrc_ebpf.datapath import layout
 from mrc_ebpf.errors import MrcError
 
@@ -47,7 +51,6 @@ ETH_P_IPV6 = 0x86DD
 NH_DOPT, NH_NONE, NH_ICMP6 = 60, 59, 58
 ICMP6_TIME_EXCEEDED = 3
 SO_ATTACH_FILTER = 26
-HOP_SLOT = 1        # segments[HOP_SLOT] of an entropy path: its recorded hop
 
 # Ethernet + IPv6 + ICMPv6 type 3 (Time Exceeded): ldh [12]; ldb [20]; ldb [54]
 _FILTER = [(0x28, 0, 0, 12), (0x15, 0, 5, ETH_P_IPV6), (0x30, 0, 0, 20), (0x15, 0, 3, NH_ICMP6),
@@ -149,49 +152,10 @@ def probe_hops(ifname: str, src: ipaddress.IPv6Address, dst: ipaddress.IPv6Addre
     return found
 
 
-def hop_of(path: layout.Path) -> ipaddress.IPv6Address | None:
-    """The first-tier hop recorded on an entropy path, or None."""
-    from mrc_ebpf.control.paths import ENTROPY
-    if not path.flags & ENTROPY:
-        return None
-    raw = bytes(path.segments[HOP_SLOT].addr)
-    return ipaddress.IPv6Address(raw) if any(raw) else None
-
-
-def rotation(members: list[tuple[int, layout.Path]], slots: int) -> list[int] | None:
-    """The spray order of `members` (path id, path) when some have a
-    recorded hop, else None (id order).  Hops in address order; in each
-    round every hop gets one turn, its EVs in id order, so consecutive
-    turns go to different hops and each hop gets the same count.  Rounds:
-    as many as the biggest hop has EVs (at most what `slots` takes), so
-    every EV is in the list -- carrying, acknowledged, probed when down;
-    the EVs of a hop with fewer take two turns (or more) per list.  A
-    smaller hop's EVs are repeated rather than a bigger hop's surplus left
-    out as spares: an EV left out is never acknowledged nor probed, and a
-    spare brought in on failover would need the control plane in the loop.
-    EVs without a hop (no answer to the trace) go at the end, once each."""
-    groups: dict[ipaddress.IPv6Address, list[int]] = {}
-    loose = []
-    for i, p in members:
-        hop = hop_of(p)
-        if hop is None:
-            loose.append(i)
-        else:
-            groups.setdefault(hop, []).append(i)
-    if not groups:
-        return None
-    order = [sorted(groups[h]) for h in sorted(groups)]
-    rounds = max(len(g) for g in order)
-    rounds = max(1, min(rounds, (slots - len(loose)) // len(order)))
-    out = [g[r % len(g)] for r in range(rounds) for g in order]
-    return out + sorted(loose)
-
-
 def _entropy_paths(att, prefix_text: str):
-    from mrc_ebpf.control import paths
-    prefix = paths.parse_prefix(prefix_text)
-    key, peer = paths._lookup_peer(att, prefix)
-    evs = [(i, p) for i, p in paths._used(att, peer) if p.flags & paths.ENTROPY]
+    prefix = parse_prefix(prefix_text)
+    key, peer = lookup_peer(att, prefix)
+    evs = [(i, p) for i, p in used_paths(att, peer) if p.flags & ENTROPY]
     if not evs:
         raise MrcError(f"{prefix} has no entropy paths to trace (mrcctl path add {prefix} --entropy N --sid SID)")
     return prefix, key, peer, evs
@@ -204,7 +168,6 @@ def trace(att, prefix_text: str, order: bool = False, forget: bool = False,
     spray list over the hops; with `forget`, drop the recorded hops (the
     spray goes back to id order).  Denied EVs are traced too (a probe is
     no data), which lets an operator see where they go."""
-    from mrc_ebpf.control import paths
     prefix, key, peer, evs = _entropy_paths(att, prefix_text)
     if order and forget:
         raise MrcError("--order and --forget exclude each other")
@@ -227,21 +190,21 @@ def trace(att, prefix_text: str, order: bool = False, forget: bool = False,
     for i, p in evs:
         hop, rtt = found.get(p.flowlabel, (None, None))
         rows.append({"path_id": i, "ev": p.flowlabel, "hop": hop, "rtt_ms": rtt,
-                     "state": paths.path_state(att, peer, i, p)})
+                     "state": path_state(att, peer, i, p)})
     recorded = False
     if order or forget:
         for (i, p), row in zip(evs, rows):
             want = ipaddress.IPv6Address(row["hop"]).packed if order and row["hop"] else bytes(16)
             if bytes(p.segments[HOP_SLOT].addr) != want:
                 ctypes.memmove(p.segments[HOP_SLOT].addr, want, 16)
-                att.maps["paths"].update(paths.path_index(peer.peer_id, i), p)
-        paths._rebuild(att, peer, sids=False)
+                att.maps["paths"].update(path_index(peer.peer_id, i), p)
+        rebuild(att, peer, sids=False)
         recorded = order
     hops: dict[str, int] = {}
     for r in rows:
         if r["hop"]:
             hops[r["hop"]] = hops.get(r["hop"], 0) + 1
-    spray = att.maps["spray"].lookup(layout.Index(peer.peer_id * paths.MAX_CLASSES))
+    spray = att.maps["spray"].lookup(layout.Index(peer.peer_id * MAX_CLASSES))
     return {"prefix": str(prefix), "paths": rows, "hops": dict(sorted(hops.items())),
             "unanswered": [r["path_id"] for r in rows if not r["hop"]] if not forget else [],
             "recorded": recorded, "forgot": forget, "took_s": round(took, 3),
@@ -250,15 +213,14 @@ def trace(att, prefix_text: str, order: bool = False, forget: bool = False,
 
 def trace_all(att, prefix_text: str | None, **kw) -> list[dict]:
     """trace() of PREFIX, or of every peer with entropy paths of its own."""
-    from mrc_ebpf.control import paths
     if prefix_text:
         return [trace(att, prefix_text, **kw)]
     out = []
     for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
-        if peer.flags & paths.LAST_HOP:
+        if peer.flags & LAST_HOP:
             continue
-        if any(p.flags & paths.ENTROPY for _, p in paths._used(att, peer)):
-            out.append(trace(att, str(paths.key_prefix(key)), **kw))
+        if any(p.flags & ENTROPY for _, p in used_paths(att, peer)):
+            out.append(trace(att, str(key_prefix(key)), **kw))
     if not out:
         raise MrcError("no peer has entropy paths to trace (mrcctl path add PREFIX --entropy N --sid SID)")
     return out

@@ -17,6 +17,11 @@ Histograms: the datapath's log2 buckets (upper bounds 2^i - 1 us or
 packets), cumulative, with `_count` (the packets histogrammed).  There is
 no `_sum`: the maps keep none, and a sum estimated from the buckets would
 not be the observations' sum.
+
+Paths have MRC's states, `skip` among them (a CE report skips the path
+for some turns: lib/path_select.h); `mrc_path_ce_reports_total` counts the
+peer's reports of CE marks on a path we send on, `*_rx_ce_total` the
+CE-marked packets we received.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from mrc_ebpf.control import events, paths, stats
 from mrc_ebpf.datapath import loader, pins
 from mrc_ebpf.errors import MrcError
 
-STATES = ("up", "assumed-bad", "denied", "unknown")     # MRC's path states (path list)
+STATES = ("up", "assumed-bad", "denied", "unknown", "skip")     # MRC's path states (path list)
 
 
 def _buckets(hist: list[int], divisor: int) -> list[tuple[str, float]]:
@@ -173,6 +178,8 @@ class MrcCollector:
                 .add_metric(labels, r["tx_bytes"])
             counter("mrc_path_downs", "Times the path was taken down", ["dev", "peer", "path"]) \
                 .add_metric(labels, r["downs"])
+            counter("mrc_path_ce_reports", "The peer's reports that said the path was CE-marked",
+                    ["dev", "peer", "path"]).add_metric(labels, r["ce_reports"])
             gauge("mrc_path_up", "1 when the path is up, else 0",
                   ["dev", "peer", "path"]).add_metric(labels, 1 if r["state"] == "up" else 0)
             state = gauge("mrc_path_state", "The path's state (1 for the state it is in)",
@@ -185,7 +192,8 @@ class MrcCollector:
         rx = stats.received(att)
         what = (("packets", "rx_packets", "Packets received"), ("bytes", "rx_bytes", "Bytes received"),
                 ("lost", "lost", "Sequence gaps (packets lost)"),
-                ("late", "late", "Packets that arrived after a later one of the same path"))
+                ("late", "late", "Packets that arrived after a later one of the same path"),
+                ("ce", "ce", "Packets that arrived CE-marked (outer ECN)"))
         per_sender: dict[str, dict] = {}
         for r in rx:
             a = per_sender.setdefault(r["from"], {"hist": [0] * len(r["qdelay_hist"]),

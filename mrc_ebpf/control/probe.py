@@ -47,7 +47,7 @@ def _peer_of(att: Attachment, address) -> tuple[str, list[int]]:
     if best is None:
         raise MrcError(f"{address} is in no peer prefix of {att.device} (mrcctl path list)")
     prefix, peer = best
-    return str(prefix), [i for i, _ in paths._used(att, peer)]
+    return str(prefix), [i for i, _ in paths.used_paths(att, peer)]
 
 
 def probe(att: Attachment, address_text: str, path_ids: list[int] | None = None, count: int = 3,

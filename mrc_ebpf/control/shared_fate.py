@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from mrc_ebpf.control.path_spec import hops_of
 from mrc_ebpf.datapath import layout
 from mrc_ebpf.datapath.source import C
 
@@ -15,7 +16,6 @@ MAX_HOPS = C["MRC_MAX_HOPS"]
 def first_hop(path: layout.Path) -> ipaddress.IPv6Address | None:
     """SRH: the first segment; uSID: the block and its first ID as a SID;
     entropy paths: none (the fabric's hash picks their hops)."""
-    from mrc_ebpf.control.paths import hops_of
     crossed = hops_of(path)
     return crossed[0] if crossed else None
 

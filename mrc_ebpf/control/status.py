@@ -75,7 +75,8 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    xdp_ours=False, tc_prog_id=0, tc_ours=False, mtu=None, overhead={},
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
                    routes=[], path_states={}, min_active=None, programs={}, shared_fate=None,
-                   memory=None, templated_peers=0, active_peers=0, auth=None)
+                   probing=None, skip_rotations=None,
+                   memory=None, templated_peers=0, active_peers=0, auth=None, learnt_state=None)
         return row
     with att:
         cfg = att.config
@@ -89,11 +90,12 @@ def _one(ipr: IPRoute, device: str) -> dict:
         row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
                    peers=len(peers), paths=sum(len(used(p)) for p in peers), overhead=overhead,
                    templated_peers=sum(1 for p in peers if p.flags & paths.LAST_HOP),
-                   active_peers=len(active),
+                   active_peers=len(active), learnt_state=learnt_state(att, len(active)),
                    devices=att.device_names(), fail_open=_fail_open(att, entries, active),
                    ack_windows=_ack_windows(att, entries, active),
                    path_states=_path_states(att, peers, used, active),
                    min_active=cfg.min_active, memory=maps_memory(att.dir),
+                   skip_rotations=cfg.skip_rotations, probing=_probing(att, cfg, peers, used, active),
                    programs=replace.programs(att.dir), shared_fate=bool(cfg.shared_fate),
                    routes=[{"prefix": str(paths.key_prefix(k)),
                             "route_metrics": paths.route_metrics(att, paths.key_prefix(k))}
@@ -135,14 +137,35 @@ SCALE_CPUS = 128     # status also says what the maps would take on a machine th
 def maps_memory(directory) -> dict:
     """The kernel memory (memlock) of the attachment's maps as the kernel
     reports it, and what the same maps would take with SCALE_CPUS CPUs
-    (the per-CPU maps grow; datapath/memory.py's model says by how much)."""
+    (the per-CPU maps grow; datapath/memory.py's model says by how much).
+    `kernel_bytes`: what the kernel really allocates, as its memory cgroup
+    counts it: memlock leaves out the slab's rounding of the maps
+    allocated as used and the LPM trie's intermediate nodes
+    (memory.kernel_bytes, checked against a cgroup by tests/test_memory.py)."""
     maps = memory.measured(directory)
     cpus = bpfsys.possible_cpus()
-    in_use = memory.entries_in_use(directory)
+    intermediates: dict = {}
+    in_use = memory.entries_in_use(directory, intermediates)
     grow = sum(memory.model(SCALE_CPUS, in_use).values()) - sum(memory.model(cpus, in_use).values())
     total = sum(maps.values())
+    # the maps allocated as used, as the kernel counts them, for their memlock
+    model, kernel = memory.model(cpus, in_use), memory.kernel_model(cpus, in_use, intermediates)
+    used_as = {s.name for s in memory.specs() if s.no_prealloc and s.name in maps}
+    kernel_maps = {n: (maps[n] - model[n] + kernel[n]) if n in used_as else b for n, b in maps.items()}
     return {"bytes": total, "cpus": cpus, "maps": maps, "scaled_cpus": SCALE_CPUS,
-            "scaled_bytes": total + grow}
+            "scaled_bytes": total + grow, "kernel_bytes": sum(kernel_maps.values()),
+            "kernel_scaled_bytes": sum(kernel_maps.values()) + grow, "kernel_maps": kernel_maps,
+            "lpm_intermediates": intermediates}
+
+
+def learnt_state(att: Attachment, active: int) -> dict:
+    """The LRU of learnt state: how full, and what became of the peers'
+    states (counters state_*, lib/peer_state.h): started, of which after
+    an eviction, and could not be made."""
+    counters = att.counters()
+    return {"active": active, "max": C["MRC_MAX_ACTIVE_PEERS"],
+            "started": counters.get("state_new", 0), "evicted_and_remade": counters.get("state_remade", 0),
+            "failed": counters.get("state_fail", 0)}
 
 
 def _fail_open(att: Attachment, entries, active) -> list[dict]:
@@ -161,7 +184,8 @@ def _path_states(att: Attachment, peers, used, active) -> dict[str, int]:
     """How many paths are in each of MRC's states (up, assumed-bad, denied,
     unknown).  A peer without learnt state has never been acknowledged: its
     paths are unknown, or denied."""
-    counts = {s: 0 for s in (paths.STATE_UP, paths.STATE_BAD, paths.STATE_DENIED, paths.STATE_UNKNOWN)}
+    counts = {s: 0 for s in (paths.STATE_UP, paths.STATE_BAD, paths.STATE_DENIED, paths.STATE_UNKNOWN,
+                             paths.STATE_SKIP)}
     for peer in peers:
         state = active.get(peer.peer_id)
         for path_id, path in used(peer):
@@ -170,6 +194,33 @@ def _path_states(att: Attachment, peers, used, active) -> dict[str, int]:
             else:
                 counts[paths.path_state(att, peer, path_id, path, state)] += 1
     return counts
+
+
+def _probing(att: Attachment, cfg, peers, used, active) -> dict:
+    """Down paths and the probes they cost now: each is probed once per
+    its interval (doubling from probe_us to probe_max_us, lib/failover.h),
+    and all of them through one first hop at most probe_budget a second.
+    From the datapath's state, not sampled: the rate the schedule gives."""
+    budget = cfg.probe_budget
+    per_hop: dict[int, float] = {}
+    down = 0
+    for peer in peers:
+        state = active.get(peer.peer_id)
+        if state is None:
+            continue
+        for path_id, _ in used(peer):
+            live = state.paths[path_id].live
+            if not live.down_ns:
+                continue
+            down += 1
+            gap_ns = (live.probe_gap_us or cfg.probe_us) * 1000
+            hop = att.maps["path_fate"].lookup(paths.path_index(peer.template_id, path_id)).hop
+            key = hop if hop else -(peer.peer_id << 16 | path_id)    # no hop: the path alone
+            per_hop[key] = per_hop.get(key, 0.0) + 1e9 / gap_ns
+    rate = sum(min(r, budget) if budget else r for r in per_hop.values())
+    return {"down_paths": down, "probes_per_s": round(rate, 1), "probe_us": cfg.probe_us,
+            "probe_max_us": cfg.probe_max_us, "budget_per_hop_per_s": budget or None,
+            "first_hops": len(per_hop)}
 
 
 def _ack_windows(att: Attachment, entries, active) -> list[dict]:

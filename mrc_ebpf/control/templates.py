@@ -20,7 +20,7 @@ import ipaddress
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.control import bulk, classes, shared_fate
-from mrc_ebpf.control import paths as cp
+from mrc_ebpf.control import path_spec, peer_table as pt, spray
 from mrc_ebpf.datapath import layout, routes
 from mrc_ebpf.datapath.journal import InjectedFailure
 from mrc_ebpf.datapath.loader import Attachment
@@ -33,7 +33,7 @@ NAME_MAX = ctypes.sizeof(layout.TemplateName) - 1
 OPEN = ipaddress.IPv6Address("::")     # the last hop of a template's path: each peer's own
 
 
-def _key(name: str) -> layout.TemplateName:
+def name_key(name: str) -> layout.TemplateName:
     raw = name.encode()
     if not name or len(raw) > NAME_MAX or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise MrcError(f"bad template name {name!r}: 1..{NAME_MAX} letters, digits, '-', '_', '.'")
@@ -41,7 +41,7 @@ def _key(name: str) -> layout.TemplateName:
 
 
 def get(att: Attachment, name: str) -> layout.Peer:
-    tpl = att.maps["templates"].lookup(_key(name))
+    tpl = att.maps["templates"].lookup(name_key(name))
     if tpl is None:
         raise MrcError(f"no template {name!r} (mrcctl path template add {name} --via SPINE_SID)")
     return tpl
@@ -62,27 +62,27 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
     segments before the last hop, which every peer of the template fills
     with its own SID."""
     from pyroute2 import IPRoute
-    key = _key(name)
+    key = name_key(name)
     if not vias:
         raise MrcError("a template path needs --via SEG1,... (the hops before the peer's own SID)")
-    if not 1 <= weight <= cp.MAX_WEIGHT:
-        raise MrcError(f"bad weight {weight}: 1..{cp.MAX_WEIGHT}")
+    if not 1 <= weight <= path_spec.MAX_WEIGHT:
+        raise MrcError(f"bad weight {weight}: 1..{path_spec.MAX_WEIGHT}")
     tclass = classes.class_id(att, tclass_name) if tclass_name else 0
     specs = []
     for via in vias:
-        segments = cp.parse_segments(via)
-        if len(segments) >= cp.MAX_SEGMENTS:
-            raise MrcError(f"--via {via}: at most {cp.MAX_SEGMENTS - 1} segments before the last hop")
-        specs.append(cp.PathSpec(segments + [OPEN], OPEN, False))
+        segments = path_spec.parse_segments(via)
+        if len(segments) >= path_spec.MAX_SEGMENTS:
+            raise MrcError(f"--via {via}: at most {path_spec.MAX_SEGMENTS - 1} segments before the last hop")
+        specs.append(path_spec.PathSpec(segments + [OPEN], OPEN, False))
     tpl = att.maps["templates"].lookup(key)
     new = tpl is None
     if new:
-        row = cp._free_peer_id(att)
-        tpl = layout.Peer(peer_id=row, template_id=row, n_paths=0, policy=cp.POLICIES["rr"])
-    used = cp._used(att, tpl) if not new else []
-    have = {tuple(cp._segments_of(p)) for _, p in used}
+        row = pt.free_peer_id(att)
+        tpl = layout.Peer(peer_id=row, template_id=row, n_paths=0, policy=pt.POLICIES["rr"])
+    used = pt.used_paths(att, tpl) if not new else []
+    have = {tuple(path_spec.segments_of(p)) for _, p in used}
     fresh = [s for s in specs if tuple(map(str, s.segments)) not in have]
-    free_ids = [i for i in range(cp.MAX_PATHS) if i not in {i for i, _ in used}]
+    free_ids = [i for i in range(pt.MAX_PATHS) if i not in {i for i, _ in used}]
     if len(free_ids) < len(fresh):
         raise MrcError(f"template {name} has room for {len(free_ids)} more paths, not {len(fresh)}")
     resolved = []
@@ -98,16 +98,13 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
                                f"mrc-ebpf is attached to")
             resolved.append((oif, gateway))
     taken = {p.flowlabel for _, p in used}
-    labels = cp._unique_labels(f"template:{name}", free_ids, fresh, taken)
+    labels = path_spec.unique_labels(f"template:{name}", free_ids, fresh, taken)
     results, fates = [], []
     for path_id, spec, (oif, gateway), label in zip(free_ids, fresh, resolved, labels):
-        path = layout.Path(n_segments=len(spec.segments), state=cp.UP, weight=weight, tclass=tclass,
-                           flowlabel=label, oif=oif, flags=cp.REDIRECT)
-        ctypes.memmove(path.nexthop, ipaddress.IPv6Address(gateway).packed, 16)
-        for i, seg in enumerate(reversed(spec.segments)):
-            ctypes.memmove(path.segments[i].addr, seg.packed, 16)
-        att.maps["paths"].update(cp.path_index(tpl.template_id, path_id), path)
-        fates.append((cp.path_index(tpl.template_id, path_id), path))
+        path = path_spec.encode(spec, ipaddress.IPv6Address(gateway), oif, label, weight, tclass,
+                                path_spec.REDIRECT)
+        att.maps["paths"].update(pt.path_index(tpl.template_id, path_id), path)
+        fates.append((pt.path_index(tpl.template_id, path_id), path))
         tpl.n_paths = max(tpl.n_paths, path_id + 1)
         results.append({"template": name, "path_id": path_id,
                         "segments": [str(s) for s in spec.segments[:-1]] + ["<peer SID>"],
@@ -123,7 +120,7 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
 def _rebuild(att: Attachment, tpl: layout.Peer) -> None:
     """Spray lists and floor of the template's row (no SIDs: its peers
     file theirs)."""
-    cp._rebuild(att, tpl, sids=False)
+    spray.rebuild(att, tpl, sids=False)
 
 
 def _refresh_peers(att: Attachment, tpl: layout.Peer) -> None:
@@ -141,24 +138,24 @@ def peer_counts(att: Attachment) -> dict[int, int]:
 
 def path_vias(path: layout.Path) -> list[str]:
     """A template path's hops before the peer's SID, in travel order."""
-    return cp._segments_of(path)[:-1]
+    return path_spec.segments_of(path)[:-1]
 
 
 def paths_of(att: Attachment, name: str) -> list[tuple[int, layout.Path]]:
-    return cp._used(att, get(att, name))
+    return pt.used_paths(att, get(att, name))
 
 
 def remove_paths(att: Attachment, name: str, path_ids: list[int]) -> dict:
     """Take paths out of template NAME (its peers keep the others; a
     template keeps at least one)."""
-    key, tpl = _key(name), get(att, name)
-    used = dict(cp._used(att, tpl))
+    key, tpl = name_key(name), get(att, name)
+    used = dict(pt.used_paths(att, tpl))
     left = [i for i in used if i not in path_ids]
     if not left:
         raise MrcError(f"template {name} would have no paths left: delete the template instead")
     for i in path_ids:
         if i in used:
-            att.maps["paths"].update(cp.path_index(tpl.template_id, i), layout.Path())
+            att.maps["paths"].update(pt.path_index(tpl.template_id, i), layout.Path())
     tpl.n_paths = max(left) + 1
     _rebuild(att, tpl)
     att.maps["templates"].update(key, tpl)
@@ -168,23 +165,23 @@ def remove_paths(att: Attachment, name: str, path_ids: list[int]) -> dict:
 
 def set_path_attrs(att: Attachment, name: str, path_id: int, weight: int, tclass: int) -> None:
     """A template path's weight and class, changed in place (it keeps its id)."""
-    if not 1 <= weight <= cp.MAX_WEIGHT:
-        raise MrcError(f"bad weight {weight}: 1..{cp.MAX_WEIGHT}")
+    if not 1 <= weight <= path_spec.MAX_WEIGHT:
+        raise MrcError(f"bad weight {weight}: 1..{path_spec.MAX_WEIGHT}")
     tpl = get(att, name)
-    path = dict(cp._used(att, tpl))[path_id]
+    path = dict(pt.used_paths(att, tpl))[path_id]
     if (path.weight, path.tclass) != (weight, tclass):
         path.weight, path.tclass = weight, tclass
-        att.maps["paths"].update(cp.path_index(tpl.template_id, path_id), path)
+        att.maps["paths"].update(pt.path_index(tpl.template_id, path_id), path)
         _rebuild(att, tpl)
 
 
 def set_policy(att: Attachment, name: str, policy: str) -> dict:
-    if policy not in cp.POLICIES:
-        raise MrcError(f"bad policy {policy!r}: one of {', '.join(cp.POLICIES)}")
+    if policy not in pt.POLICIES:
+        raise MrcError(f"bad policy {policy!r}: one of {', '.join(pt.POLICIES)}")
     tpl = get(att, name)
-    tpl.policy = cp.POLICIES[policy]
+    tpl.policy = pt.POLICIES[policy]
     _rebuild(att, tpl)
-    att.maps["templates"].update(_key(name), tpl)
+    att.maps["templates"].update(name_key(name), tpl)
     _refresh_peers(att, tpl)
     return {"template": name, "policy": policy}
 
@@ -194,11 +191,11 @@ def delete(att: Attachment, name: str) -> dict:
     users = peer_counts(att).get(tpl.template_id, 0)
     if users:
         raise MrcError(f"template {name} still has {users} peers: `mrcctl path del PREFIX` them first")
-    for i, _ in cp._used(att, tpl):
-        att.maps["paths"].update(cp.path_index(tpl.template_id, i), layout.Path())
+    for i, _ in pt.used_paths(att, tpl):
+        att.maps["paths"].update(pt.path_index(tpl.template_id, i), layout.Path())
     tpl.n_paths = 0
     _rebuild(att, tpl)
-    att.maps["templates"].delete(_key(name))
+    att.maps["templates"].delete(name_key(name))
     return {"template": name, "removed": True}
 
 
@@ -206,11 +203,11 @@ def list_templates(att: Attachment) -> list[dict]:
     counts = peer_counts(att)
     out = []
     for key, tpl in sorted(att.maps["templates"].items(), key=lambda kv: kv[1].template_id):
-        used = cp._used(att, tpl)
+        used = pt.used_paths(att, tpl)
         out.append({"template": bytes(key.name).rstrip(b"\0").decode(), "row": tpl.template_id,
-                    "policy": cp.POLICY_NAMES.get(tpl.policy, str(tpl.policy)),
-                    "paths": [{"path_id": i, "segments": cp._segments_of(p)[:-1] + ["<peer SID>"],
-                               "weight": p.weight, "state": "denied" if p.state == cp.DENIED else "up"}
+                    "policy": pt.POLICY_NAMES.get(tpl.policy, str(tpl.policy)),
+                    "paths": [{"path_id": i, "segments": path_spec.segments_of(p)[:-1] + ["<peer SID>"],
+                               "weight": p.weight, "state": "denied" if p.state == pt.DENIED else "up"}
                               for i, p in used],
                     "peers": counts.get(tpl.template_id, 0)})
     return out
@@ -218,7 +215,7 @@ def list_templates(att: Attachment) -> list[dict]:
 
 def _next_peer_id(att: Attachment) -> int:
     top = max((p.peer_id for _, p in att.maps["peers"].items() if p.flags & LAST_HOP),
-              default=cp.MAX_PEERS - 1)
+              default=pt.MAX_PEERS - 1)
     return top + 1
 
 
@@ -227,7 +224,7 @@ def parse_line(line: str, number: int) -> tuple[str, str, str]:
     if len(parts) != 3:
         raise MrcError(f"line {number}: expected PREFIX TEMPLATE SID, got {line.strip()!r}")
     try:
-        cp.exact_prefix(parts[0])
+        path_spec.exact_prefix(parts[0])
     except MrcError as e:
         raise MrcError(f"line {number}: {e}")
     return parts[0], parts[1], parts[2]
@@ -269,8 +266,8 @@ def _routes(att: Attachment, items: list[tuple[str, layout.Peer]]) -> int:
     plan, saved = [], []
     for prefix, tpl in items:
         if tpl.template_id not in firsts:
-            first = cp._used(att, tpl)[0][1]
-            firsts[tpl.template_id] = (cp._route_mtu(att, tpl), cp._addr(first.nexthop), first.oif)
+            first = pt.used_paths(att, tpl)[0][1]
+            firsts[tpl.template_id] = (pt.route_mtu(att, tpl), path_spec.addr_text(first.nexthop), first.oif)
         mtu, gateway, oif = firsts[tpl.template_id]
         have = table.get(prefix, [])
         current = [e for e in have if e[0] in here]
@@ -298,7 +295,7 @@ def delete_peer(att: Attachment, key: layout.PeerKey, peer: layout.Peer, prefix)
     from pyroute2 import IPRoute
     att.maps["peers"].delete(key)
     att.maps["peer_by_sid"].delete(layout.Sid.from_buffer_copy(bytes(peer.sid)))
-    cp._forget_peer(att, peer.peer_id)
+    pt.forget_peer(att, peer.peer_id)
     with IPRoute() as ipr:
         att.route_change(ipr, prefix)
         for index in att.ifindexes:

@@ -41,14 +41,14 @@ class BpfError(OSError):
 
 
 @mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
-class _MapElemAttr(ctypes.Structure):
+class MapElemAttr(ctypes.Structure):
     _fields_ = [("map_fd", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("key", ctypes.c_uint64), ("value", ctypes.c_uint64),
                 ("flags", ctypes.c_uint64)]
 
 
 @mirror("union bpf_attr", KERNEL_BPF_H, kind="member", member="batch")
-class _BatchAttr(ctypes.Structure):
+class BatchAttr(ctypes.Structure):
     _fields_ = [("in_batch", ctypes.c_uint64), ("out_batch", ctypes.c_uint64),
                 ("keys", ctypes.c_uint64), ("values", ctypes.c_uint64),
                 ("count", ctypes.c_uint32), ("map_fd", ctypes.c_uint32),
@@ -117,18 +117,28 @@ class _TestRunAttr(ctypes.Structure):
                 ("batch_size", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
 
 
-def prog_test_run(prog_fd: int, packet: bytes, repeat: int) -> tuple[int, int, bytes]:
-    """BPF_PROG_TEST_RUN: (return value, mean ns per run, packet out)."""
+@mirror("struct __sk_buff", KERNEL_BPF_H, kind="prefix")
+class SkbHead(ctypes.Structure):
+    """Head of struct __sk_buff: enough to give a TC test run its mark."""
+    _fields_ = [("len", ctypes.c_uint32), ("pkt_type", ctypes.c_uint32), ("mark", ctypes.c_uint32)]
+
+
+def prog_test_run(prog_fd: int, packet: bytes, repeat: int,
+                  ctx: ctypes.Structure | None = None) -> tuple[int, int, bytes]:
+    """BPF_PROG_TEST_RUN: (return value, mean ns per run, packet out);
+    CTX, if given, is the program's context in (e.g. SkbHead)."""
     data_in = ctypes.create_string_buffer(packet, len(packet))
     data_out = ctypes.create_string_buffer(len(packet) + 512)
     attr = _TestRunAttr(prog_fd=prog_fd, data_size_in=len(packet), data_size_out=len(data_out),
                         data_in=ctypes.addressof(data_in), data_out=ctypes.addressof(data_out),
                         repeat=repeat)
-    _bpf(BPF_PROG_TEST_RUN, attr)
+    if ctx is not None:
+        attr.ctx_size_in, attr.ctx_in = ctypes.sizeof(ctx), ctypes.addressof(ctx)
+    bpf(BPF_PROG_TEST_RUN, attr)
     return attr.retval, attr.duration, data_out.raw[:attr.data_size_out]
 
 
-def _bpf(cmd: int, attr: ctypes.Structure) -> int:
+def bpf(cmd: int, attr: ctypes.Structure) -> int:
     ret = _libc.syscall(_NR_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
     if ret < 0:
         err = ctypes.get_errno()
@@ -139,7 +149,7 @@ def _bpf(cmd: int, attr: ctypes.Structure) -> int:
 def obj_get(path: str) -> int:
     raw = path.encode()
     attr = _ObjAttr(pathname=ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value)
-    return _bpf(BPF_OBJ_GET, attr)
+    return bpf(BPF_OBJ_GET, attr)
 
 
 def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str,
@@ -148,7 +158,7 @@ def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, 
     datapath's maps, or a cached build's maps (build_cache.py)."""
     attr = _MapCreateAttr(map_type=map_type, key_size=key_size, value_size=value_size,
                           max_entries=max_entries, map_flags=flags, map_name=name.encode()[:15])
-    return _bpf(BPF_MAP_CREATE, attr)
+    return bpf(BPF_MAP_CREATE, attr)
 
 
 def prog_load(prog_type: int, insns: bytes, license: str, name: str,
@@ -161,19 +171,19 @@ def prog_load(prog_type: int, insns: bytes, license: str, name: str,
                          insns=ctypes.addressof(code), license=ctypes.addressof(lic),
                          prog_flags=flags, prog_name=name.encode()[:15],
                          expected_attach_type=expected_attach_type)
-    return _bpf(BPF_PROG_LOAD, attr)
+    return bpf(BPF_PROG_LOAD, attr)
 
 
 def obj_pin(fd: int, path: str) -> None:
     raw = path.encode()
     attr = _ObjAttr(pathname=ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value, bpf_fd=fd)
-    _bpf(BPF_OBJ_PIN, attr)
+    bpf(BPF_OBJ_PIN, attr)
 
 
 def _info(fd: int, info_type):
     info = info_type()
     attr = _InfoAttr(bpf_fd=fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
-    _bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
+    bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
     return info
 
 
@@ -203,6 +213,10 @@ class PinnedMap:
 
     fd = -1
     journal = None
+    # called after every write (update, delete, batches), also one that
+    # failed part-way: the peers map bumps peers_gen with it, which
+    # invalidates the datapath's cache of the trie (lib/peer_cache.h)
+    after_write = None
 
     def __init__(self, path: str, key_type, value_type, percpu: bool = False, fd: int | None = None):
         self.path = path
@@ -242,10 +256,10 @@ class PinnedMap:
         self.close()
 
     def _elem(self, cmd, key, value=None, flags=0):
-        attr = _MapElemAttr(map_fd=self.fd, key=ctypes.addressof(key),
-                            value=ctypes.addressof(value) if value is not None else 0,
-                            flags=flags)
-        return _bpf(cmd, attr)
+        attr = MapElemAttr(map_fd=self.fd, key=ctypes.addressof(key),
+                           value=ctypes.addressof(value) if value is not None else 0,
+                           flags=flags)
+        return bpf(cmd, attr)
 
     def lookup(self, key):
         value = self.value_type()
@@ -275,7 +289,7 @@ class PinnedMap:
         else:
             self.journal.record_map(self.path, keys=raw, values=bytes(old))
 
-    def update(self, key, value, flags=BPF_ANY):
+    def _update(self, key, value, flags=BPF_ANY):
         if self.journal is not None:
             self._journal(key, "update")
         try:
@@ -287,7 +301,7 @@ class PinnedMap:
         if self._exact is not None:
             self._exact.add(bytes(key))
 
-    def delete(self, key) -> bool:
+    def _delete(self, key) -> bool:
         if self.journal is not None:
             self._journal(key, "delete")
         if self._exact is not None:
@@ -310,16 +324,16 @@ class PinnedMap:
         error (raised as BpfError with `.done` set)."""
         kbuf = ctypes.create_string_buffer(keys, len(keys))
         vbuf = ctypes.create_string_buffer(values, len(values)) if values is not None else None
-        attr = _BatchAttr(keys=ctypes.addressof(kbuf), values=ctypes.addressof(vbuf) if vbuf else 0,
-                          count=count, map_fd=self.fd, elem_flags=flags)
+        attr = BatchAttr(keys=ctypes.addressof(kbuf), values=ctypes.addressof(vbuf) if vbuf else 0,
+                         count=count, map_fd=self.fd, elem_flags=flags)
         try:
-            _bpf(cmd, attr)
+            bpf(cmd, attr)
         except BpfError as e:
             e.done = attr.count
             raise
         return attr.count
 
-    def update_batch(self, keys: bytes, values: bytes, count: int, flags=BPF_ANY) -> None:
+    def _update_batch(self, keys: bytes, values: bytes, count: int, flags=BPF_ANY) -> None:
         """Write COUNT packed keys and values; on an error the first
         `e.done` of them are written.  Falls back to one call per element
         where the kernel has no batch update for the map type (EINVAL /
@@ -339,12 +353,40 @@ class PinnedMap:
         if self._exact is not None:
             self._exact.update(keys[i * ks:(i + 1) * ks] for i in range(count))
 
+    def update(self, *args, **kw):
+        try:
+            return self._update(*args, **kw)
+        finally:
+            if self.after_write is not None:
+                self.after_write()
+
+    def delete(self, *args, **kw):
+        try:
+            return self._delete(*args, **kw)
+        finally:
+            if self.after_write is not None:
+                self.after_write()
+
+    def update_batch(self, *args, **kw):
+        try:
+            return self._update_batch(*args, **kw)
+        finally:
+            if self.after_write is not None:
+                self.after_write()
+
+    def delete_batch(self, *args, **kw):
+        try:
+            return self._delete_batch(*args, **kw)
+        finally:
+            if self.after_write is not None:
+                self.after_write()
+
     def _full(self, e: BpfError) -> BpfError:
         full = BpfError(e.errno, f"map {self.name} is full ({self.max_entries} entries)")
         full.done = getattr(e, "done", 0)
         return full
 
-    def delete_batch(self, keys: bytes, count: int, missing_ok: bool = True) -> None:
+    def _delete_batch(self, keys: bytes, count: int, missing_ok: bool = True) -> None:
         """Delete COUNT packed keys; keys not in the map are skipped
         (MISSING_OK) or an error."""
         ks = ctypes.sizeof(self.key_type)
@@ -367,7 +409,7 @@ class PinnedMap:
     def _delete_raw(self, key: bytes, missing_ok: bool) -> None:
         k = ctypes.create_string_buffer(key, len(key))
         try:
-            _bpf(BPF_MAP_DELETE_ELEM, _MapElemAttr(map_fd=self.fd, key=ctypes.addressof(k)))
+            bpf(BPF_MAP_DELETE_ELEM, MapElemAttr(map_fd=self.fd, key=ctypes.addressof(k)))
         except BpfError as e:
             if e.errno != errno.ENOENT or not missing_ok:
                 raise
@@ -376,11 +418,11 @@ class PinnedMap:
         kbuf = ctypes.create_string_buffer(keys, len(keys))
         vbuf = ctypes.create_string_buffer(values, len(values))
         k0, v0 = ctypes.addressof(kbuf), ctypes.addressof(vbuf)
-        attr = _MapElemAttr(map_fd=self.fd, flags=flags)
+        attr = MapElemAttr(map_fd=self.fd, flags=flags)
         for i in range(count):
             attr.key, attr.value = k0 + i * ks, v0 + i * vs
             try:
-                _bpf(cmd, attr)
+                bpf(cmd, attr)
             except BpfError as e:
                 e.done = i
                 if e.errno == errno.E2BIG:
@@ -398,12 +440,12 @@ class PinnedMap:
         token_out = ctypes.create_string_buffer(max(ks, 8))
         first = True
         while True:
-            attr = _BatchAttr(in_batch=0 if first else ctypes.addressof(token_in),
-                              out_batch=ctypes.addressof(token_out), keys=ctypes.addressof(kbuf),
-                              values=ctypes.addressof(vbuf), count=chunk, map_fd=self.fd)
+            attr = BatchAttr(in_batch=0 if first else ctypes.addressof(token_in),
+                             out_batch=ctypes.addressof(token_out), keys=ctypes.addressof(kbuf),
+                             values=ctypes.addressof(vbuf), count=chunk, map_fd=self.fd)
             done = False
             try:
-                _bpf(BPF_MAP_LOOKUP_BATCH, attr)
+                bpf(BPF_MAP_LOOKUP_BATCH, attr)
             except BpfError as e:
                 if e.errno == errno.ENOENT:
                     done = True
@@ -430,10 +472,10 @@ class PinnedMap:
     def keys(self):
         key, nxt = None, self.key_type()
         while True:
-            attr = _MapElemAttr(map_fd=self.fd, key=ctypes.addressof(key) if key is not None else 0,
-                                value=ctypes.addressof(nxt))
+            attr = MapElemAttr(map_fd=self.fd, key=ctypes.addressof(key) if key is not None else 0,
+                               value=ctypes.addressof(nxt))
             try:
-                _bpf(BPF_MAP_GET_NEXT_KEY, attr)
+                bpf(BPF_MAP_GET_NEXT_KEY, attr)
             except BpfError as e:
                 if e.errno == errno.ENOENT:
                     return

@@ -73,7 +73,8 @@ class Config(ctypes.Structure):
     _fields_ = [("sid", Addr), ("mtu", u32), ("loss_hold_us", u32), ("ack_timeout_us", u32),
                 ("probe_us", u32), ("fb_interval_us", u32), ("reorder_max_us", u32),
                 ("retrans_steer", u32), ("n_devices", u32),
-                ("devices", Device * C["MRC_MAX_DEVICES"]), ("min_active", u32), ("shared_fate", u32)]
+                ("devices", Device * C["MRC_MAX_DEVICES"]), ("min_active", u32), ("shared_fate", u32),
+                ("skip_rotations", u32), ("probe_max_us", u32), ("probe_budget", u32)]
 
 
 @mirror("struct mrc_tx_flow")
@@ -108,13 +109,14 @@ Hist = u32 * C["MRC_HIST_BUCKETS"]
 class RxPath(ctypes.Structure):
     _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
                 ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
-                ("qdelay_hist", Hist), ("epoch", u32), ("pad2", u32), ("seen", u64)]
+                ("qdelay_hist", Hist), ("epoch", u32), ("ce", u32), ("seen", u64)]
 
 
 @mirror("struct mrc_rx_peer")
 class RxPeer(ctypes.Structure):
     _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("loss_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
+                ("ce_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("latest_tx", u64 * C["MRC_MAX_PATHS"]), ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
                 ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32),
                 ("heard_since", u64 * (C["MRC_MAX_PATHS"] // 64)),
@@ -127,7 +129,13 @@ class PathLive(ctypes.Structure):
     _fields_ = [("unacked_since_ns", u64), ("down_ns", u64), ("next_probe_ns", u64),
                 ("last_sent_ns", u64), ("clock_after_ns", u64), ("down_after_ns", u64),
                 ("late_ns", u64),
-                ("downs", u32), ("probes", u32), ("kept_since_ns", u64)]
+                ("downs", u32), ("probes", u32), ("kept_since_ns", u64),
+                ("probe_gap_us", u32), ("ce_reports", u32), ("skip", u64)]
+
+    @property
+    def skip_left(self) -> int:
+        """Turns the path still skips (the low half of `skip`)."""
+        return self.skip & 0xFFFFFFFF
 
 
 @mirror("struct mrc_peer_acks")
@@ -158,6 +166,11 @@ class PeerState(ctypes.Structure):
                 ("tx_mac", MacPrefix), ("paths", PathState * C["MRC_MAX_PATHS"])]
 
 
+@mirror("struct mrc_peer_cached")
+class PeerCached(ctypes.Structure):
+    _fields_ = [("peer", Peer), ("gen", u32), ("found", u32), ("pad", u32)]
+
+
 @mirror("struct mrc_event")
 class Event(ctypes.Structure):
     _fields_ = [("seq", u64), ("ns", u64), ("since_ns", u64), ("peer_id", u32),
@@ -185,7 +198,8 @@ class Hop(ctypes.Structure):
     _fields_ = [("sid", Sid), ("suspect_ns", u64), ("until_ns", u64), ("suspects", u64),
                 ("shared_downs", u64), ("lone_ns", u64), ("lone_who", u64),
                 ("watch_ns", u64), ("watch_who", u64), ("watch_after_ns", u64), ("watch_suspects", u64),
-                ("watch2_ns", u64), ("watch2_who", u64), ("watch2_after_ns", u64)]
+                ("watch2_ns", u64), ("watch2_who", u64), ("watch2_after_ns", u64),
+                ("probe_next_ns", u64), ("probes_held", u64)]
 
 
 @mirror("struct mrc_path_fate")
@@ -202,6 +216,10 @@ MAPS = {
     "paths": (Index, Path, False),
     "peer_state": (Index, PeerState, False),
     "peer_state_zero": (Index, PeerState, False),
+    "peer_starts": (Index, u64, False),
+    "peer_cache": (Sid, PeerCached, False),
+    "peers_gen": (Index, u32, False),
+    "peer_buf": (Index, PeerCached, True),
     "counters": (Index, u64, True),
     "spray": (Index, Spray, False),
     "dscp_class": (Index, u32, False),
@@ -251,4 +269,7 @@ def encap_len(n_segments: int, usid: bool = False) -> int:
 # (MRC_DEFAULT_*_US of mrc_common.h): {"ack_timeout_us": 1000, ...}
 TIMER_DEFAULTS = {name: C[f"MRC_DEFAULT_{name.upper()}"]
                   for name in ("loss_hold_us", "ack_timeout_us", "probe_us", "fb_interval_us",
-                               "reorder_max_us")}
+                               "reorder_max_us", "probe_max_us")}
+# The other settings of struct mrc_config with a default in mrc_common.h
+# (MRC_DEFAULT_*): {"skip_rotations": 0, "probe_budget": 0}
+SETTING_DEFAULTS = {name: C[f"MRC_DEFAULT_{name.upper()}"] for name in ("skip_rotations", "probe_budget")}

@@ -92,6 +92,19 @@ def build_datapath(text: bytes | None = None):
         raise MrcError(f"cannot load the datapath: {e}")
 
 
+def watch_peers(maps: dict) -> None:
+    """Every write to `peers` bumps `peers_gen`: the datapath's cache of
+    the trie's answers (lib/peer_cache.h) then looks again."""
+    peers, gen = maps.get("peers"), maps.get("peers_gen")
+    if peers is None or gen is None:
+        return
+
+    def bump():
+        value = gen.lookup(layout.Index(0))
+        gen.update(layout.Index(0), layout.u32((value.value if value is not None else 0) + 1))
+    peers.after_write = bump
+
+
 class Attachment:
     """The pinned state of mrc-ebpf on a host's device(s) in this netns.
 
@@ -119,6 +132,7 @@ class Attachment:
             except bpfsys.BpfError as e:
                 raise MrcError(f"{device}: pinned state is damaged or from another version ({e}); "
                                f"`mrcctl detach {device}` clears it")
+        watch_peers(att.maps)
         return att
 
     def close(self):
@@ -178,7 +192,7 @@ class Attachment:
         return [cfg.devices[i].ifindex for i in range(min(cfg.n_devices, MAX_DEVICES))]
 
     def device_names(self) -> list[str]:
-        return [_ifname(i) or f"ifindex {i}" for i in self.ifindexes]
+        return [ifname_of(i) or f"ifindex {i}" for i in self.ifindexes]
 
     def prog_id(self, name: str) -> int:
         try:
@@ -210,7 +224,7 @@ def changing(device: str | None):
     """The attachment DEVICE belongs to (or the only one here), opened for
     a change: one writer at a time (lock.py), all or nothing."""
     require_root()
-    with lock.writer(), _terminate_as_error():
+    with lock.writer(), terminate_as_error():
         with Attachment.open(resolve_device(device)) as att:
             with att.transaction():
                 yield att
@@ -221,7 +235,7 @@ class Terminated(MrcError):
 
 
 @contextlib.contextmanager
-def _terminate_as_error():
+def terminate_as_error():
     """SIGTERM and SIGHUP (a script's timeout, a closed terminal) during a
     change raise, so the change is rolled back instead of cut short."""
     import signal
@@ -240,14 +254,14 @@ def _terminate_as_error():
             signal.signal(s, handler)
 
 
-def _ifname(index: int) -> str | None:
+def ifname_of(index: int) -> str | None:
     try:
         return socket.if_indextoname(index)
     except OSError:
         return None
 
 
-def _members(directory: Path) -> list[layout.Device]:
+def device_members(directory: Path) -> list[layout.Device]:
     """The devices an attachment spans, from its pinned config."""
     cfg = _read_config(directory)
     if cfg is None:
@@ -260,7 +274,7 @@ def owner(device: str) -> str | None:
     if pins.device_dir(device).is_dir():
         return device
     for first in pins.attached_devices():
-        if any(_ifname(d.ifindex) == device for d in _members(pins.device_dir(first))):
+        if any(ifname_of(d.ifindex) == device for d in device_members(pins.device_dir(first))):
             return first
     return None
 
@@ -375,18 +389,16 @@ def _xdp_hook(device: str, index: int, rx_fd: int, mode: str, undo: list,
 
 def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
            granularity: str = "auto", retrans_steer: bool = True, min_active: int = 0,
-           key_file: str | None = None, shared_fate: bool = False, replace: bool = False,
-           link_rate_mbps: int = 0, **timers: int) -> dict:
+           key_file: str | None = None, shared_fate: bool = False,
+           link_rate_mbps: int = 0, skip_rotations: int | None = None,
+           probe_budget: int | None = None, **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices).
     With KEY_FILE, the TLVs it sends are signed and only authentic ones
-    from peers are filed (datapath/auth.py).  With REPLACE, upgrade the
-    running one of DEVICES in place instead (replace.py)."""
+    from peers are filed (datapath/auth.py).  Upgrading a running one in
+    place is replace.replace (it builds on this module)."""
     from pyroute2 import IPRoute
     from mrc_ebpf.datapath import auth
     require_root()
-    if replace:
-        from mrc_ebpf.datapath import replace as upgrade
-        return upgrade.replace([devices] if isinstance(devices, str) else list(devices))
     key = auth.read_key(key_file) if key_file else None
     devices = [devices] if isinstance(devices, str) else list(devices)
     if not devices:
@@ -436,7 +448,11 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
 
             # min_active is MRC's ev_min_active: the floor of usable paths per peer
             cfg = layout.Config(n_devices=len(devices), retrans_steer=int(retrans_steer),
-                                min_active=min_active, shared_fate=int(shared_fate), **timers)
+                                min_active=min_active, shared_fate=int(shared_fate),
+                                skip_rotations=layout.SETTING_DEFAULTS["skip_rotations"]
+                                if skip_rotations is None else skip_rotations,
+                                probe_budget=layout.SETTING_DEFAULTS["probe_budget"]
+                                if probe_budget is None else probe_budget, **timers)
             ctypes.memmove(cfg.sid, sid.packed, 16)
             modes = []
             for i, (device, (index, other)) in enumerate(zip(devices, found)):
@@ -464,7 +480,8 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             "timers": timers, "pins": str(directory), "auth": auth.describe(auth_value),
             "xdp_chained": [{"device": d, "id": o["id"], "name": o["name"]}
                             for d, (_, o) in zip(devices, found) if o],
-            "shared_fate": bool(shared_fate),
+            "shared_fate": bool(shared_fate), "skip_rotations": cfg.skip_rotations,
+            "probe_budget": cfg.probe_budget,
             "build": "cached" if isinstance(module, build_cache.CachedBuild) else "compiled"}
 
 
@@ -521,8 +538,8 @@ def _detach(first: str) -> dict:
     directory = pins.device_dir(first)
     probe = Attachment(first, directory)
     ids = probe.prog_id(PROG_RX), probe.prog_id(PROG_TX), probe.prog_id(PROG_FB)
-    members = _members(directory)
-    names = [_ifname(m.ifindex) for m in members] or [first]
+    members = device_members(directory)
+    names = [ifname_of(m.ifindex) for m in members] or [first]
     removed = {"device": first, "devices": [n for n in names if n], "xdp": False, "tc": False,
                "clsact": False, "routes": 0, "xdp_restored": []}
     with IPRoute() as ipr:
@@ -555,9 +572,9 @@ def _read_config(directory: Path) -> layout.Config | None:
         if bpfsys.map_info(fd).value_size != ctypes.sizeof(layout.Config):
             return None
         cfg = layout.Config()
-        attr = bpfsys._MapElemAttr(map_fd=fd, key=ctypes.addressof(layout.Index(0)),
-                                   value=ctypes.addressof(cfg))
-        bpfsys._bpf(bpfsys.BPF_MAP_LOOKUP_ELEM, attr)
+        attr = bpfsys.MapElemAttr(map_fd=fd, key=ctypes.addressof(layout.Index(0)),
+                                  value=ctypes.addressof(cfg))
+        bpfsys.bpf(bpfsys.BPF_MAP_LOOKUP_ELEM, attr)
         return cfg
     except bpfsys.BpfError:
         return None

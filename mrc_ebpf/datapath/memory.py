@@ -151,6 +151,98 @@ def memlock(spec: MapSpec, cpus: int, entries: int = 0) -> int:
     raise ValueError(f"{spec.name}: unknown map kind {spec.kind}")
 
 
+# ---- what the kernel allocates, as its memory cgroup counts it (issue 28)
+#
+# memlock (map_mem_usage) leaves out what the maps allocated as used cost
+# the slab: each element is a kmalloc object from bpf_mem_alloc
+# (kernel/bpf/memalloc.c: the element plus an 8-byte llist_node, rounded
+# up to the kmalloc size class), and the memory cgroup charges each
+# object with its obj_cgroup pointer (obj_full_size).  The LPM trie has
+# more: the intermediate nodes where two prefixes part, about one per
+# prefix more (memlock counts only the prefixes themselves).  For
+# 131,071 peers that was 84 MB by the cgroup's count against 62.4 MB of
+# memlock.  kernel_bytes() models it; tests/test_memory.py checks it
+# against memory.kmem.usage_in_bytes of a cgroup the test makes.
+
+SLAB_CLASSES = (8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192)
+LLIST_NODE = 8          # bpf_mem_alloc's header of each object
+OBJCG = 8               # the memory cgroup's pointer charged with each slab object
+
+
+def _slab(n: int) -> int:
+    """The kmalloc size class an object of n bytes takes."""
+    return next((c for c in SLAB_CLASSES if c >= n), (n + PAGE - 1) // PAGE * PAGE)
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    got = tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2])
+    return got >= (major, minor)
+
+
+def lpm_node_bytes(spec: MapSpec, leaf: bool = True) -> int:
+    """What one node of an LPM trie costs the memory cgroup.  From Linux
+    6.13 every node (prefix or intermediate) is a bpf_mem_alloc object of
+    the full size; before, kmalloc'd, an intermediate one without the value."""
+    node = KERNEL["lpm_node"] + spec.key_size - 4
+    if _kernel_at_least(6, 13):
+        return _slab(node + spec.value_size + LLIST_NODE) + OBJCG
+    return _slab(node + (spec.value_size if leaf else 0)) + OBJCG
+
+
+def kernel_bytes(spec: MapSpec, cpus: int, entries: int = 0, intermediates: int | None = None) -> int:
+    """What the kernel allocates for one map, as its memory cgroup counts
+    it.  `intermediates`: the LPM trie's intermediate nodes
+    (lpm_intermediates()); unknown, as many as a trie of `entries`
+    prefixes none of which covers another has: entries - 1."""
+    k = KERNEL
+    n = min(entries, spec.max_entries)
+    if spec.kind == "lpm_trie":
+        if intermediates is None:
+            intermediates = max(0, n - 1)
+        return n * lpm_node_bytes(spec) + intermediates * lpm_node_bytes(spec, leaf=False)
+    if spec.kind in ("hash", "lru_hash") and spec.no_prealloc:
+        fixed = k["htab"] + k["htab_bucket"] * _pow2(spec.max_entries) + k["htab_locks"] * cpus
+        elem = k["htab_elem"] + _round8(spec.key_size) + _round8(spec.value_size)
+        return fixed + n * (_slab(elem + LLIST_NODE) + OBJCG)
+    return memlock(spec, cpus, entries)
+
+
+def lpm_intermediates(keys) -> int:
+    """The intermediate nodes an LPM trie of these prefixes has: the points
+    where prefixes part that are not prefixes themselves.  `keys`:
+    (prefixlen, address bytes) pairs.  Every such point is where two
+    neighbours in the trie's order part, so one pass over them, sorted."""
+    width = None
+    items = set()
+    for plen, addr in keys:
+        width = width or 8 * len(addr)
+        value = int.from_bytes(addr, "big") >> (width - plen) << (width - plen) if plen else 0
+        items.add((value, plen))
+    ordered = sorted(items)
+    parts = set()
+    for (a, la), (b, lb) in zip(ordered, ordered[1:]):
+        common = width - (a ^ b).bit_length()
+        if common < min(la, lb):
+            parts.add((a >> (width - common) << (width - common) if common else 0, common))
+    return len(parts - items)
+
+
+def kernel_model(cpus: int | None = None, entries: dict[str, int] | None = None,
+                 intermediates: dict[str, int] | None = None,
+                 sizes: dict[str, int] | None = None) -> dict[str, int]:
+    """name -> bytes the kernel allocates for each map (kernel_bytes)."""
+    cpus = bpfsys.possible_cpus() if cpus is None else cpus
+    entries, intermediates = entries or {}, intermediates or {}
+    return {s.name: kernel_bytes(s, cpus, entries.get(s.name, 0), intermediates.get(s.name))
+            for s in specs(sizes)}
+
+
+def host_kernel_bytes(peers: int, cpus: int = 128, sizes: dict[str, int] | None = None) -> int:
+    """host_bytes() as the kernel counts it (the trie's intermediate nodes
+    and the slab's rounding included): what `fabric plan` reports."""
+    return sum(kernel_model(cpus, {"peers": peers, "peer_by_sid": peers}, sizes=sizes).values())
+
+
 def model(cpus: int | None = None, entries: dict[str, int] | None = None,
           sizes: dict[str, int] | None = None) -> dict[str, int]:
     """name -> memlock bytes of every map (cpus: this machine's possible
@@ -203,9 +295,10 @@ def measured(directory: Path) -> dict[str, int]:
     return out
 
 
-def entries_in_use(directory: Path) -> dict[str, int]:
+def entries_in_use(directory: Path, intermediates: dict | None = None) -> dict[str, int]:
     """name -> entries of the attachment's maps allocated as used (the
-    model's `entries` for them)."""
+    model's `entries` for them); with `intermediates` (a dict), also the
+    LPM tries' intermediate nodes, filled in by name."""
     out = {}
     for spec in specs():
         if not spec.no_prealloc or not (Path(directory) / spec.name).exists():
@@ -213,7 +306,16 @@ def entries_in_use(directory: Path) -> dict[str, int]:
         key, value, percpu = layout.MAPS[spec.name]
         m = bpfsys.PinnedMap(str(Path(directory) / spec.name), key, value, percpu)
         try:
-            out[spec.name] = sum(1 for _ in m.keys())
+            if spec.kind == "lpm_trie":
+                keys, _, n = m.dump()
+                ks = ctypes.sizeof(key)
+                out[spec.name] = n
+                if intermediates is not None:
+                    intermediates[spec.name] = lpm_intermediates(
+                        (int.from_bytes(keys[i * ks:i * ks + 4], "little"), keys[i * ks + 4:(i + 1) * ks])
+                        for i in range(n))
+            else:
+                out[spec.name] = sum(1 for _ in m.keys())
         finally:
             m.close()
     return out

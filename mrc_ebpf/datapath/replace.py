@@ -185,12 +185,12 @@ def _hooked(ipr: IPRoute, directory: Path, old_ids: dict[str, int]) -> list[tupl
     """(device, ifindex, XDP mode) of each member device, after checking
     every hook still runs the pinned program: a hook changed behind our
     back is not ours to replace."""
-    members = loader._members(directory)
+    members = loader.device_members(directory)
     if not members:
         raise MrcError(f"{LAYOUT_CHANGED} (the pinned config is unreadable)")
     found = []
     for member in members:
-        device = loader._ifname(member.ifindex)
+        device = loader.ifname_of(member.ifindex)
         if device is None:
             raise MrcError(f"device ifindex {member.ifindex} of this attachment is gone: "
                            f"`mrcctl status`")
@@ -217,7 +217,7 @@ def replace(devices: list[str]) -> dict:
     module = loader.build_datapath()     # seconds: the old programs carry the traffic meanwhile
     compiled = time.monotonic_ns()
     try:
-        with lock.writer(), loader._terminate_as_error():
+        with lock.writer(), loader.terminate_as_error():
             if _attachment(devices) != first:
                 raise MrcError(f"{devices[0]} was detached or attached again meanwhile; nothing was changed")
             result = _replace_locked(module, first)
@@ -246,7 +246,7 @@ def _replace_locked(module, first: str) -> dict:
     old_maps = _open_pins(directory, map_names())
     try:
         relocation = check_layout(module, directory, old_maps)
-        n_devices = len(loader._members(directory))
+        n_devices = len(loader.device_members(directory))
         new_progs = load_programs(module, relocation, xdp_chain.rx_attach_type(directory, n_devices))
     finally:
         for fd in old_maps.values():

@@ -59,8 +59,8 @@ def name_protocol(path: str = PROTO_FILE) -> bool:
 #  features ecn (off by default: only where the fabric marks) and
 #  congctl NAME (only if asked) are taken as overrides.
 DEFAULT_TCP_METRICS = {"rto_min": "5ms", "reordering": "127", "quickack": "1"}
-_RTAX = {"rto_min": "RTAX_RTO_MIN", "reordering": "RTAX_REORDERING", "quickack": "RTAX_QUICKACK",
-         "features": "RTAX_FEATURES", "congctl": "RTAX_CC_ALGO"}
+RTAX = {"rto_min": "RTAX_RTO_MIN", "reordering": "RTAX_REORDERING", "quickack": "RTAX_QUICKACK",
+        "features": "RTAX_FEATURES", "congctl": "RTAX_CC_ALGO"}
 _LOCKED = {"rto_min": 13, "reordering": 9}       # bit = RTAX_* number: locked as iproute2 does
 RTAX_FEATURE_ECN = 1
 MAX_REORDERING = 300        # net.ipv4.tcp_max_reordering's default
@@ -90,8 +90,8 @@ def parse_metric(text: str) -> tuple[str, str | None]:
     value None (`KEY=none`) removes a default."""
     key, sep, value = text.partition("=")
     key, value = key.strip(), value.strip()
-    if not sep or key not in _RTAX:
-        raise MrcError(f"bad --route-metric {text!r}: KEY=VALUE with KEY one of {', '.join(_RTAX)}")
+    if not sep or key not in RTAX:
+        raise MrcError(f"bad --route-metric {text!r}: KEY=VALUE with KEY one of {', '.join(RTAX)}")
     if value == "none":
         return key, None
     try:
@@ -126,13 +126,13 @@ def _netlink_metrics(tcp: dict[str, str | None]) -> dict:
         if value is None:
             continue
         if key == "rto_min":
-            out[_RTAX[key]] = _parse_ms(value)
+            out[RTAX[key]] = _parse_ms(value)
         elif key == "features":
-            out[_RTAX[key]] = RTAX_FEATURE_ECN
+            out[RTAX[key]] = RTAX_FEATURE_ECN
         elif key == "congctl":
-            out[_RTAX[key]] = value
+            out[RTAX[key]] = value
         else:
-            out[_RTAX[key]] = int(value)
+            out[RTAX[key]] = int(value)
         if key in _LOCKED:
             lock |= 1 << _LOCKED[key]
     if lock:
@@ -145,13 +145,13 @@ def tcp_metrics_of(route) -> dict[str, str]:
     raw = route.get_attr("RTA_METRICS")
     if raw is None:
         return {}
-    return _tcp_metrics({rtax: raw.get_attr(rtax) for rtax in _RTAX.values()})
+    return _tcp_metrics({rtax: raw.get_attr(rtax) for rtax in RTAX.values()})
 
 
 def _tcp_metrics(raw: dict) -> dict[str, str]:
     """RTAX name -> value of a route's metrics, as `ip route` names them."""
     out = {}
-    for key, rtax in _RTAX.items():
+    for key, rtax in RTAX.items():
         value = raw.get(rtax)
         if value is None:
             continue
@@ -270,9 +270,9 @@ NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP, NLM_F_REPLACE, NLM_F_CREATE = 1, 4, 0x300,
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_METRICS, RTA_TABLE, RTA_VIA = 1, 4, 5, 6, 8, 15, 18
 RT_TABLE_MAIN, RTN_UNICAST = 254, 1
-RTAX = {"RTAX_LOCK": 1, "RTAX_MTU": 2, "RTAX_ADVMSS": 8, "RTAX_REORDERING": 9, "RTAX_FEATURES": 12,
+RTAX_NUM = {"RTAX_LOCK": 1, "RTAX_MTU": 2, "RTAX_ADVMSS": 8, "RTAX_REORDERING": 9, "RTAX_FEATURES": 12,
         "RTAX_RTO_MIN": 13, "RTAX_QUICKACK": 15, "RTAX_CC_ALGO": 16}
-RTAX_NAME = {v: k for k, v in RTAX.items()}
+RTAX_NAME = {v: k for k, v in RTAX_NUM.items()}
 _HDR = struct.Struct("=IHHII")
 _RTMSG = struct.Struct("=BBBBBBBBI")
 _NLA = struct.Struct("=HH")
@@ -311,7 +311,7 @@ def _route_msg(kind: int, prefix: str, gateway: str | None, index: int, mtu: int
             body += _nla(RTA_VIA, struct.pack("=H", socket.AF_INET6) + gw)
         metrics = {"RTAX_MTU": mtu, "RTAX_ADVMSS": mtu - (60 if family == socket.AF_INET6 else 40),
                    **_netlink_metrics(tcp or {})}
-        nested = b"".join(_nla(RTAX[k], v.encode() + b"\0" if isinstance(v, str) else struct.pack("=I", v))
+        nested = b"".join(_nla(RTAX_NUM[k], v.encode() + b"\0" if isinstance(v, str) else struct.pack("=I", v))
                           for k, v in metrics.items())
         body += _nla(RTA_METRICS, nested)
     return kind, body

@@ -65,7 +65,8 @@ def mrc_tlv(packet) -> MrcTLV | None:
     return None
 
 
-FLAGS = {C["MRC_F_PROBE"]: "probe", C["MRC_F_FEEDBACK"]: "feedback", C["MRC_F_CONTROL"]: "control"}
+FLAGS = {C["MRC_F_PROBE"]: "probe", C["MRC_F_FEEDBACK"]: "feedback", C["MRC_F_CONTROL"]: "control",
+         C["MRC_F_FB_CE"]: "fb-ce"}
 
 
 def describe(packet) -> dict | None:

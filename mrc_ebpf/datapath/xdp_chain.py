@@ -46,7 +46,7 @@ class _GetFdAttr(ctypes.Structure):
 
 
 def prog_fd_by_id(prog_id: int) -> int:
-    return bpfsys._bpf(BPF_PROG_GET_FD_BY_ID, _GetFdAttr(prog_id=prog_id))
+    return bpfsys.bpf(BPF_PROG_GET_FD_BY_ID, _GetFdAttr(prog_id=prog_id))
 
 
 BPF_MAP_TYPE_PROG_ARRAY = 3
@@ -195,10 +195,10 @@ def chained_id(chain_fd: int, slot: int) -> int:
     """The program id in SLOT (the kernel answers a prog array lookup with the id), or 0."""
     value = ctypes.c_uint32(0)
     key = ctypes.c_uint32(slot)
-    attr = bpfsys._MapElemAttr(map_fd=chain_fd, key=ctypes.addressof(key),
-                               value=ctypes.addressof(value))
+    attr = bpfsys.MapElemAttr(map_fd=chain_fd, key=ctypes.addressof(key),
+                              value=ctypes.addressof(value))
     try:
-        bpfsys._bpf(bpfsys.BPF_MAP_LOOKUP_ELEM, attr)
+        bpfsys.bpf(bpfsys.BPF_MAP_LOOKUP_ELEM, attr)
     except BpfError:
         return 0
     return value.value
@@ -261,16 +261,16 @@ def put_back(index: int, other_id: int, mode: str, rx_id: int) -> bool:
 
 def _slot_update(chain_fd: int, slot: int, prog_fd: int) -> None:
     key, value = ctypes.c_uint32(slot), ctypes.c_uint32(prog_fd)
-    attr = bpfsys._MapElemAttr(map_fd=chain_fd, key=ctypes.addressof(key),
-                               value=ctypes.addressof(value))
-    bpfsys._bpf(bpfsys.BPF_MAP_UPDATE_ELEM, attr)
+    attr = bpfsys.MapElemAttr(map_fd=chain_fd, key=ctypes.addressof(key),
+                              value=ctypes.addressof(value))
+    bpfsys.bpf(bpfsys.BPF_MAP_UPDATE_ELEM, attr)
 
 
 def _slot_clear(chain_fd: int, slot: int) -> None:
     key = ctypes.c_uint32(slot)
-    attr = bpfsys._MapElemAttr(map_fd=chain_fd, key=ctypes.addressof(key))
+    attr = bpfsys.MapElemAttr(map_fd=chain_fd, key=ctypes.addressof(key))
     try:
-        bpfsys._bpf(bpfsys.BPF_MAP_DELETE_ELEM, attr)
+        bpfsys.bpf(bpfsys.BPF_MAP_DELETE_ELEM, attr)
     except BpfError:
         pass
 

@@ -137,6 +137,31 @@ def read(fabric: str) -> dict[str, Queue] | None:
         m.close()
 
 
+def tune(fabric: str, mac: str, threshold_ns: int | None = None, ns_per_kbyte: int | None = None) -> Queue:
+    """Change one device's queue (keyed by its MAC) in a running fabric: its
+    threshold, or the rate its virtual queue drains at.  A test marks one
+    path alone this way: ns_per_kbyte 10**9 keeps that queue backlogged,
+    so every ECN-capable packet it sends is marked, and nothing else
+    changes (the tbf, the real queue, still runs at the link's rate)."""
+    try:
+        m = bpfsys.PinnedMap(str(pin_path(fabric)), QueueKey, Queue)
+    except (bpfsys.BpfError, FileNotFoundError):
+        raise MrcError(f"fabric {fabric} has no ECN marking (fabric up --ecn-threshold)")
+    try:
+        key = key_of(mac)
+        q = m.lookup(key)
+        if q is None:
+            raise MrcError(f"no marking queue on the device with address {mac}")
+        if threshold_ns is not None:
+            q.threshold_ns = threshold_ns
+        if ns_per_kbyte is not None:
+            q.ns_per_kbyte = ns_per_kbyte
+        m.update(key, q)
+        return q
+    finally:
+        m.close()
+
+
 def remove(fabric: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         pin_path(fabric).unlink()

@@ -59,7 +59,7 @@ from pathlib import Path
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.datapath import bpfsys, build_cache, hooks, mirrors, pins, source
-from mrc_ebpf.lab.netns import NetnsGone, inside
+from mrc_ebpf.lab.enter import NetnsGone, inside
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.datapath.source import LAB_BPF_DIR
 

@@ -3,51 +3,17 @@ removing them.
 
 `inside` moves just the calling thread into a namespace (setns(2) on
 /run/netns/NAME; `ip netns exec` starts a new process) and brings it
-back, so a socket or netlink handle made inside stays bound to it.
-`create`/`delete` and `Namespaces` (a set of namespaces always removed,
+back, so a socket or netlink handle made inside stays bound to it
+(lab/enter.py).  `create`/`delete` and `Namespaces` (a set of namespaces always removed,
 mrc-ebpf's pins with them) are what the fabric, the bench and the test
 topologies build on.
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class NetnsGone(OSError):
-    """No network namespace of that name (any more)."""
-
-
-def _setns(fd: int) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-@contextlib.contextmanager
-def inside(name: str):
-    """Run the block in namespace NAME (this thread only), then come back."""
-    try:
-        target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    except FileNotFoundError:
-        raise NetnsGone(f"network namespace {name!r} does not exist")
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        try:
-            _setns(target)
-        except OSError:   # a leftover file that is no namespace any more
-            raise NetnsGone(f"network namespace {name!r} does not exist")
-        try:
-            yield
-        finally:
-            _setns(home)
-    finally:
-        os.close(target)
-        os.close(home)
+# in a module below faults (netns.delete calls faults); netns.inside is its lab name
+from mrc_ebpf.lab.enter import NetnsGone, inside  # noqa: F401
 
 
 # ---- making and removing namespaces --------------------------------------------

@@ -12,7 +12,7 @@ import errno
 import ipaddress
 import re
 
-from mrc_ebpf.control import paths as cp
+from mrc_ebpf.control import path_spec, peer_table, shared_fate, spray
 from mrc_ebpf.datapath import bpfsys, layout, loader, source
 
 SID = "fc00:0:a::"                 # ours: a uSID block (fc00:0) + ID a
@@ -34,7 +34,6 @@ COUNTERS = source.counter_names()
 # covers it): which row or fuzz case comes first from a sender is order,
 # not the frame's verdict, so the tables leave it out.
 SENDER_STATE = {"rx_epoch"}
-BPF_MAP_LOOKUP_BATCH = 24
 
 
 def outcomes(prefix: str) -> list[str]:
@@ -47,11 +46,24 @@ def outcomes(prefix: str) -> list[str]:
     return [n.lower() for n in found if n.lower().startswith(prefix)]
 
 
-class _BatchAttr(ctypes.Structure):
-    _fields_ = [("in_batch", ctypes.c_uint64), ("out_batch", ctypes.c_uint64),
-                ("keys", ctypes.c_uint64), ("values", ctypes.c_uint64),
-                ("count", ctypes.c_uint32), ("map_fd", ctypes.c_uint32),
-                ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+def provision(att, peer_id: int, prefix_text: str, specs: list[path_spec.PathSpec],
+              fate: bool = False) -> layout.Peer:
+    """What `path add` writes to the maps for a peer with SPECS as its
+    paths 0.., rr, each up, weight 1, out of ifindex 1 to its first hop;
+    without the kernel route it also installs (no device here).  FATE:
+    file each path's hop for shared fate too."""
+    prefix = path_spec.parse_prefix(prefix_text)
+    for path_id, spec in enumerate(specs):
+        path = path_spec.encode(spec, spec.first_hop, 1, path_spec.flowlabel(prefix, path_id, spec.segments))
+        index = peer_table.path_index(peer_id, path_id)
+        att.maps["paths"].update(index, path)
+        if fate:
+            shared_fate.assign(att, index, path)
+    peer = layout.Peer(peer_id=peer_id, n_paths=len(specs), policy=peer_table.POLICIES["rr"],
+                       template_id=peer_id)
+    spray.rebuild(att, peer)        # spray lists first: the peer entry makes them live
+    att.maps["peers"].update(peer_table.peer_key(prefix), peer)
+    return peer
 
 
 class Result:
@@ -72,6 +84,7 @@ class Datapath:
         for name, (key, value, percpu) in layout.MAPS.items():
             self.att.maps[name] = bpfsys.PinnedMap.from_fd(self.module[layout.symbol(name).encode()].map_fd, key, value,
                                                            percpu, name)
+        loader.watch_peers(self.att.maps)
         self.sid = ipaddress.IPv6Address(SID)
         self._ncpu = bpfsys.possible_cpus()
         n = len(COUNTERS)
@@ -93,45 +106,34 @@ class Datapath:
         ctypes.memmove(cfg.sid, self.sid.packed, 16)
         cfg.devices[0] = layout.Device(ifindex=1, mtu=1500)
         self.att.maps["config"].update(layout.Index(0), cfg)
-        for name in ("rx_paths", "rx_peers", "peer_by_sid", "peers", "peer_state"):
+        for name in ("rx_paths", "rx_peers", "peer_by_sid", "peers", "peer_state", "peer_cache"):
             m = self.att.maps[name]
             for key in list(m.keys()):
                 m.delete(key)
+        # how often each peer's state started (lib/peer_state.h)
+        for name in ("peer_starts",):
+            m = self.att.maps[name]
+            n = m.max_entries
+            keys = b"".join(layout.Index(i) for i in range(n))
+            m.update_batch(keys, bytes(ctypes.sizeof(m.value_type) * n), n)
         self.att.maps["event_seq"].update(layout.Index(0), layout.u64())
         for peer_id, (prefix, (kind, text)) in enumerate(PEERS.items()):
-            self._add_peer(peer_id, prefix, kind, text)
-
-    def _add_peer(self, peer_id: int, prefix_text: str, kind: str, text: str):
-        """What paths.add writes to the maps for one path, without the
-        kernel route it also installs (no device here)."""
-        spec = cp.PathSpec.via(text) if kind == "via" else cp.PathSpec.compressed(text)
-        prefix = cp.parse_prefix(prefix_text)
-        path = layout.Path(n_segments=len(spec.segments), state=cp.UP, weight=1,
-                           flowlabel=cp.flowlabel(prefix, 0, spec.segments), oif=1,
-                           flags=cp.USID if spec.usid else 0)
-        ctypes.memmove(path.nexthop, spec.first_hop.packed, 16)
-        ctypes.memmove(path.peer_sid.addr, spec.peer_sid.packed, 16)
-        for i, seg in enumerate(reversed(spec.segments)):
-            ctypes.memmove(path.segments[i].addr, seg.packed, 16)
-        index = cp.path_index(peer_id, 0)
-        self.att.maps["paths"].update(index, path)
-        peer = layout.Peer(peer_id=peer_id, n_paths=1, policy=cp.POLICIES["rr"], template_id=peer_id)
-        cp._rebuild(self.att, peer)
-        self.att.maps["peers"].update(cp.peer_key(prefix), peer)
+            spec = path_spec.PathSpec.via(text) if kind == "via" else path_spec.PathSpec.compressed(text)
+            provision(self.att, peer_id, prefix, [spec])
 
     def path(self, prefix: str) -> layout.Path:
-        peer = self.att.maps["peers"].lookup(cp.peer_key(cp.parse_prefix(prefix)))
-        return self.att.maps["paths"].lookup(cp.path_index(peer.peer_id, 0))
+        peer = self.att.maps["peers"].lookup(peer_table.peer_key(path_spec.parse_prefix(prefix)))
+        return self.att.maps["paths"].lookup(peer_table.path_index(peer.peer_id, 0))
 
     # --------------------------------------------------------------- counters
     def counters(self) -> list[int]:
         """All counters summed over CPUs, in one bpf() call."""
         n = len(COUNTERS)
-        attr = _BatchAttr(out_batch=ctypes.addressof(self._out_batch),
-                          keys=ctypes.addressof(self._keys), values=ctypes.addressof(self._values),
-                          count=n, map_fd=self.att.maps["counters"].fd)
+        attr = bpfsys.BatchAttr(out_batch=ctypes.addressof(self._out_batch),
+                                keys=ctypes.addressof(self._keys), values=ctypes.addressof(self._values),
+                                count=n, map_fd=self.att.maps["counters"].fd)
         try:
-            bpfsys._bpf(BPF_MAP_LOOKUP_BATCH, attr)
+            bpfsys.bpf(bpfsys.BPF_MAP_LOOKUP_BATCH, attr)
         except bpfsys.BpfError as e:
             if e.errno != errno.ENOENT:
                 raise
@@ -140,9 +142,9 @@ class Datapath:
         return [sum(values[i * ncpu:(i + 1) * ncpu]) for i in range(n)]
 
     # ------------------------------------------------------------------- runs
-    def _run(self, prog, names: dict, frame: bytes) -> Result:
+    def _run(self, prog, names: dict, frame: bytes, ctx=None) -> Result:
         before = self.counters()
-        ret, _, out = bpfsys.prog_test_run(prog.fd, frame, 1)
+        ret, _, out = bpfsys.prog_test_run(prog.fd, frame, 1, ctx)
         after = self.counters()
         delta = {COUNTERS[i]: a - b for i, (a, b) in enumerate(zip(after, before))
                  if a != b and COUNTERS[i] not in SENDER_STATE}
@@ -151,5 +153,5 @@ class Datapath:
     def run_rx(self, frame: bytes) -> Result:
         return self._run(self.rx, XDP, bytes(frame))
 
-    def run_tx(self, frame: bytes) -> Result:
-        return self._run(self.tx, TC, bytes(frame))
+    def run_tx(self, frame: bytes, mark: int = 0) -> Result:
+        return self._run(self.tx, TC, bytes(frame), bpfsys.SkbHead(mark=mark) if mark else None)

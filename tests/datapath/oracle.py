@@ -34,7 +34,7 @@ NOT_OURS, MALFORMED, STRICTER, ECN_DROP, CONSUMED, DECAP = \
 MRC_TLV_TYPE, MRC_OPT_TYPE = C["MRC_TLV_TYPE"], C["MRC_OPT_TYPE"]
 MRC_TLV_LEN, MRC_VERSION = C["MRC_TLV_LEN"], C["MRC_VERSION"]
 MAX_TLVS, MAX_PATHS = C["MRC_MAX_TLVS"], C["MRC_MAX_PATHS"]
-F_FEEDBACK, F_CONTROL = C["MRC_F_FEEDBACK"], C["MRC_F_CONTROL"]
+F_FEEDBACK, F_CONTROL, F_FB_CE = C["MRC_F_FEEDBACK"], C["MRC_F_CONTROL"], C["MRC_F_FB_CE"]
 
 # RFC 6040 section 4.2, Figure 4: (inner, outer) -> inner after decap,
 # None: drop.  Not-ECT 0, ECT(1) 1, ECT(0) 2, CE 3.
@@ -87,6 +87,8 @@ def judge(frame: bytes, sid: bytes, peer_sids: set[bytes]) -> Judgement:
         fb_path_id = struct.unpack_from("!H", mrc, 24)[0]
         if flags & F_FEEDBACK and l3[8:24] in peer_sids and fb_path_id < MAX_PATHS:
             counters["rx_feedback"] = 1
+            if flags & F_FB_CE:         # the feedback says our path was CE-marked
+                counters["rx_fb_ce"] = 1
         if flags & F_CONTROL:
             return Judgement(CONSUMED, "MRC_F_CONTROL: feedback only", counters=counters)
 

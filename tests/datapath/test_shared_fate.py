@@ -14,7 +14,6 @@ through it) is tested apart: the down tests give it up first.
 """
 from __future__ import annotations
 
-import ctypes
 import ipaddress
 import time
 
@@ -24,12 +23,13 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from mrc_ebpf.control import events as ev
-from mrc_ebpf.control import paths as cp
-from mrc_ebpf.control import shared_fate
+from mrc_ebpf.control.path_spec import PathSpec
+from mrc_ebpf.control.peer_table import path_index
 from mrc_ebpf.datapath import layout, wire
 from mrc_ebpf.datapath.source import C
 
 from . import frames as F
+from .harness import provision
 
 pytestmark = pytest.mark.root
 
@@ -56,21 +56,8 @@ def two_peers(fresh):
     att.maps["config"].update(layout.Index(0), cfg)
     now = time.monotonic_ns()
     for peer_id, (prefix_text, sid) in enumerate((X, Y, Z)):
-        prefix = cp.parse_prefix(prefix_text)
-        for path_id, hop in enumerate((HOP_A, HOP_B)):
-            spec = cp.PathSpec.via(f"{hop},{sid}")
-            path = layout.Path(n_segments=2, state=cp.UP, weight=1, oif=1,
-                               flowlabel=cp.flowlabel(prefix, path_id, spec.segments))
-            ctypes.memmove(path.nexthop, spec.first_hop.packed, 16)
-            ctypes.memmove(path.peer_sid.addr, spec.peer_sid.packed, 16)
-            for i, seg in enumerate(reversed(spec.segments)):
-                ctypes.memmove(path.segments[i].addr, seg.packed, 16)
-            index = cp.path_index(peer_id, path_id)
-            att.maps["paths"].update(index, path)
-            shared_fate.assign(att, index, path)
-        peer = layout.Peer(peer_id=peer_id, template_id=peer_id, n_paths=2, policy=cp.POLICIES["rr"])
-        cp._rebuild(att, peer)
-        att.maps["peers"].update(cp.peer_key(prefix), peer)
+        provision(att, peer_id, prefix_text, [PathSpec.via(f"{h},{sid}") for h in (HOP_A, HOP_B)],
+                  fate=True)
         # heard from, but none of these paths yet
         st = layout.PeerState()
         st.acks = layout.PeerAcks(max_ns=now - 10 * WINDOW_NS, last_ns=now)
@@ -88,9 +75,10 @@ def put(dp, peer_id, st):
 
 def send(dp, peer_id: int, turn: int):
     """One packet to the peer whose rr turn is path `turn`: (path id it
-    took, counter deltas)."""
+    took, counter deltas).  Its sequence number is turn + 2 (2 paths): 0
+    is a new state's, whose turns start at its template's rotation."""
     st = state(dp, peer_id)
-    st.tx.seq = turn
+    st.tx.seq = turn + 2
     put(dp, peer_id, st)
     r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst=DST[peer_id]) / Raw(b"data")))
     assert r.verdict in ("TC_ACT_OK", "TC_ACT_REDIRECT"), r
@@ -108,7 +96,7 @@ def probe_ns(dp, peer_id, path_id):
 
 
 def fate(dp, peer_id, path_id):
-    return dp.att.maps["path_fate"].lookup(cp.path_index(peer_id, path_id))
+    return dp.att.maps["path_fate"].lookup(path_index(peer_id, path_id))
 
 
 def set_acks(dp, peer_id, **fields):

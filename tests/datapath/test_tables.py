@@ -426,10 +426,44 @@ def test_tx_encapsulates(fresh, name, prefix, build):
     expected = tx_expected(fresh, inner, prefix, result.out)
     assert result.out.hex() == expected.hex()
     assert before <= wire.mrc_tlv(Ether(result.out)).tx_ns <= time.monotonic_ns()
-    assert result.delta == {"tx_seen": 1, "tx_encap": 1, "tx_encap_bytes": len(expected)}
+    # the peer's first packet: its learnt state is new
+    assert result.delta == {"tx_seen": 1, "tx_encap": 1, "tx_encap_bytes": len(expected), "state_new": 1}
     # the second packet on the path is the next in its sequences
     again = fresh.run_tx(frame)
     assert again.out.hex() == tx_expected(fresh, inner, prefix, again.out, seq=1).hex()
+
+
+
+CLONES = [("ipv6", IPv6(src="fd00:b::2", dst="fd00:a::1") / F.UDP(sport=1, dport=9) / Raw(b"x" * 100)),
+          ("ipv4", IP(src="198.18.2.7", dst="198.18.1.1") / F.UDP(sport=1, dport=9) / Raw(b"x" * 100))]
+
+
+@pytest.mark.parametrize("reply", [True, False], ids=["feedback", "probe"])
+@pytest.mark.parametrize("name,inner", CLONES, ids=[c[0] for c in CLONES])
+def test_tx_turns_a_marked_clone_into_an_empty_control_packet(fresh, name, inner, reply):
+    """A clone mrc_fb marked (feedback owed: back to its sender) or a probe
+    copy (on to its destination) leaves as an empty packet (next header
+    59, no payload), encapsulated to the peer with MRC_F_CONTROL."""
+    peer, us = inner.src, inner.dst
+    if not reply:
+        inner = inner.copy()
+        inner.src, inner.dst = us, peer
+    mark = C["MRC_FB_MARK"] if reply else C["MRC_PROBE_COPY_MARK"]      # | path 0
+    result = fresh.run_tx(bytes(F.eth(0x0800 if isinstance(inner, IP) else 0x86DD) / inner), mark)
+    assert result.verdict in ("TC_ACT_OK", "TC_ACT_REDIRECT"), result
+    assert result.delta.get("tx_control") == 1 and result.delta.get("tx_encap") == 1, result
+    pkt = Ether(result.out)
+    assert wire.mrc_tlv(pkt).flags & C["MRC_F_CONTROL"]
+    sent = pkt[IPv6ExtHdrSegmentRouting].payload
+    assert (sent.src, sent.dst) == (us, peer)
+    if isinstance(sent, IP):
+        assert (sent.proto, sent.len, sent.ihl, sent.flags) == (59, 20, 5, 2)
+        header = IP(bytes(sent)[:20])
+        del header.chksum
+        assert IP(bytes(header)).chksum == sent.chksum       # what scapy computes for it
+    else:
+        assert (sent.nh, sent.plen) == (59, 0)
+    assert not bytes(sent.payload)
 
 
 TX_PASS = [
@@ -451,7 +485,8 @@ def test_tx_passes_untouched(fresh, name, build):
 def test_tx_drops_what_would_not_fit(fresh):
     frame = bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::2") / Raw(b"x" * (1500 - 40)))
     result = fresh.run_tx(frame)
-    assert (result.verdict, result.delta) == ("TC_ACT_SHOT", {"tx_seen": 1, "tx_drop_too_big": 1})
+    assert (result.verdict, result.delta) == ("TC_ACT_SHOT", {"tx_seen": 1, "tx_drop_too_big": 1,
+                                                              "state_new": 1})
 
 
 def test_tx_then_rx_round_trip(fresh):
@@ -477,15 +512,15 @@ def _template_peers(dp, row=5, spines=("fc00:0:e1::", "fc00:0:e2::"), hosts=3):
     """Row `row` as `path template add` writes it (last hop open), and
     `hosts` peers on it as `path bulk` writes them."""
     from mrc_ebpf.control import paths as cp
+    from mrc_ebpf.control import path_spec, spray, templates
     from mrc_ebpf.datapath import layout
     tpl = layout.Peer(peer_id=row, template_id=row, n_paths=len(spines), policy=cp.POLICIES["rr"])
     for i, spine in enumerate(spines):
+        hop = ipaddress.IPv6Address(spine)
         # (no REDIRECT: the test run has no neighbours to redirect to)
-        path = layout.Path(n_segments=2, state=cp.UP, weight=1, flowlabel=0x100 + i, oif=1)
-        ctypes.memmove(path.segments[1].addr, ipaddress.IPv6Address(spine).packed, 16)
-        ctypes.memmove(path.nexthop, ipaddress.IPv6Address(spine).packed, 16)
-        dp.att.maps["paths"].update(cp.path_index(row, i), path)
-    cp._rebuild(dp.att, tpl, sids=False)
+        spec = path_spec.PathSpec([hop, templates.OPEN], templates.OPEN, False)
+        dp.att.maps["paths"].update(cp.path_index(row, i), path_spec.encode(spec, hop, 1, 0x100 + i))
+    spray.rebuild(dp.att, tpl, sids=False)
     sids = {}
     for h in range(1, hosts + 1):
         sid = ipaddress.IPv6Address(f"fc00:0:1:{h}::")
@@ -513,12 +548,15 @@ def test_template_peers_get_their_own_last_hop_and_sequences(fresh):
         assert srh.addresses[0] == sids[h] and srh.addresses[1] in ("fc00:0:e1::", "fc00:0:e2::")
         assert pkt[IPv6].dst == srh.addresses[1] and pkt[IPv6].fl == 0x100 + tlv.path_id
         sent.setdefault(h, []).append((tlv.path_id, tlv.path_seq, tlv.peer_seq))
-    # each peer its own learnt state: rr turns and sequence numbers from 0
-    assert sent[3] == [(0, 0, 0)]
-    assert sent[2] == [(0, 0, 0), (1, 0, 1), (0, 1, 2)]
+    # each peer its own learnt state: sequence numbers per path from 0,
+    # rr turns from where the template's rotation was when its state was
+    # new (lib/peer_state.h: not always path 0)
+    a, b = sent[2][0][0], sent[3][0][0]
+    assert sent[3] == [(b, 0, b)]
+    assert sent[2] == [(a, 0, a), (1 - a, 0, a + 1), (a, 1, a + 2)]
     from mrc_ebpf.control import paths as cp
     st = cp.learnt(fresh.att, cp.MAX_PEERS + 2)
-    assert (st.paths[0].tx_packets, st.paths[1].tx_packets, st.tx.seq) == (2, 1, 3)
+    assert (st.paths[a].tx_packets, st.paths[1 - a].tx_packets, st.tx.seq) == (2, 1, a + 3)
     assert cp.learnt(fresh.att, cp.MAX_PEERS + 1).tx.seq == 0      # never sent to
     # feedback from peer 3's SID is filed in peer 3's state only
     tlv = F.mrc_tlv(flags=C["MRC_F_FEEDBACK"], fb_path_id=1, fb_qdelay_us=77, fb_lost=0)

@@ -4,11 +4,10 @@ from __future__ import annotations
 import re
 from mrc_ebpf.lab import faults
 from mrc_ebpf.errors import MrcError
-from mrc_ebpf.lab.procs import run
+from mrc_ebpf.lab.procs import batch, run
 
 from .plan import Fabric, parse_mode
 from .state import locked
-from .build import _batch
 
 
 def fail(name: str, targets: list[str], mode_text: str) -> dict:
@@ -83,6 +82,6 @@ def heal(name: str, targets: list[str] | None) -> dict:
         by_ns = {d["ns"]: node for node, d in fab.nodes().items()}
         for ns in sorted(reapply):
             node = by_ns[ns]
-            _batch(["ip", "-n", ns], fab.addr_cmds(node), f"addresses of {node}")
-            _batch(["ip", "-n", ns], fab.route_cmds(node), f"routes of {node}")
+            batch(["ip", "-n", ns], fab.addr_cmds(node), f"addresses of {node}")
+            batch(["ip", "-n", ns], fab.route_cmds(node), f"routes of {node}")
     return {"name": name, "healed": healed}

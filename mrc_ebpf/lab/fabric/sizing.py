@@ -102,6 +102,10 @@ def plan(nics: int, planes: int, radix: int, cpus: int, paths: int | None = None
     total = memory.host_bytes(held, cpus)
     memory_row = {"cpus": cpus, "bytes": total, "per_cpu_bytes": memory.per_cpu_bytes(),
                   "fixed_bytes": total - cpus * memory.per_cpu_bytes(), "peers_held": held,
+                  # as the kernel counts it (memory.kernel_bytes): the slab
+                  # objects of the maps allocated as used, the LPM trie's
+                  # intermediate nodes (about one per peer)
+                  "kernel_bytes": memory.host_kernel_bytes(held, cpus),
                   "how": "the datapath's maps (datapath/memory.py) with every other NIC a template's "
                          f"peer (prefix and SID); learnt state for {C['MRC_MAX_ACTIVE_PEERS']} "
                          "peers in use at once"}

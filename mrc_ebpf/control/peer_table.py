@@ -1,0 +1,151 @@
+"""The peer and path rows in the maps, as the control modules share them.
+
+A peer prefix owns a row (peer_id) of MRC_MAX_PATHS path slots; a
+template owns one too and its peers point at it (template_id).  Here:
+the keys and indexes of those rows, reading the paths in use, the peer's
+learnt state (peer_state), and finding and freeing rows.  paths,
+templates and ev_trace build on it, so that none of them needs another's
+internals (they imported each other in a circle).
+"""
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+
+from mrc_ebpf.control.path_spec import overhead
+from mrc_ebpf.datapath import layout
+from mrc_ebpf.datapath.loader import Attachment
+from mrc_ebpf.datapath.source import C
+from mrc_ebpf.errors import MrcError
+
+MAX_PATHS, MAX_PEERS = C["MRC_MAX_PATHS"], C["MRC_MAX_PEERS"]
+LAST_HOP = C["MRC_PEER_F_LAST_HOP"]
+UP, UNUSED, DENIED = C["MRC_PATH_UP"], C["MRC_PATH_UNUSED"], C["MRC_PATH_DENIED"]
+MAX_CLASSES, SLOTS = C["MRC_MAX_CLASSES"], C["MRC_SPRAY_SLOTS"]
+POLICIES = {name[len("MRC_POLICY_"):].lower(): value
+            for name, value in C.items() if name.startswith("MRC_POLICY_")}
+POLICY_NAMES = {v: k for k, v in POLICIES.items()}
+# MRC's names for a path's (an EV's) state
+STATE_UP, STATE_BAD, STATE_DENIED, STATE_UNKNOWN = "up", "assumed-bad", "denied", "unknown"
+# up, but left out of the spray for a while: the peer reported it CE-marked
+# (congestion, never a failure: lib/failover.h, failover_skip)
+STATE_SKIP = "skip"
+
+
+def peer_key(prefix: ipaddress._BaseNetwork) -> layout.PeerKey:
+    """IPv4 prefixes live in the trie as IPv4-mapped IPv6 (::ffff:0:0/96)."""
+    key = layout.PeerKey()
+    if prefix.version == 4:
+        ctypes.memmove(key.addr, ipaddress.IPv6Address(f"::ffff:{prefix.network_address}").packed, 16)
+        key.prefixlen = 96 + prefix.prefixlen
+    else:
+        ctypes.memmove(key.addr, prefix.network_address.packed, 16)
+        key.prefixlen = prefix.prefixlen
+    return key
+
+
+def key_prefix(key: layout.PeerKey) -> ipaddress._BaseNetwork:
+    addr = ipaddress.IPv6Address(bytes(key.addr))
+    if addr.ipv4_mapped is not None and key.prefixlen >= 96:
+        return ipaddress.ip_network(f"{addr.ipv4_mapped}/{key.prefixlen - 96}")
+    return ipaddress.ip_network(f"{addr}/{key.prefixlen}")
+
+
+def path_index(peer_id: int, path_id: int) -> layout.Index:
+    return layout.Index(peer_id * MAX_PATHS + path_id)
+
+
+def free_peer_id(att: Attachment) -> int:
+    """A free row of the paths map (own-path peers and templates share them)."""
+    used = {v.template_id for _, v in att.maps["peers"].items()}
+    used |= {v.template_id for _, v in att.maps["templates"].items()}
+    for peer_id in range(MAX_PEERS):
+        if peer_id not in used:
+            return peer_id
+    raise MrcError(f"all {MAX_PEERS} rows of paths are in use (peers with paths of their own and "
+                   f"templates): share templates (mrcctl path template add)")
+
+
+def learnt(att: Attachment, peer_id: int) -> layout.PeerState:
+    """The peer's learnt state (peer_state), or the zeroed state a first
+    packet would create."""
+    state = att.maps["peer_state"].lookup(layout.Index(peer_id))
+    return state if state is not None else layout.PeerState()
+
+
+def change_learnt(att: Attachment, peer_id: int, change) -> None:
+    """Apply `change(state)` to the peer's learnt state if it has any (none:
+    its first packet starts it zeroed anyway).  The value is written back
+    whole, over what the datapath changed meanwhile: only when `change`
+    changed something."""
+    state = att.maps["peer_state"].lookup(layout.Index(peer_id))
+    if state is None:
+        return
+    before = bytes(state)
+    change(state)
+    if bytes(state) != before:
+        att.maps["peer_state"].update(layout.Index(peer_id), state)
+
+
+def forget_peer(att: Attachment, peer_id: int) -> None:
+    """A new peer in a reused row starts with no learnt state."""
+    att.maps["peer_state"].delete(layout.Index(peer_id))
+
+
+def used_paths(att: Attachment, peer: layout.Peer) -> list[tuple[int, layout.Path]]:
+    """(path id, path) of the peer's paths in use (its template's, for a
+    template's peer: the last hop left open)."""
+    paths = att.maps["paths"]
+    out = []
+    for i in range(peer.n_paths):
+        path = paths.lookup(path_index(peer.template_id, i))
+        if path.state != UNUSED:
+            out.append((i, path))
+    return out
+
+
+def route_mtu(att: Attachment, peer: layout.Peer) -> int:
+    return att.config.mtu - max(overhead(p) for _, p in used_paths(att, peer))
+
+
+def lookup_peer(att: Attachment, prefix, own: bool = True) -> tuple[layout.PeerKey, layout.Peer]:
+    """The peer entry of PREFIX; with `own`, one with paths of its own
+    (a template's peer is changed through its template)."""
+    key = peer_key(prefix)
+    peer = att.maps["peers"].lookup_exact(key)
+    if peer is None:
+        raise MrcError(f"no paths to {prefix} on {att.device}")
+    if own and peer.flags & LAST_HOP:
+        raise MrcError(f"{prefix} has the paths of a template: change the template "
+                       f"(mrcctl path template ...)")
+    return key, peer
+
+
+class UsedCache:
+    """used_paths per row, read once: a template's many peers share one."""
+
+    def __init__(self, att: Attachment):
+        self.att, self.rows = att, {}
+
+    def __call__(self, peer: layout.Peer) -> list[tuple[int, layout.Path]]:
+        key = (peer.template_id, peer.n_paths)
+        if key not in self.rows:
+            self.rows[key] = used_paths(self.att, peer)
+        return self.rows[key]
+
+
+def path_state(att: Attachment, peer: layout.Peer, path_id: int, path: layout.Path,
+               state: layout.PeerState | None = None) -> str:
+    """up, assumed-bad (taken out by the datapath, probed), skip (up, left
+    out of the spray for a few turns: the peer reported CE on it), denied
+    (by the operator) or unknown (never yet acknowledged by the peer)."""
+    if path.state == DENIED:
+        return STATE_DENIED
+    state = learnt(att, peer.peer_id) if state is None else state
+    if state.paths[path_id].live.down_ns:
+        return STATE_BAD
+    if state.paths[path_id].live.skip_left:
+        return STATE_SKIP
+    if not state.acks.ns[path_id]:
+        return STATE_UNKNOWN
+    return STATE_UP

@@ -1,0 +1,100 @@
+"""A row's spray lists: the order the datapath takes a peer's paths in,
+per traffic class, and the floor and SID index that go with them.
+Rewritten whenever a row's paths, weights or policy change.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+from mrc_ebpf.control.path_spec import hop_of
+from mrc_ebpf.control.peer_table import (MAX_CLASSES, POLICIES, SLOTS, UP, change_learnt, route_mtu,
+                                         used_paths)
+from mrc_ebpf.datapath import layout
+from mrc_ebpf.datapath.loader import Attachment
+
+ETH_HLEN = 14       # TC egress counts the Ethernet header in skb->len
+
+
+def smooth_weighted(weights: dict[int, int], slots: int = SLOTS) -> list[int]:
+    """Path ids repeated by weight and interleaved (smooth weighted round
+    robin), at most `slots` long; weights are scaled down to fit."""
+    total = sum(weights.values())
+    if total > slots:
+        weights = {k: max(1, w * slots // total) for k, w in weights.items()}
+        while sum(weights.values()) > slots:
+            biggest = max(weights, key=weights.get)
+            weights[biggest] -= 1
+        total = sum(weights.values())
+    current = {k: 0 for k in weights}
+    order = []
+    for _ in range(total):
+        for k, w in weights.items():
+            current[k] += w
+        pick = max(current, key=lambda k: (current[k], -k))
+        current[pick] -= total
+        order.append(pick)
+    return order
+
+
+def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
+    """Spray lists of every class, and the SID -> peer index for feedback.
+
+    Class k sprays over the paths reserved for it, or the shared paths
+    (class 0) when it has none; class 0 only over the shared ones."""
+    used = [(i, p) for i, p in used_paths(att, peer) if p.state == UP]
+    quantum = route_mtu(att, peer) + ETH_HLEN if used else 0
+    shared = [(i, p) for i, p in used if p.tclass == 0]
+    for tclass in range(MAX_CLASSES):
+        members = [(i, p) for i, p in used if p.tclass == tclass] if tclass else []
+        members = members or shared
+        if peer.policy == POLICIES["weighted"]:
+            ids = smooth_weighted({i: p.weight for i, p in members})
+        else:
+            # EVs with traced hops rotate over them (rotation, below)
+            ids = rotation(members, SLOTS) or [i for i, _ in members]
+        spray = layout.Spray(n=len(ids), quantum=quantum)
+        spray.ids[:len(ids)] = ids
+        att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
+    # the floor (min_active): how many may be used, how many the datapath took out
+    att.maps["peer_floor"].update(layout.Index(peer.peer_id), layout.PeerFloor(usable=len(used)))
+
+    def recount(state):
+        state.floor_out = sum(1 for i, _ in used if state.paths[i].live.down_ns)
+    change_learnt(att, peer.peer_id, recount)
+    if not sids:
+        return
+    by_sid = att.maps["peer_by_sid"]
+    for key, value in list(by_sid.items()):
+        if value.value == peer.peer_id:
+            by_sid.delete(key)
+    for _, path in used_paths(att, peer):
+        by_sid.update(layout.Sid.from_buffer_copy(bytes(path.peer_sid)), layout.u32(peer.peer_id))
+
+
+def rotation(members: list[tuple[int, layout.Path]], slots: int) -> list[int] | None:
+    """The spray order of `members` (path id, path) when some have a
+    recorded hop, else None (id order).  Hops in address order; in each
+    round every hop gets one turn, its EVs in id order, so consecutive
+    turns go to different hops and each hop gets the same count.  Rounds:
+    as many as the biggest hop has EVs (at most what `slots` takes), so
+    every EV is in the list -- carrying, acknowledged, probed when down;
+    the EVs of a hop with fewer take two turns (or more) per list.  A
+    smaller hop's EVs are repeated rather than a bigger hop's surplus left
+    out as spares: an EV left out is never acknowledged nor probed, and a
+    spare brought in on failover would need the control plane in the loop.
+    EVs without a hop (no answer to the trace) go at the end, once each."""
+    groups: dict[ipaddress.IPv6Address, list[int]] = {}
+    loose = []
+    for i, p in members:
+        hop = hop_of(p)
+        if hop is None:
+            loose.append(i)
+        else:
+            groups.setdefault(hop, []).append(i)
+    if not groups:
+        return None
+    order = [sorted(groups[h]) for h in sorted(groups)]
+    rounds = max(len(g) for g in order)
+    rounds = max(1, min(rounds, (slots - len(loose)) // len(order)))
+    out = [g[r % len(g)] for r in range(rounds) for g in order]
+    return out + sorted(loose)

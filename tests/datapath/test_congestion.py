@@ -1,0 +1,355 @@
+"""Congestion apart from failure, and the probe budget, through the real
+programs with BPF_PROG_TEST_RUN (issue #29, items 1 and 5).
+
+* RX counts a CE-marked packet on its path (rx_paths.ce) and the next
+  report to the sender names that path with MRC_F_FB_CE, once.
+* TX files a report with MRC_F_FB_CE (rx_fb_ce, path_live.ce_reports) and skips
+  the path's next --skip-rotations turns (the packets' TLVs show the
+  path each took), never taking it down; the floor (--min-active, and at
+  least one path) holds.
+* A down path's probe interval doubles from probe_us to probe_max_us; a
+  probe copy through a first hop whose budget is spent is held back.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+
+import pytest
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from mrc_ebpf.control import events as ev
+from mrc_ebpf.control import paths as cp
+from mrc_ebpf.control import shared_fate
+from mrc_ebpf.datapath import layout, wire
+from mrc_ebpf.datapath.source import C
+
+from . import frames as F
+from .test_tables import decap
+
+pytestmark = pytest.mark.root
+
+PREFIX, PEER = "fd00:b::/64", "fc00:0:b::"
+SPINES = ("fc00:0:e1::", "fc00:0:e2::", "fc00:0:e3::", "fc00:0:e4::")
+CE_FLAG = C["MRC_F_FB_CE"]
+
+
+def set_config(dp, **fields):
+    cfg = dp.att.maps["config"].lookup(layout.Index(0))
+    for k, v in fields.items():
+        setattr(cfg, k, v)
+    dp.att.maps["config"].update(layout.Index(0), cfg)
+
+
+def clear_events(dp):
+    """configure() restarts the log's sequence: earlier tests' entries go."""
+    for key, e in list(dp.att.maps["events"].items()):
+        if e.seq:
+            dp.att.maps["events"].update(key, layout.Event())
+
+
+@pytest.fixture
+def four_paths(fresh):
+    """Peer 0 (fd00:b::/64, SID fc00:0:b::) over 4 SRH paths, one a
+    spine, rr; its hops assigned as `path add` does."""
+    dp = fresh
+    att = dp.att
+    clear_events(dp)
+    for key in list(att.maps["peers"].keys()):
+        att.maps["peers"].delete(key)
+    for i in range(C["MRC_MAX_HOPS"]):
+        att.maps["hops"].update(layout.Index(i), layout.Hop())
+    prefix = cp.parse_prefix(PREFIX)
+    for path_id, spine in enumerate(SPINES):
+        spec = cp.PathSpec.via(f"{spine},{PEER}")
+        path = layout.Path(n_segments=2, state=cp.UP, weight=1, oif=1,
+                           flowlabel=cp.flowlabel(prefix, path_id, spec.segments))
+        ctypes.memmove(path.nexthop, spec.first_hop.packed, 16)
+        ctypes.memmove(path.peer_sid.addr, spec.peer_sid.packed, 16)
+        for i, seg in enumerate(reversed(spec.segments)):
+            ctypes.memmove(path.segments[i].addr, seg.packed, 16)
+        index = cp.path_index(0, path_id)
+        att.maps["paths"].update(index, path)
+        shared_fate.assign(att, index, path)
+    peer = layout.Peer(peer_id=0, template_id=0, n_paths=len(SPINES), policy=cp.POLICIES["rr"])
+    cp._rebuild(att, peer)
+    att.maps["peers"].update(cp.peer_key(prefix), peer)
+    return dp
+
+
+def state(dp, peer_id=0):
+    return dp.att.maps["peer_state"].lookup(layout.Index(peer_id))
+
+
+def put(dp, st, peer_id=0):
+    dp.att.maps["peer_state"].update(layout.Index(peer_id), st)
+
+
+def send(dp, dst="fd00:b::2"):
+    """One packet to the peer: (the path id its TLV says, its TLV, deltas)."""
+    r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst=dst) / Raw(b"data")))
+    assert r.verdict in ("TC_ACT_OK", "TC_ACT_REDIRECT"), r
+    tlv = wire.mrc_tlv(Ether(r.out))
+    return tlv.path_id, tlv, r.delta
+
+
+def report(dp, path_id, ce=True, src=PEER):
+    """A feedback frame from the peer naming our path `path_id` (with
+    MRC_F_FB_CE when `ce`): the RX verdict and deltas."""
+    flags = C["MRC_F_FEEDBACK"] | (CE_FLAG if ce else 0)
+    tlv = F.mrc_tlv(flags=flags, fb_path_id=path_id, fb_qdelay_us=10)
+    inner = F.inner6()
+    r = dp.run_rx(F.frame(F.srh_packet(inner, tlvs=[tlv], src=src)))
+    assert r.verdict == "XDP_PASS", r
+    return r, inner
+
+
+def events(dp):
+    return ev.read(dp.att)
+
+
+# --------------------------------------------------------------------------- RX: CE per path
+
+def test_a_ce_marked_frame_is_counted_on_its_path_and_reported_once(fresh):
+    dp = fresh
+    ect0 = F.inner6(tc=0x02)
+    r = dp.run_rx(F.frame(F.srh_packet(ect0, tlvs=[F.mrc_tlv(path_id=3, path_seq=1)], tc=0x03)))
+    assert (r.verdict, r.delta) == ("XDP_PASS", decap(ect0, ce=True))
+    r = dp.run_rx(F.frame(F.srh_packet(ect0, tlvs=[F.mrc_tlv(path_id=5, path_seq=1)], tc=0x02)))
+    assert r.delta == decap(ect0)           # ECT(0), not marked
+    rx = {k.path_id: v for k, v in dp.att.maps["rx_paths"].items()}
+    assert (rx[3].ce, rx[3].packets, rx[5].ce) == (1, 1, 0)
+    # the next packet to the sender names path 3 with the flag ...
+    out = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::7") / Raw(b"x")))
+    tlv = wire.mrc_tlv(Ether(out.out))
+    assert tlv.flags & C["MRC_F_FEEDBACK"] and tlv.flags & CE_FLAG and tlv.fb_path_id == 3
+    assert "fb-ce" in wire.describe(Ether(out.out))["flags"]
+    # ... once: the mark is told, then forgotten
+    out = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::7") / Raw(b"x")))
+    assert not wire.mrc_tlv(Ether(out.out)).flags & CE_FLAG
+
+
+def test_a_loss_is_reported_before_a_ce_mark(fresh):
+    """The one exact slot of a report: a loss first (it is failover's and
+    adaptive's news), then the mark."""
+    dp = fresh
+    ect0 = F.inner6(tc=0x02)
+    dp.run_rx(F.frame(F.srh_packet(ect0, tlvs=[F.mrc_tlv(path_id=2, path_seq=1)], tc=0x03)))
+    dp.run_rx(F.frame(F.srh_packet(ect0, tlvs=[F.mrc_tlv(path_id=4, path_seq=1)])))
+    dp.run_rx(F.frame(F.srh_packet(ect0, tlvs=[F.mrc_tlv(path_id=4, path_seq=3)])))    # 2 lost
+    told = []
+    for _ in range(3):
+        out = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::7") / Raw(b"x")))
+        tlv = wire.mrc_tlv(Ether(out.out))
+        told.append((tlv.fb_path_id, bool(tlv.flags & CE_FLAG), tlv.fb_lost))
+    assert told[:2] == [(4, False, 1), (2, True, 0)]
+    assert not told[2][1]
+
+
+# --------------------------------------------------------------------------- TX: skip
+
+def test_a_ce_report_makes_tx_skip_the_path_for_n_turns(four_paths):
+    dp = four_paths
+    set_config(dp, skip_rotations=2)
+    r, inner = report(dp, 1)
+    assert r.delta == {**decap(inner), "rx_feedback": 1, "rx_fb_ce": 1}
+    assert state(dp).paths[1].live.ce_reports == 1
+    took, deltas = [], []
+    for _ in range(10):
+        path_id, _, delta = send(dp)
+        took.append(path_id)
+        deltas.append(delta.get("tx_skip", 0))
+        if len(took) == 2:
+            # skipped, not down: MRC's state skip
+            peer = dp.att.maps["peers"].lookup(cp.peer_key(cp.parse_prefix(PREFIX)))
+            path = dp.att.maps["paths"].lookup(cp.path_index(0, 1))
+            assert cp.path_state(dp.att, peer, 1, path) == cp.STATE_SKIP
+    # rr over 0 1 2 3: path 1's next two turns are skipped (the packet
+    # takes the next turn), then it is used again
+    assert took == [0, 2, 3, 0, 2, 3, 0, 1, 2, 3], took
+    assert sum(deltas) == 2 and "tx_reroute" not in delta
+    live = state(dp).paths[1].live
+    assert (live.skip, live.down_ns, live.downs) == (1 << 32, 0, 0)     # report 1 acted on, 0 left
+    assert state(dp).floor_out == 0         # its floor place given back
+    kinds = [(e["type"], e["path_id"], e["state"]) for e in events(dp)]
+    assert kinds == [("skip", 1, "skip")]
+
+
+def test_skip_shows_in_path_state_and_a_new_report_restarts_it(four_paths):
+    dp = four_paths
+    set_config(dp, skip_rotations=3)
+    report(dp, 2)
+    assert [send(dp)[0] for _ in range(3)] == [0, 1, 3]        # path 2's turn skipped
+    peer = dp.att.maps["peers"].lookup(cp.peer_key(cp.parse_prefix(PREFIX)))
+    path = dp.att.maps["paths"].lookup(cp.path_index(0, 2))
+    assert cp.path_state(dp.att, peer, 2, path) == cp.STATE_SKIP
+    assert state(dp).paths[2].live.skip_left == 2 and state(dp).floor_out == 1
+    report(dp, 2)                           # CE again: 3 turns from now
+    took = [send(dp)[0] for _ in range(16)]
+    assert took == [0, 1, 3, 0, 1, 3, 0, 1, 3, 0, 1, 2, 3, 0, 1, 2], took
+    assert [e["type"] for e in events(dp)] == ["skip"]        # one skip, restarted
+
+
+def test_no_skip_without_skip_rotations(four_paths):
+    dp = four_paths
+    r, inner = report(dp, 1)
+    assert r.delta.get("rx_fb_ce") == 1      # filed and counted all the same
+    assert [send(dp)[0] for _ in range(4)] == [0, 1, 2, 3]
+
+
+def test_two_skipped_paths_in_a_row_are_both_skipped(four_paths):
+    dp = four_paths
+    set_config(dp, skip_rotations=2)
+    report(dp, 1)
+    report(dp, 2)
+    took = [send(dp)[0] for _ in range(6)]
+    assert took == [0, 3, 0, 3, 0, 1], took
+    assert [(e["type"], e["path_id"]) for e in events(dp)] == [("skip", 1), ("skip", 2)]
+
+
+def test_the_floor_holds_against_skip(four_paths):
+    """--min-active 3 of 4 paths: one path may be skipped, not two."""
+    dp = four_paths
+    set_config(dp, skip_rotations=4, min_active=3)
+    report(dp, 1)
+    report(dp, 2)
+    took = [send(dp)[0] for _ in range(4)]
+    assert took == [0, 2, 3, 0], took           # 1 skipped; 2 refused by the floor, used
+    kinds = [(e["type"], e["path_id"]) for e in events(dp)]
+    assert kinds == [("skip", 1)]
+    assert state(dp).floor_out == 1
+
+
+def test_every_path_ce_keeps_one_in_the_spray(four_paths):
+    dp = four_paths
+    set_config(dp, skip_rotations=1000)
+    for p in range(4):
+        report(dp, p)
+    took = [send(dp) for _ in range(8)]
+    # at most three skipped (the floor keeps one path), every packet sent:
+    # no fail-open, nothing assumed-bad
+    assert all("tx_fail_open" not in d and "tx_drop_no_path" not in d for _, _, d in took), took
+    skipped = [e["path_id"] for e in events(dp) if e["type"] == "skip"]
+    assert 2 <= len(skipped) <= 3 and len(set(skipped)) == len(skipped), skipped
+    assert state(dp).floor_out == len(skipped)
+    assert not [e for e in events(dp) if e["type"] in ("down", "fail-open")]
+    assert all(state(dp).paths[p].live.downs == 0 for p in range(4))
+
+
+# --------------------------------------------------------------------------- probes: backoff, budget
+
+def take_down(dp, path_id, now=None):
+    """Path `path_id` out, as the datapath takes a path out, due a probe now."""
+    now = now or time.monotonic_ns()
+    st = state(dp)
+    if st is None:
+        send(dp)
+        st = state(dp)
+    st.acks.last_ns = now
+    live = st.paths[path_id].live
+    live.down_ns = now - 1000
+    live.down_after_ns = now - 2000
+    live.next_probe_ns = 0
+    live.probe_gap_us = dp.att.maps["config"].lookup(layout.Index(0)).probe_us
+    st.floor_out += 1
+    put(dp, st)
+
+
+def test_a_down_paths_probe_interval_doubles_to_the_max(four_paths):
+    dp = four_paths
+    set_config(dp, probe_us=100_000, probe_max_us=800_000)
+    take_down(dp, 0)
+    gaps = []
+    for _ in range(5):
+        st = state(dp)
+        st.paths[0].live.next_probe_ns = 0     # due now
+        st.tx.seq = 0                          # path 0's turn
+        put(dp, st)
+        before = time.monotonic_ns()
+        took, _, delta = send(dp)
+        after = time.monotonic_ns()
+        live = state(dp).paths[0].live
+        assert took == 1 and delta.get("tx_probe") == 1, delta     # a copy tests path 0
+        gap_ns = live.probe_gap_us * 1000
+        assert before + gap_ns <= live.next_probe_ns <= after + gap_ns
+        gaps.append(live.probe_gap_us)
+    assert gaps == [200_000, 400_000, 800_000, 800_000, 800_000]
+    # not due (for 0.8 s): its turn is skipped, no probe
+    st = state(dp)
+    st.tx.seq = 0
+    put(dp, st)
+    took, _, delta = send(dp)
+    assert took == 1 and "tx_probe" not in delta
+
+
+def test_without_probe_max_the_interval_stays(four_paths):
+    dp = four_paths
+    set_config(dp, probe_us=3000, probe_max_us=0)
+    take_down(dp, 0)
+    for _ in range(3):
+        st = state(dp)
+        st.paths[0].live.next_probe_ns = 0
+        st.tx.seq = 0
+        put(dp, st)
+        assert send(dp)[2].get("tx_probe") == 1
+        assert state(dp).paths[0].live.probe_gap_us == 3000
+
+
+def test_the_probe_budget_holds_back_a_second_probe_through_one_hop(fresh):
+    """Two peers' paths 0 through one first hop, both down and due: with a
+    budget of 1 probe a second the first is probed, the second held back
+    (due again at once, its interval not doubled)."""
+    from .test_shared_fate import X, Y
+    dp = fresh
+    att = dp.att
+    for key in list(att.maps["peers"].keys()):
+        att.maps["peers"].delete(key)
+    for i in range(C["MRC_MAX_HOPS"]):
+        att.maps["hops"].update(layout.Index(i), layout.Hop())
+    for peer_id, (prefix_text, sid) in enumerate((X, Y)):
+        prefix = cp.parse_prefix(prefix_text)
+        for path_id, spine in enumerate(SPINES[:2]):
+            spec = cp.PathSpec.via(f"{spine},{sid}")
+            path = layout.Path(n_segments=2, state=cp.UP, weight=1, oif=1,
+                               flowlabel=cp.flowlabel(prefix, path_id, spec.segments))
+            ctypes.memmove(path.nexthop, spec.first_hop.packed, 16)
+            ctypes.memmove(path.peer_sid.addr, spec.peer_sid.packed, 16)
+            for i, seg in enumerate(reversed(spec.segments)):
+                ctypes.memmove(path.segments[i].addr, seg.packed, 16)
+            index = cp.path_index(peer_id, path_id)
+            att.maps["paths"].update(index, path)
+            shared_fate.assign(att, index, path)
+        peer = layout.Peer(peer_id=peer_id, template_id=peer_id, n_paths=2, policy=cp.POLICIES["rr"])
+        cp._rebuild(att, peer)
+        att.maps["peers"].update(cp.peer_key(prefix), peer)
+    set_config(dp, probe_us=1000, probe_max_us=64000, probe_budget=1)
+    dst = ("fd00:b::2", "fd00:c::2")
+    now = time.monotonic_ns()
+    for peer_id in (0, 1):
+        send(dp, dst[peer_id])
+        st = state(dp, peer_id)
+        st.acks.last_ns = now
+        live = st.paths[0].live
+        live.down_ns, live.down_after_ns, live.next_probe_ns = now - 1000, now - 2000, 0
+        live.probe_gap_us = 1000
+        st.tx.seq = 0
+        put(dp, st, peer_id)
+    took, _, first = send(dp, dst[0])
+    assert took == 1 and first.get("tx_probe") == 1 and "tx_probe_held" not in first
+    took, _, second = send(dp, dst[1])
+    assert took == 1 and second.get("tx_probe") == 1 and second.get("tx_probe_held") == 1
+    held = state(dp, 1).paths[0].live
+    assert held.probes == 0 and held.next_probe_ns <= time.monotonic_ns()    # due again at once
+    ident = att.maps["path_fate"].lookup(cp.path_index(0, 0)).hop
+    assert ident == att.maps["path_fate"].lookup(cp.path_index(1, 0)).hop
+    h = att.maps["hops"].lookup(layout.Index(ident))
+    assert h.probes_held == 1 and h.probe_next_ns > now
+    # with no budget, both go
+    set_config(dp, probe_budget=0)
+    st = state(dp, 1)
+    st.tx.seq = 0
+    put(dp, st, 1)
+    took, _, third = send(dp, dst[1])
+    assert third.get("tx_probe") == 1 and "tx_probe_held" not in third
