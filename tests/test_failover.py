@@ -85,7 +85,10 @@ def test_tcp_completes_through_a_blackhole_and_the_path_returns(spray_any):
     """One path black-holed for 0.5 s under a paced TCP flow: the data
     arrives intact and the path carries traffic again after the heal."""
     spray = spray_any
-    spray.attach("rr", "--ack-timeout-us", "300", *FIXED_WINDOW, "--probe-us", "2000")
+    # per packet: the probe copies counted below are made of data packets
+    # (a 64 KB burst is one packet to copy: 35-97 copies, not 250)
+    spray.attach("rr", "--ack-timeout-us", "300", *FIXED_WINDOW, "--probe-us", "2000",
+                 "--granularity", "packet")
     server, client = start_transfer(spray, 256 << 20, mbit=200)   # ~11 s
     time.sleep(0.5)
     tcp = tcp_counters(spray)

@@ -172,6 +172,27 @@ def _pair_mode(env, A: str, B: str, mode: str):
     return lambda: None
 
 
+def _measure(p: dict, env, place: str, mtu: int, mode: str, src: str, dst_ns: str, dst: str,
+             port: int, out: dict, spines=None) -> int:
+    """Every load of MODE, repeated: iperf3 from SRC to DST, with the
+    paths' (mrc) and spines' (SPINES(): byte counters) shares; the next port."""
+    if mode.startswith("mrc"):
+        out.setdefault("status", {})[f"{place} {mode}"] = json.loads(env.mrcctl(src, "status", "-j").stdout)
+    for load in p["loads"]:
+        for rep in range(p["repeat"]):
+            port += 1
+            log(f"line-rate: {place}, MTU {mtu}, {mode}, {load}, run {rep + 1}", step=True)
+            u0 = spines() if spines else None
+            b0 = _path_bytes(env, src) if mode.startswith("mrc") else None
+            rec = _iperf(env, src, dst_ns, dst, port, load, p["seconds"], mtu, mptcp=mode == "mptcp")
+            if u0 is not None:
+                rec["spine_shares"] = _shares(u0, spines())
+            if b0 is not None:
+                rec["path_shares"] = _shares(b0, _path_bytes(env, src))
+            out[place][str(mtu)][mode][load].append(rec)
+    return port
+
+
 def _run_pair(p: dict, env, mtu: int, out: dict) -> None:
     port = 5600
     with _pair(env, mtu, p["host_sysctls"]) as (A, B):
@@ -180,18 +201,7 @@ def _run_pair(p: dict, env, mtu: int, out: dict) -> None:
                 continue        # one link: nothing for subflows to spread over
             undo = _pair_mode(env, A, B, mode)
             try:
-                if mode.startswith("mrc"):
-                    out.setdefault("status", {})[f"pair {mode}"] = json.loads(
-                        env.mrcctl(A, "status", "-j").stdout)
-                for load in p["loads"]:
-                    for rep in range(p["repeat"]):
-                        port += 1
-                        log(f"line-rate: pair, MTU {mtu}, {mode}, {load}, run {rep + 1}", step=True)
-                        b0 = _path_bytes(env, A) if mode.startswith("mrc") else None
-                        rec = _iperf(env, A, B, B6, port, load, p["seconds"], mtu)
-                        if b0 is not None:
-                            rec["path_shares"] = _shares(b0, _path_bytes(env, A))
-                        out["pair"][str(mtu)][mode][load].append(rec)
+                port = _measure(p, env, "pair", mtu, mode, A, B, B6, port, out)
             finally:
                 undo()
 
@@ -222,27 +232,14 @@ def _run_fabric(p: dict, env, mtu: int, out: dict) -> None:
                     env.run(h2, ["ip", "-6", "route", "del", f"{dt6}/128"], check=False)
                     env.run(h1, ["ip", "-6", "route", "del", f"{fab.addr6(2)}/128"], check=False)
             elif mode.startswith("mrc"):
-                extra = ["--", "--granularity", "packet"] if mode == "mrc-packet" else []
-                fab_mod.attach(fab.name, "h1,h2", "rr", extra[1:])
+                fab_mod.attach(fab.name, "h1,h2", "rr",
+                               ["--granularity", "packet"] if mode == "mrc-packet" else [])
                 undo = lambda: fab_mod.detach(fab.name, "h1,h2")
             try:
                 ctx = contenders.mode(env, fab, mode, [1, 2]) if mode == "mptcp" else contextlib.nullcontext()
                 with ctx:
-                    if mode.startswith("mrc"):
-                        out.setdefault("status", {})[f"fabric {mode}"] = json.loads(
-                            env.mrcctl(h1, "status", "-j").stdout)
-                    for load in p["loads"]:
-                        for rep in range(p["repeat"]):
-                            port += 1
-                            log(f"line-rate: fabric, MTU {mtu}, {mode}, {load}, run {rep + 1}", step=True)
-                            u0 = _uplink_bytes(env, fab)
-                            b0 = _path_bytes(env, h1) if mode.startswith("mrc") else None
-                            rec = _iperf(env, h1, h2, fab.addr6(2), port, load, p["seconds"], mtu,
-                                         mptcp=mode == "mptcp")
-                            rec["spine_shares"] = _shares(u0, _uplink_bytes(env, fab))
-                            if b0 is not None:
-                                rec["path_shares"] = _shares(b0, _path_bytes(env, h1))
-                            out["fabric"][str(mtu)][mode][load].append(rec)
+                    port = _measure(p, env, "fabric", mtu, mode, h1, h2, fab.addr6(2), port, out,
+                                    spines=lambda: _uplink_bytes(env, fab))
             finally:
                 undo()
 

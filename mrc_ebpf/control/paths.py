@@ -23,7 +23,7 @@ from mrc_ebpf.control.path_spec import (ENTROPY, MAX_SEGMENTS, MAX_WEIGHT, REDIR
                                         hop_of, hops_of, overhead, parse_peer_sid, parse_prefix,
                                         parse_segments, parse_usid, segments_of, unique_labels)
 from mrc_ebpf.control.peer_table import (DENIED, LAST_HOP, MAX_CLASSES, MAX_PATHS, MAX_PEERS,  # noqa: F401
-                                         POLICIES, POLICY_NAMES, STATE_BAD, STATE_DENIED, STATE_UNKNOWN,
+                                         POLICIES, POLICY_NAMES, STATE_BAD, STATE_DENIED, STATE_SKIP, STATE_UNKNOWN,
                                          STATE_UP, UP, UsedCache, change_learnt,
                                          forget_peer, free_peer_id, key_prefix, learnt, lookup_peer,
                                          path_index, path_state, peer_key, route_mtu, used_paths)

@@ -21,7 +21,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
 from mrc_ebpf.control import events as ev
-from mrc_ebpf.control import paths as cp
+from mrc_ebpf.control import paths as cp, spray
 from mrc_ebpf.control import shared_fate
 from mrc_ebpf.datapath import layout, wire
 from mrc_ebpf.datapath.source import C
@@ -74,7 +74,7 @@ def four_paths(fresh):
         att.maps["paths"].update(index, path)
         shared_fate.assign(att, index, path)
     peer = layout.Peer(peer_id=0, template_id=0, n_paths=len(SPINES), policy=cp.POLICIES["rr"])
-    cp._rebuild(att, peer)
+    spray.rebuild(att, peer)
     att.maps["peers"].update(cp.peer_key(prefix), peer)
     return dp
 
@@ -265,7 +265,7 @@ def test_a_down_paths_probe_interval_doubles_to_the_max(four_paths):
     for _ in range(5):
         st = state(dp)
         st.paths[0].live.next_probe_ns = 0     # due now
-        st.tx.seq = 0                          # path 0's turn
+        st.tx.seq = len(SPINES)               # path 0's turn (0 would be a new state: peer_state_turn)
         put(dp, st)
         before = time.monotonic_ns()
         took, _, delta = send(dp)
@@ -278,7 +278,7 @@ def test_a_down_paths_probe_interval_doubles_to_the_max(four_paths):
     assert gaps == [200_000, 400_000, 800_000, 800_000, 800_000]
     # not due (for 0.8 s): its turn is skipped, no probe
     st = state(dp)
-    st.tx.seq = 0
+    st.tx.seq = len(SPINES)
     put(dp, st)
     took, _, delta = send(dp)
     assert took == 1 and "tx_probe" not in delta
@@ -291,7 +291,7 @@ def test_without_probe_max_the_interval_stays(four_paths):
     for _ in range(3):
         st = state(dp)
         st.paths[0].live.next_probe_ns = 0
-        st.tx.seq = 0
+        st.tx.seq = len(SPINES)
         put(dp, st)
         assert send(dp)[2].get("tx_probe") == 1
         assert state(dp).paths[0].live.probe_gap_us == 3000
@@ -322,7 +322,7 @@ def test_the_probe_budget_holds_back_a_second_probe_through_one_hop(fresh):
             att.maps["paths"].update(index, path)
             shared_fate.assign(att, index, path)
         peer = layout.Peer(peer_id=peer_id, template_id=peer_id, n_paths=2, policy=cp.POLICIES["rr"])
-        cp._rebuild(att, peer)
+        spray.rebuild(att, peer)
         att.maps["peers"].update(cp.peer_key(prefix), peer)
     set_config(dp, probe_us=1000, probe_max_us=64000, probe_budget=1)
     dst = ("fd00:b::2", "fd00:c::2")
@@ -334,7 +334,7 @@ def test_the_probe_budget_holds_back_a_second_probe_through_one_hop(fresh):
         live = st.paths[0].live
         live.down_ns, live.down_after_ns, live.next_probe_ns = now - 1000, now - 2000, 0
         live.probe_gap_us = 1000
-        st.tx.seq = 0
+        st.tx.seq = len(SPINES)
         put(dp, st, peer_id)
     took, _, first = send(dp, dst[0])
     assert took == 1 and first.get("tx_probe") == 1 and "tx_probe_held" not in first
@@ -349,7 +349,7 @@ def test_the_probe_budget_holds_back_a_second_probe_through_one_hop(fresh):
     # with no budget, both go
     set_config(dp, probe_budget=0)
     st = state(dp, 1)
-    st.tx.seq = 0
+    st.tx.seq = len(SPINES)
     put(dp, st, 1)
     took, _, third = send(dp, dst[1])
     assert third.get("tx_probe") == 1 and "tx_probe_held" not in third
