@@ -277,13 +277,17 @@ class _Step:
         self.journal = journal
 
     def _fail_at(self, count: int, what: str) -> int | None:
-        return self.journal.reserve(count, what) if self.journal is not None else None
+        at = self.journal.reserve(count, what) if self.journal is not None else None
+        # the write that fails, named before the ones before it are made
+        # (writing the peers bumps peers_gen, itself a counted write)
+        self.failing = self.journal.writes if at is not None else 0
+        return at
 
     def update(self, m, items: list[tuple[bytes, bytes]], what: str) -> None:
         at = self._fail_at(len(items), what)
         if at is not None:
             _write(m, items[:at])
-            raise InjectedFailure(f"failure injected at write {self.journal.writes} ({what}, "
+            raise InjectedFailure(f"failure injected at write {self.failing} ({what}, "
                                   f"element {at + 1} of {len(items)}) by MRC_FAIL_WRITE")
         _write(m, items)
 
@@ -292,7 +296,7 @@ class _Step:
         if at is not None:
             ks, vs = len(keys) // count, len(values) // count
             m.update_batch(keys[:at * ks], values[:at * vs], at)
-            raise InjectedFailure(f"failure injected at write {self.journal.writes} ({what}, "
+            raise InjectedFailure(f"failure injected at write {self.failing} ({what}, "
                                   f"element {at + 1} of {count}) by MRC_FAIL_WRITE")
         m.update_batch(keys, values, count)
 
@@ -301,7 +305,7 @@ class _Step:
         size = len(keys) // count if count else 0
         if at is not None:
             m.delete_batch(keys[:at * size], at)
-            raise InjectedFailure(f"failure injected at write {self.journal.writes} ({what}, "
+            raise InjectedFailure(f"failure injected at write {self.failing} ({what}, "
                                   f"element {at + 1} of {count}) by MRC_FAIL_WRITE")
         m.delete_batch(keys, count)
 

@@ -284,8 +284,9 @@ def _routes(att: Attachment, items: list[tuple[str, layout.Peer]]) -> int:
     if journal is not None:
         journal.record_routes(saved)
     if fail_at is not None:
+        failing = journal.writes
         routes.install_many(plan[:fail_at])
-        raise InjectedFailure(f"failure injected at write {journal.writes} (route {plan[fail_at][0]}) "
+        raise InjectedFailure(f"failure injected at write {failing} (route {plan[fail_at][0]}) "
                               f"by MRC_FAIL_WRITE")
     routes.install_many(plan)
     return len(plan)
