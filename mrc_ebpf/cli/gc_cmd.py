@@ -29,12 +29,18 @@ def gc(ctx, cookies, dry_run):
     and maps pinned where no namespace can see them; `mrcctl status` on
     the host lists them.  COOKIE limits gc to those namespaces' state (the
     number after "ns" in the pin directory)."""
-    from mrc_ebpf.datapath import loader, stale
+    from mrc_ebpf.datapath import journal, loader, lock, stale
     loader.require_root()
     try:
         wanted = [int(c.removeprefix("ns")) for c in cookies] or None
     except ValueError:
         raise MrcError(f"bad namespace cookie in {' '.join(cookies)}: a number, as in ns<COOKIE>")
+    rolled_back = None
+    if not dry_run and journal.log_path().exists():
+        # a change a killed mrcctl left half-done here: rolled back, as
+        # every changing verb does when it takes the lock (journal.py)
+        with lock.writer(recover="no"):
+            rolled_back = journal.recover()
     found = stale.find(wanted)
     if wanted:
         # a cookie that names nothing (a typo) must not read as "done"; a
@@ -48,6 +54,10 @@ def gc(ctx, cookies, dry_run):
             raise MrcError(f"no namespace and no pinned state with cookie "
                            f"{', '.join(map(str, unknown))} (`mrcctl gc --dry-run` lists what is stranded)")
     removed = found if dry_run else stale.remove(found)
-    emit(ctx, {"dry_run": dry_run, "removed": removed}, lambda r: click.echo("\n".join(
-        f"{'would remove' if dry_run else 'removed'} {describe(entry)}" for entry in removed)
-        or "nothing stranded"))
+    if not dry_run and not wanted:
+        stale.remove_orphan_logs()
+    emit(ctx, {"dry_run": dry_run, "removed": removed, "rolled_back": rolled_back},
+         lambda r: click.echo("\n".join(
+             ([f"rolled back: {rolled_back['what']}"] if rolled_back else [])
+             + [f"{'would remove' if dry_run else 'removed'} {describe(entry)}" for entry in removed])
+             or "nothing stranded"))

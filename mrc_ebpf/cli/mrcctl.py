@@ -241,7 +241,7 @@ def detach(ctx, device, all_):
         raise click.UsageError("give a DEVICE or --all")
     if all_:
         loader.require_root()
-        with lock.writer(create=False):
+        with lock.writer(create=False, recover="lenient"):
             results = [loader.detach(d) for d in pins.attached_devices()]
     else:
         results = [loader.detach(device)]
@@ -306,7 +306,11 @@ def status(ctx):
     def human(rows):
         from mrc_ebpf.cli.gc_cmd import describe
         stranded = [r for r in rows if r.get("stale")]
-        rows = [r for r in rows if not r.get("stale")]
+        cut_short = next((r["journal"] for r in rows if r.get("journal")), None)
+        rows = [r for r in rows if not r.get("stale") and r.get("device")]
+        if cut_short:
+            click.echo(f"HALF-DONE: {cut_short['what']}; the next mrcctl command that changes "
+                       f"this namespace (e.g. `mrcctl gc`) rolls it back")
         if not rows:
             click.echo("nothing attached in this network namespace")
         for r in stranded:
@@ -351,6 +355,8 @@ def status(ctx):
                 items.append(("problem", problem))
             click.echo(tabulate(items, tablefmt="plain"))
     emit(ctx, rows, human)
+    if any(r.get("journal") for r in rows):     # a killed change left it half-done
+        ctx.exit(1)
 
 
 @cli.command()

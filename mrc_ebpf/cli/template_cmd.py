@@ -112,7 +112,8 @@ def bulk(ctx, file, route, device):
     with attached(device, change=True) as att:
         result = templates.add_peers(att, entries, route=route)
     emit(ctx, result, lambda r: click.echo(f"{r['added']} peers added, {r['updated']} updated; "
-                                           f"{r['peers']} peers in all"))
+                                           f"{r['peers']} peers in all"
+                                           + (f"; {r['routes']} routes installed" if route else "")))
 
 
 def add_templated(ctx, prefix, name, sid, device, other_options) -> None:

@@ -9,10 +9,10 @@ in a few BPF_MAP_LOOKUP_BATCH calls, and written with BPF_MAP_UPDATE_BATCH
 (hash maps since Linux 5.6, LPM tries since 5.13; PinnedMap falls back
 per element where a kernel has none).  Only what differs is written.
 
-All or nothing stays: before writing, one undo step goes on the
-attachment's journal that deletes the keys that were new and writes back
-the old values of the keys that were changed or removed (in batches
-again).  MRC_FAIL_WRITE counts every element of a batch as a write, and a
+All or nothing stays: before writing, an undo step per map goes on the
+attachment's journal (logged to disk first: journal.py) that deletes the
+keys that were new and writes back the old values of the keys that were
+changed or removed (in batches again).  MRC_FAIL_WRITE counts every element of a batch as a write, and a
 failure injected at the Nth writes the N-1 before it for real, so a test
 sees a genuine half-written batch rolled back.
 """
@@ -222,16 +222,11 @@ def sync(att, wanted: list[tuple[bytes, bytes, layout.Peer]], remove_missing: bo
     undo_sids_old = [(s, ID.pack(have_sids[s])) for s in written_sids if s in have_sids] + \
         [(s, ID.pack(i)) for s, i in sid_old_entries if s not in written_sids]
 
-    def undo():
-        peers_map.delete_batch(undo_peers_new, len(undo_peers_new) // KEY.size)
-        _write(peers_map, undo_peers_old)
-        sid_map.delete_batch(undo_sids_new, len(undo_sids_new) // 16)
-        _write(sid_map, undo_sids_old)
-        _write(state_map, saved_state)
-
     journal = att.journal
-    if journal is not None:
-        journal.record(undo)
+    if journal is not None:     # logged (journal.py) before the first write
+        journal.record_map(peers_map.path, undo_peers_new, *_packed(undo_peers_old))
+        journal.record_map(sid_map.path, undo_sids_new, *_packed(undo_sids_old))
+        journal.record_map(state_map.path, b"", *_packed(saved_state))
     # removed peers leave the trie before their SID stops being filed; new
     # SIDs are filed before their peers can send (so feedback finds them)
     step = _Step(journal)
@@ -256,15 +251,18 @@ def _fresh(att, wanted, keys: list[bytes], sids: list[bytes], first_id: int) -> 
     ids = struct.pack(f"={n}I", *range(first_id, first_id + n))
     peers_map, sid_map = att.maps["peers"], att.maps["peer_by_sid"]
     journal = att.journal
-    if journal is not None:
-        def undo():
-            peers_map.delete_batch(key_blob, n)
-            sid_map.delete_batch(sid_blob, n)
-        journal.record(undo)
+    if journal is not None:     # logged (journal.py) before the first write
+        journal.record_map(peers_map.path, key_blob)
+        journal.record_map(sid_map.path, sid_blob)
     step = _Step(journal)
     step.update_raw(sid_map, sid_blob, ids, n, "update peer_by_sid")
     step.update_raw(peers_map, key_blob, values, n, "update peers")
     return {"added": n, "updated": 0, "removed": 0, "unchanged": 0, "written": keys}
+
+
+def _packed(items: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+    """(keys, values) of ITEMS, each packed one after the other."""
+    return b"".join(k for k, _ in items), b"".join(v for _, v in items)
 
 
 def _write(m, items: list[tuple[bytes, bytes]]) -> None:
@@ -279,13 +277,17 @@ class _Step:
         self.journal = journal
 
     def _fail_at(self, count: int, what: str) -> int | None:
-        return self.journal.reserve(count, what) if self.journal is not None else None
+        at = self.journal.reserve(count, what) if self.journal is not None else None
+        # the write that fails, named before the ones before it are made
+        # (writing the peers bumps peers_gen, itself a counted write)
+        self.failing = self.journal.writes if at is not None else 0
+        return at
 
     def update(self, m, items: list[tuple[bytes, bytes]], what: str) -> None:
         at = self._fail_at(len(items), what)
         if at is not None:
             _write(m, items[:at])
-            raise InjectedFailure(f"failure injected at write {self.journal.writes} ({what}, "
+            raise InjectedFailure(f"failure injected at write {self.failing} ({what}, "
                                   f"element {at + 1} of {len(items)}) by MRC_FAIL_WRITE")
         _write(m, items)
 
@@ -294,7 +296,7 @@ class _Step:
         if at is not None:
             ks, vs = len(keys) // count, len(values) // count
             m.update_batch(keys[:at * ks], values[:at * vs], at)
-            raise InjectedFailure(f"failure injected at write {self.journal.writes} ({what}, "
+            raise InjectedFailure(f"failure injected at write {self.failing} ({what}, "
                                   f"element {at + 1} of {count}) by MRC_FAIL_WRITE")
         m.update_batch(keys, values, count)
 
@@ -303,7 +305,7 @@ class _Step:
         size = len(keys) // count if count else 0
         if at is not None:
             m.delete_batch(keys[:at * size], at)
-            raise InjectedFailure(f"failure injected at write {self.journal.writes} ({what}, "
+            raise InjectedFailure(f"failure injected at write {self.failing} ({what}, "
                                   f"element {at + 1} of {count}) by MRC_FAIL_WRITE")
         m.delete_batch(keys, count)
 
@@ -318,7 +320,6 @@ def refresh(att, tpl: layout.Peer) -> int:
             items.append((k, PEER.pack(peer_id, tpl.n_paths, tpl.policy, flags, template_id, sid),
                           have.peers[k]))
     if items and att.journal is not None:
-        old = [(k, v) for k, _, v in items]
-        att.journal.record(lambda: _write(att.maps["peers"], old))
+        att.journal.record_map(att.maps["peers"].path, b"", *_packed([(k, v) for k, _, v in items]))
     _Step(att.journal).update(att.maps["peers"], [(k, v) for k, v, _ in items], "update peers")
     return len(items)

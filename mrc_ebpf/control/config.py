@@ -529,15 +529,7 @@ def write_applied(att: Attachment, applied: dict) -> None:
         ctypes.memmove(value, raw, len(raw))
         if att.journal is not None:
             att.journal.before_write(APPLIED_PIN)
-            saved = bytes(old)
-
-            def undo():
-                back = bpfsys.PinnedMap(path, layout.Index, ctypes.c_char * APPLIED_BYTES)
-                try:
-                    back.update(layout.Index(0), (ctypes.c_char * APPLIED_BYTES).from_buffer_copy(saved))
-                finally:
-                    back.close()
-            att.journal.record(undo)
+            att.journal.record_map(path, keys=bytes(layout.Index(0)), values=bytes(old))
         m.update(layout.Index(0), value)
     finally:
         m.close()
@@ -1041,7 +1033,7 @@ def _set_attach(att: Attachment, want: dict, key: str) -> None:
                 continue
             if att.journal is not None:
                 att.journal.before_write(f"gso_max_segs {device}")
-                att.journal.record(lambda d=device, b=before: offload.set_gso_max_segs(d, b))
+                att.journal.record_gso(device, before)
             offload.set_gso_max_segs(device, target)
         for i in range(cfg.n_devices):
             cfg.devices[i].granularity = GRANULARITIES.index(name)
@@ -1139,7 +1131,12 @@ def apply(cfg: Config, reattach: bool = False, dry_run: bool = False) -> dict:
         changes = [{"what": "attach", "key": "attach", "from": None, "to": " ".join(want["devices"])}]
         changes += plan(cfg.data, {"version": VERSION, "attach": want}, None)
         if not dry_run:
-            _fresh(cfg)
+            # one change under one lock: killed anywhere, the next command
+            # detaches what it made (journal.py)
+            from mrc_ebpf.datapath import journal, lock
+            with lock.writer(), journal.logged() as log:
+                log.append({"op": "detach", "device": first})
+                _fresh(cfg)
         return {**result, "attached": True, "changed": True, "changes": [public(c) for c in changes]}
     with loader.changing(owner) as att:
         current, ids = running_with_ids(att, key_hint=True)

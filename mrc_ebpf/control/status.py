@@ -8,7 +8,7 @@ import time
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import auth, bpfsys, hooks, layout, memory, pins, replace, stale, xdp_chain
+from mrc_ebpf.datapath import auth, bpfsys, hooks, journal, layout, memory, pins, replace, stale, xdp_chain
 from mrc_ebpf.control import paths
 from mrc_ebpf.datapath.loader import PROG_RX, PROG_TX, Attachment
 from mrc_ebpf.errors import MrcError
@@ -28,12 +28,26 @@ def collect() -> list[dict]:
         with IPRoute() as ipr:
             for device in devices:
                 rows.append(_one(ipr, device))
+    cut_short = journal.pending()
+    for row in rows:
+        row["journal"] = cut_short
+        if cut_short:
+            row["problems"].append(_half_done(cut_short))
+            row["healthy"] = False
+    if cut_short and not rows:      # e.g. an apply killed before its attach finished
+        rows.append({"device": None, "journal": cut_short, "healthy": False,
+                     "problems": [_half_done(cut_short)]})
     if on_host():
         for entry in stale.find():
             rows.append({**entry, "stale": True, "device": None, "healthy": False,
                          "problems": [f"namespace {entry['netns_cookie']} is gone: `mrcctl gc` "
                                       f"removes its state"]})
     return rows
+
+
+def _half_done(cut_short: dict) -> str:
+    return (f"half-done: {cut_short['what']} ({cut_short['log']}); the next mrcctl command that "
+            f"changes this namespace (e.g. `mrcctl gc`) rolls it back")
 
 
 def on_host() -> bool:

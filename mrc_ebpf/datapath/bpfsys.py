@@ -282,12 +282,12 @@ class PinnedMap:
 
     def _journal(self, key, what: str) -> None:
         self.journal.before_write(f"{what} {self.name}")
-        key = self.key_type.from_buffer_copy(bytes(key))
-        old = self.lookup_exact(key)
+        raw = bytes(key)
+        old = self.lookup_exact(self.key_type.from_buffer_copy(raw))
         if old is None:
-            self.journal.record(lambda: self.delete(key))
+            self.journal.record_map(self.path, delete=raw)
         else:
-            self.journal.record(lambda: self.update(key, old))
+            self.journal.record_map(self.path, keys=raw, values=bytes(old))
 
     def _update(self, key, value, flags=BPF_ANY):
         if self.journal is not None:

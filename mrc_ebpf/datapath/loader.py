@@ -18,8 +18,7 @@ from pathlib import Path
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.datapath import bpfsys, build_cache, hooks, layout, lock, offload, pins, source
-from mrc_ebpf.datapath import routes, xdp_chain
-from mrc_ebpf.datapath.journal import Journal
+from mrc_ebpf.datapath import journal, routes, xdp_chain
 from mrc_ebpf.errors import MrcError
 
 PROG_TX, PROG_RX, PROG_FB = "prog_tx", "prog_rx", "prog_fb"
@@ -117,7 +116,7 @@ class Attachment:
         self.device = device
         self.dir = directory
         self.maps: dict[str, bpfsys.PinnedMap] = {}
-        self.journal: Journal | None = None
+        self.journal: journal.Journal | None = None
 
     @classmethod
     def open(cls, device: str) -> "Attachment":
@@ -143,24 +142,26 @@ class Attachment:
     @contextlib.contextmanager
     def transaction(self):
         """All or nothing: the maps and routes changed inside are put back
-        as they were if anything fails (journal.py)."""
-        journal = Journal()
-        self.journal = journal
-        for m in self.maps.values():
-            m.journal = journal
-        try:
-            yield journal
-        except BaseException as e:
-            self._end_journal()
-            problems = journal.rollback()
-            if problems:
-                raise MrcError(f"{_reason(e)}; rolling back failed too, state may be half-changed "
-                               f"(`mrcctl detach {self.device}` clears it): {'; '.join(problems)}")
-            if isinstance(e, bpfsys.BpfError):
-                raise MrcError(f"{_reason(e)}; nothing was changed")
-            raise
-        finally:
-            self._end_journal()
+        as they were if anything fails, also if this process is killed
+        (journal.py: the next command rolls it back)."""
+        with journal.logged() as log:
+            changes = journal.Journal(log)
+            self.journal = changes
+            for m in self.maps.values():
+                m.journal = changes
+            try:
+                yield changes
+            except BaseException as e:
+                self._end_journal()
+                problems = changes.rollback()
+                if problems:
+                    raise MrcError(f"{_reason(e)}; rolling back failed too, state may be half-changed "
+                                   f"(`mrcctl detach {self.device}` clears it): {'; '.join(problems)}")
+                if isinstance(e, bpfsys.BpfError):
+                    raise MrcError(f"{_reason(e)}; nothing was changed")
+                raise
+            finally:
+                self._end_journal()
 
     def _end_journal(self):
         self.journal = None
@@ -173,8 +174,7 @@ class Attachment:
         if self.journal is None:
             return
         self.journal.before_write(f"route {prefix}")
-        saved = routes.snapshot(ipr, prefix)
-        self.journal.record(lambda: routes.restore(prefix, saved))
+        self.journal.record_routes([(str(prefix), routes.snapshot(ipr, prefix))])
 
     def __enter__(self):
         return self
@@ -526,7 +526,7 @@ def detach(device: str) -> dict:
     Works from the program pins and the config alone, so state left by
     another version (or damaged) can still be cleared."""
     require_root()
-    with lock.writer(create=False) as locked:
+    with lock.writer(create=False, recover="lenient") as locked:
         first = owner(device) if locked else None
         if first is None:
             raise MrcError(f"{device} is not attached")
@@ -550,6 +550,16 @@ def _detach(first: str) -> dict:
                 _unhook(ipr, member, name, ids, removed, directory, slot)
     pins.remove_tree(directory)
     return removed
+
+
+def _undo_attach(step: dict) -> None:
+    """A journal step: the attachment a cut-short `apply` was making goes
+    (detached as by `detach`, whatever of it was made)."""
+    if pins.device_dir(step["device"]).is_dir():
+        _detach(step["device"])
+
+
+journal.HANDLERS["detach"] = _undo_attach
 
 
 def _read_config(directory: Path) -> layout.Config | None:

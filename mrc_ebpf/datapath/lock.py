@@ -11,6 +11,10 @@ A holder may remove the directory (the last detach, gc) while others
 wait on it: whoever then wins the lock on the removed inode sees that the
 path now names another one (or none) and starts over.
 
+Whoever takes the lock first rolls back what a killed holder left
+half-done (journal.recover): every command that changes an attachment
+starts from a state some command left whole.
+
 Waiting is bounded: after `timeout()` seconds (--lock-timeout,
 MRC_LOCK_TIMEOUT) the command gives up with a one-line error.
 """
@@ -23,7 +27,7 @@ import os
 import time
 from pathlib import Path
 
-from mrc_ebpf.datapath import pins
+from mrc_ebpf.datapath import journal, pins
 from mrc_ebpf.errors import MrcError
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -82,12 +86,17 @@ def _same_inode(fd: int, directory: Path) -> bool:
 
 
 @contextlib.contextmanager
-def writer(directory: Path | None = None, create: bool = True, wait: float | None = None):
+def writer(directory: Path | None = None, create: bool = True, wait: float | None = None,
+           recover: str = "strict"):
     """Hold the writer lock of DIRECTORY (default: this namespace's pin
     directory).  With create=False a missing directory means there is
     nothing to change: yields False without locking.  An empty directory
-    is removed on the way out (nothing attached here any more)."""
+    is removed on the way out (nothing attached here any more).  RECOVER:
+    how a killed change's log is rolled back first ("strict": a failed
+    rollback is an error; "lenient": the log is dropped anyway, for
+    detach, which clears everything; "no")."""
     pins.ensure_bpffs()
+    here = directory is None or directory == pins.netns_dir()
     directory = directory or pins.netns_dir()
     key = str(directory)
     if _held.get(key):
@@ -119,6 +128,8 @@ def writer(directory: Path | None = None, create: bool = True, wait: float | Non
         os.close(fd)         # won the lock of a directory that was removed: again
     _held[key] = 1
     try:
+        if here and recover != "no":
+            journal.recover(strict=recover == "strict")
         yield True
     finally:
         del _held[key]

@@ -22,7 +22,7 @@ import re
 import threading
 from pathlib import Path
 
-from mrc_ebpf.datapath import bpfsys, lock, pins
+from mrc_ebpf.datapath import bpfsys, journal, lock, pins
 
 CLONE_NEWNET = 0x40000000
 _NS_LINK = re.compile(r"net:\[(\d+)\]")
@@ -167,5 +167,24 @@ def remove(found: list[dict]) -> list[dict]:
         with lock.writer(directory, create=False) as locked:
             if locked:
                 pins.remove_tree(directory)
+                # a log a change killed there left: its namespace is gone with what it covers
+                journal.log_path(entry["netns_cookie"]).unlink(missing_ok=True)
                 removed.append(entry)
     return removed
+
+
+def remove_orphan_logs() -> list[str]:
+    """Change logs (journal.py) of namespaces that are gone: what they
+    covered went with the namespace (a namespace deleted right after a
+    kill leaves one)."""
+    logs = sorted(journal.JOURNALS.glob("ns*.log")) if journal.JOURNALS.is_dir() else []
+    if not logs:
+        return []
+    live = live_cookies()
+    out = []
+    for log in logs:
+        cookie = log.stem[2:]
+        if cookie.isdigit() and int(cookie) not in live:
+            log.unlink(missing_ok=True)
+            out.append(str(log))
+    return out
