@@ -132,7 +132,8 @@ def cli(ctx, json_, pretty, netns_name):
                 shell_complete=complete_devices)
 @click.option("--sid", help="This host's SRv6 SID (outer source; decapsulated here); required, except with --replace.")
 @click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
-              show_default=True, help="XDP mode: native (driver) or skb (generic).")
+              show_default=True, help="XDP mode: native (driver) or skb (generic); auto: native, "
+                                      "but generic on a veth (native turns the sender's TSO off).")
 @click.option("--granularity", type=click.Choice(["auto", "packet", "burst"]), default="auto",
               show_default=True,
               help="auto: spray GSO bursts of at most 50 us of the slowest link's time (full "
