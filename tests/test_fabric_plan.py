@@ -27,15 +27,17 @@ def test_shape_of_the_target_fabric():
     assert r["paths_per_peer"] == 256 and r["config"]["peers"] == 131071
     assert r["config"]["paths"] == 131071 * 256
     # fixed part + one copy of the per-CPU maps per CPU, every other NIC
-    # a peer in the maps: within issue 19's 64 MB
+    # a peer in the maps (memlock: 65.0 MB since the peer cache and the
+    # congestion state; issue 28 sets the target by the kernel's count, below)
     assert r["memory"]["bytes"] == r["memory"]["fixed_bytes"] + 128 * r["memory"]["per_cpu_bytes"]
-    assert r["memory"]["peers_held"] == 131071 and r["memory"]["bytes"] <= 64e6
+    assert r["memory"]["peers_held"] == 131071 and r["memory"]["bytes"] <= 66e6
     # as the kernel counts it (issue 28: the LPM trie's intermediate nodes
     # and the slab objects; tests/test_memory.py checks the model against
     # a memory cgroup), well above memlock's figure
     from mrc_ebpf.datapath import memory
     assert r["memory"]["kernel_bytes"] == memory.host_kernel_bytes(131071, 128)
     assert r["memory"]["kernel_bytes"] > r["memory"]["bytes"] + 15e6
+    assert r["memory"]["kernel_bytes"] <= 256e6        # issue 28's target, at 128 CPUs
 
 
 def test_config_size_is_what_render_writes():
