@@ -103,9 +103,11 @@ def reattach_a(net, *options):
 
 
 def test_retransmissions_avoid_a_black_hole(spray, tmp_path):
-    spray.attach("rr", *NO_FAILOVER)
+    # per packet: the witness below finds each retransmitted segment in a
+    # capture of A's device, where a burst would be one frame of many
+    spray.attach("rr", *NO_FAILOVER, "--granularity", "packet")
     steered = run_phase(spray, 8 << 20, 5301, tmp_path)
-    reattach_a(spray, "--no-retrans-steer")
+    reattach_a(spray, "--no-retrans-steer", "--granularity", "packet")
     sprayed = run_phase(spray, 8 << 20, 5302, tmp_path)
     print(f"steered {steered}\nsprayed {sprayed}")
     for r in (steered, sprayed):
