@@ -651,6 +651,8 @@ enum mrc_counter {
 	MRC_TX_SKIP,			/* a turn skipped: the peer reported CE on its path */
 	MRC_TX_PROBE_HELD,		/* of tx_probe: a probe copy the probe budget held back, not sent */
 	MRC_RX_FB_CE,			/* feedback said one of our paths was CE-marked */
+	MRC_RX_SEGMENT,			/* a later wire segment of a burst (its TLV copied by
+					 * segmentation): counted on its path, not filed again */
 	MRC_COUNTER_MAX,
 };
 

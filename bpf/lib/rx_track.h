@@ -58,9 +58,18 @@ static __always_inline int rx_track_window(struct mrc_rx_path *p, __u32 seq)
  * path last heard in another epoch of its sender starts again at this
  * packet.  `keyed`: a packet seen before (replayed) is not counted and
  * *stale is set.
+ *
+ * A burst (granularity, docs/design/spraying.md) leaves the sender as one
+ * packet with one TLV; where it is cut into wire segments after TC (a
+ * NIC's TSO, software GSO before a native-XDP peer) every segment carries
+ * that same TLV.  So a TLV with the path's newest number again is such a
+ * segment, not a late packet: counted on the path, *segment set, and not
+ * filed again.  A replay of the newest TLV passes as one, and is harmless
+ * so: it is counted and never filed (it says nothing the first did not).
  */
 static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_tlv *tlv,
-					 __u32 bytes, __u64 now, int keyed, int ce, int *stale)
+					 __u32 bytes, __u64 now, int keyed, int ce, int *stale,
+					 int *segment)
 {
 	struct mrc_rx_key key = {};
 	struct mrc_rx_path *p;
@@ -88,6 +97,14 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 		p->min_owd_ns = owd;
 		p->seen = 0;
 		first = 1;
+	}
+	if (!first && seq == p->next_seq - 1) {
+		p->packets++;
+		p->bytes += bytes;
+		if (ce)
+			p->ce++;
+		*segment = 1;
+		return 0;
 	}
 	/* the first packet of an epoch opens an empty window */
 	if (!first && rx_track_window(p, seq) && keyed) {
@@ -242,14 +259,22 @@ static __always_inline __u32 rx_track(const __u8 *src_sid, const struct mrc_tlv 
 {
 	struct mrc_rx_peer *peer;
 	__u32 why = 0;
-	int gap, stale = 0;
+	int gap, stale = 0, segment = 0;
 
 	peer = rx_track_sender(src_sid, tlv, keyed, &why);
 	if (why)
 		return why;
-	gap = rx_track_path(src_sid, tlv, bytes, now, keyed, ce, &stale);
+	gap = rx_track_path(src_sid, tlv, bytes, now, keyed, ce, &stale, &segment);
 	if (stale)
 		return MRC_RX_AUTH_REPLAY;
+	if (segment) {
+		/* its burst's first segment was filed; a CE mark is news */
+		__u16 path_id = bpf_ntohs(tlv->path_id);
+
+		if (ce && peer)
+			peer->ce_news[(path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |= 1ULL << (path_id & 63);
+		return MRC_RX_SEGMENT;
+	}
 	if (peer)
 		rx_track_peer(peer, tlv, gap, ce);
 	return 0;

@@ -100,6 +100,12 @@ class Group(click.Group):
             self._usage(ctx, e)
         except (click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
+        except BrokenPipeError:
+            # the reader left (`mrcctl path list | head`): end quietly, as
+            # a tool killed by SIGPIPE does, and keep Python's own flush
+            # at exit from failing on the closed pipe again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(128 + 13)
         except Exception as e:  # a bug: say so in one line; MRC_DEBUG=1 shows where
             if os.environ.get("MRC_DEBUG"):
                 raise

@@ -20,6 +20,12 @@ Routing (43) or Destination Options (60).  The verdicts:
     ECN_DROP  RFC 6040: CE on a Not-ECT inner packet
     CONSUMED  valid, feedback only (MRC_F_CONTROL): dropped after filing
     DECAP     valid: passed up as `out`
+
+One rule of the MRC format needs the frames before: a TLV carrying its
+path's newest sequence number again is a later wire segment of a burst
+(segmentation copies the TLV into every segment; docs/design/spraying.md),
+counted as one (`rx_segment`) and not filed again.  `Newest` keeps what
+that rule needs, per sender and path.
 """
 from __future__ import annotations
 
@@ -54,7 +60,29 @@ class Judgement:
     counters: dict = field(default_factory=dict)    # DECAP/CONSUMED/ECN_DROP: non-outcome counters
 
 
-def judge(frame: bytes, sid: bytes, peer_sids: set[bytes]) -> Judgement:
+class Newest:
+    """The newest path_seq per (sender, path) and the epoch it is of."""
+
+    def __init__(self):
+        self.seq: dict[tuple[bytes, int], tuple[int, int]] = {}
+
+    def is_segment(self, src: bytes, mrc: bytes) -> bool:
+        """Whether this TLV repeats its path's newest number; files it."""
+        path_id, seq = struct.unpack_from("!H", mrc, 4)[0], struct.unpack_from("!I", mrc, 8)[0]
+        epoch = struct.unpack_from("!I", mrc, 48)[0]
+        key = (src, path_id)
+        old = self.seq.get(key)
+        if old is None or old[0] != epoch:
+            self.seq[key] = (epoch, seq)
+            return False
+        if seq == old[1]:
+            return True
+        if (seq - old[1]) & 0xFFFFFFFF < 0x80000000:     # ahead (serial arithmetic)
+            self.seq[key] = (epoch, seq)
+        return False
+
+
+def judge(frame: bytes, sid: bytes, peer_sids: set[bytes], newest: Newest | None = None) -> Judgement:
     if len(frame) < 14 + 40 or frame[12:14] != b"\x86\xdd":
         return Judgement(NOT_OURS, "not a whole IPv6 header")
     l3 = frame[14:]
@@ -85,7 +113,9 @@ def judge(frame: bytes, sid: bytes, peer_sids: set[bytes]) -> Judgement:
         counters["rx_mrc_tlv"] = 1
         flags = mrc[3]
         fb_path_id = struct.unpack_from("!H", mrc, 24)[0]
-        if flags & F_FEEDBACK and l3[8:24] in peer_sids and fb_path_id < MAX_PATHS:
+        if newest is not None and newest.is_segment(l3[8:24], mrc):
+            counters["rx_segment"] = 1
+        elif flags & F_FEEDBACK and l3[8:24] in peer_sids and fb_path_id < MAX_PATHS:
             counters["rx_feedback"] = 1
             if flags & F_FB_CE:         # the feedback says our path was CE-marked
                 counters["rx_fb_ce"] = 1

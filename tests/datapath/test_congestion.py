@@ -13,6 +13,7 @@ programs with BPF_PROG_TEST_RUN (issue #29, items 1 and 5).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import time
 
 import pytest
@@ -95,11 +96,15 @@ def send(dp, dst="fd00:b::2"):
     return tlv.path_id, tlv, r.delta
 
 
+_report_seq = itertools.count(1)
+
+
 def report(dp, path_id, ce=True, src=PEER):
     """A feedback frame from the peer naming our path `path_id` (with
-    MRC_F_FB_CE when `ce`): the RX verdict and deltas."""
+    MRC_F_FB_CE when `ce`): the RX verdict and deltas.  Each its own
+    sequence number: one repeated would be a segment of the burst before."""
     flags = C["MRC_F_FEEDBACK"] | (CE_FLAG if ce else 0)
-    tlv = F.mrc_tlv(flags=flags, fb_path_id=path_id, fb_qdelay_us=10)
+    tlv = F.mrc_tlv(flags=flags, fb_path_id=path_id, fb_qdelay_us=10, path_seq=next(_report_seq))
     inner = F.inner6()
     r = dp.run_rx(F.frame(F.srh_packet(inner, tlvs=[tlv], src=src)))
     assert r.verdict == "XDP_PASS", r

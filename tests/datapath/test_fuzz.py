@@ -99,11 +99,11 @@ def test_fuzz_rx(fresh):
     dp = fresh
     sid = ipaddress.IPv6Address(SID).packed
     peers = {ipaddress.IPv6Address(s).packed for s in PEER_SIDS.values()}
-    tally, failures = Counter(), []
+    tally, failures, newest = Counter(), [], oracle.Newest()
     start = time.monotonic()
     step = max(1000, N_CASES // 20)
     for i, (name, frame) in enumerate(cases(SEED, N_CASES)):
-        j = oracle.judge(frame, sid, peers)
+        j = oracle.judge(frame, sid, peers, newest)
         res = dp.run_rx(frame)
         tally[j.verdict if j.verdict != oracle.STRICTER else f"stricter:{j.why}"] += 1
         why = wrong(j, res, frame)
