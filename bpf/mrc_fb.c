@@ -38,6 +38,7 @@ static __always_inline int fb_control(struct __sk_buff *skb, const struct mrc_co
 	struct ethhdr *eth = data;
 	struct ipv6hdr *ip6;
 	struct mrc_tlv *mrc = NULL;
+	struct mrc_rx_peer *sender;
 	struct rx_ext ext = {};
 	__u32 outer_len = 0, inner_len = 0, reason;
 	__u16 inner_proto = 0;
@@ -74,7 +75,7 @@ static __always_inline int fb_control(struct __sk_buff *skb, const struct mrc_co
 	if (!mrc || !(mrc->flags & MRC_F_CONTROL))
 		return -1;
 	count(MRC_RX_SEEN);
-	rx_file(ip6, mrc, inner_len, bpf_ktime_get_ns());
+	rx_file(ip6, mrc, inner_len, bpf_ktime_get_ns(), &sender);
 	count(MRC_RX_CONTROL);
 	count(MRC_RX_CONTROL_TC);
 	return TC_ACT_SHOT;

@@ -196,19 +196,21 @@ static __always_inline __u32 rx_check(struct ipv6hdr *ip6, void *data_end, struc
 /*
  * A valid packet's MRC TLV: measured and its feedback filed, when it is
  * authentic and fresh (with a key, lib/auth.h).  Returns 0 when filed,
- * else the counter saying why not (already counted).
+ * else the counter saying why not (already counted).  *SENDER: the
+ * sender's receive state, when there is one (for feedback_due).
  */
 static __always_inline __u32 rx_file(const struct ipv6hdr *ip6, const struct mrc_tlv *mrc,
-				     __u32 inner_len, __u64 now)
+				     __u32 inner_len, __u64 now, struct mrc_rx_peer **sender)
 {
 	__u32 unfiled;
 	int keyed;
 
+	*sender = NULL;
 	count(MRC_RX_MRC_TLV);
 	unfiled = auth_verify(ip6, mrc, &keyed);
 	if (!unfiled)
 		unfiled = rx_track(ip6->saddr.s6_addr, mrc, inner_len, now, keyed,
-				   ecn_of_ip6(ip6) == ECN_CE);
+				   ecn_of_ip6(ip6) == ECN_CE, sender);
 	if (unfiled)
 		count(unfiled);
 	else
@@ -251,14 +253,15 @@ int mrc_rx(struct xdp_md *ctx)
 		return rx_drop(reason);
 	if (mrc) {
 		__u64 now = bpf_ktime_get_ns();
-		__u32 unfiled = rx_file(ip6, mrc, inner_len, now);
+		struct mrc_rx_peer *sender;
+		__u32 unfiled = rx_file(ip6, mrc, inner_len, now, &sender);
 
 		if (mrc->flags & MRC_F_CONTROL) {
 			count(MRC_RX_CONTROL);	/* it carried feedback only */
 			return XDP_DROP;
 		}
 		if (!unfiled)
-			feedback_due(ip6->saddr.s6_addr, cfg, now);
+			feedback_due(ip6->saddr.s6_addr, sender, cfg, now);
 	}
 	reason = ecn_decap(ip6, inner_proto, (void *)ip6 + (outer_len & 0xfff), data_end);
 	if (reason)

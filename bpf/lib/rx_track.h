@@ -255,13 +255,14 @@ static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct
  * why not.
  */
 static __always_inline __u32 rx_track(const __u8 *src_sid, const struct mrc_tlv *tlv, __u32 bytes,
-				      __u64 now, int keyed, int ce)
+				      __u64 now, int keyed, int ce, struct mrc_rx_peer **sender)
 {
 	struct mrc_rx_peer *peer;
 	__u32 why = 0;
 	int gap, stale = 0, segment = 0;
 
 	peer = rx_track_sender(src_sid, tlv, keyed, &why);
+	*sender = peer;
 	if (why)
 		return why;
 	gap = rx_track_path(src_sid, tlv, bytes, now, keyed, ce, &stale, &segment);
