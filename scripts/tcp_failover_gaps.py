@@ -64,11 +64,11 @@ with fabric("fo4", spines=4, leaves=2, rate=rate, mtu=1500, host_sysctls=sysctls
                 c0 = json.loads(env.mrcctl(h1, "stats", "-j").stdout)["counters"] if mode != "prr" else {}
                 snd = env.popen(h1, [PY, "-m", "mrc_ebpf.bench.flowtool", "tcp-send", fab.addr6(2), str(port),
                                      str(secs), str(conns), "-", fab.addr6(1), cc or "-"])
-                t_fail, _ = fo._fail_when_due(snd, p, lambda: fo._trigger(fab))
+                t_fail, _ = fo.fail_when_due(snd, p, lambda: fo.trigger(fab))
                 sout, _ = env.wait(snd, timeout=secs + 30)
                 n1 = env.nstat(h1)
                 env.wait(rcv, timeout=secs + 30)
-                fo._disarm(fab)
+                fo.disarm(fab)
                 recs = read_log(path, 3); os.unlink(path)
                 sent = json.loads(sout.strip().splitlines()[-1])
                 gaps, pregaps = [], []
@@ -86,7 +86,7 @@ with fabric("fo4", spines=4, leaves=2, rate=rate, mtu=1500, host_sysctls=sysctls
                 tot = sum(r[2] for r in recs if r[0] >= t_fail) * 8 / (sent["end"] - t_fail) * 1e9
                 ex = {}
                 if mode != "prr":
-                    ex = fo._exclusion(fo._events(env, fab), 0, t_fail, None, sent["end"])
+                    ex = fo.exclusion(fo.events(env, fab), 0, t_fail, None, sent["end"])
                     ex = {k: ex.get(k) for k in ("exclusion_from_fail_us", "exclusion_after_unacked_us", "healthy_path_downs_after_fail", "dead_path_ups_after_fail")}
                     c1 = json.loads(env.mrcctl(h1, "stats", "-j").stdout)["counters"]
                     ex.update({k: c1.get(k, 0) - c0.get(k, 0) for k in ("tx_tcp_retrans", "tx_retrans_steered")})

@@ -156,31 +156,16 @@ def test_imports_go_only_downwards():
     assert not upward, "imports against the layering:\n" + "\n".join(upward)
 
 
-# Known and to be untangled (issue #30): mrc-perf's iperf3 protocol
-# (perf/iperf3_proto.py) and its sessions came in with these after the check
-# was written.  Listed exactly, so the check holds everywhere else; an entry
-# that no longer applies fails too, so the list only shrinks.
-KNOWN_CIRCLES = [["mrc_ebpf.perf.iperf3_proto", "mrc_ebpf.perf.session"]]
-KNOWN_PRIVATE = {f"mrc_ebpf/perf/iperf3_proto.py mrc_ebpf.perf.session.{name}" for name in
-                 ("_workers", "_results", "_document", "_udp_length", "_announce", "_print_end", "_conn_info")}
-
-
 def test_no_import_circles():
     found = circles(graph(PKG)[0])
-    new = [c for c in found if c not in KNOWN_CIRCLES]
-    assert not new, "modules importing each other (directly or round a loop):\n" + \
-        "\n".join(" <-> ".join(c) for c in new)
-    assert not [c for c in KNOWN_CIRCLES if c not in found], "a known circle is gone: drop it from KNOWN_CIRCLES"
+    assert not found, "modules importing each other (directly or round a loop):\n" + \
+        "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_no_private_names_of_other_modules():
     found = graph(PKG)[1]
-    site = {f: "{} {}".format(f.split(" ")[0].rsplit(":", 1)[0], f.split(" ")[1]) for f in found}  # no line
-    new = [f for f in found if site[f] not in KNOWN_PRIVATE]
-    assert not new, "private names used outside their module (make them public where " \
-        "they belong, or move them):\n" + "\n".join(new)
-    gone = KNOWN_PRIVATE - set(site.values())
-    assert not gone, f"known private uses gone: drop {sorted(gone)} from KNOWN_PRIVATE"
+    assert not found, "private names used outside their module (make them public where " \
+        "they belong, or move them):\n" + "\n".join(found)
 
 
 def _package(root: Path, files: dict[str, str]) -> Path:

@@ -220,3 +220,14 @@ def test_every_datapath_map_is_named_mrc():
                                              text, flags=re.M) if m.group(2)]
     names += [m.group(1) for m in re.finditer(r"^BPF_(?:F_)?TABLE\((?:[^,]+,){3}\s*(\w+)", text, flags=re.M)]
     assert len(names) >= len(layout.MAPS) and all(n.startswith("mrc_") for n in names), names
+
+
+def test_common_headers_are_all_read():
+    """Every header of bpf/lib/common/ is included by mrc_common.h, so
+    source.py (which follows its includes) reads its constants."""
+    common = sorted((source.BPF_DIR / "lib" / "common").glob("*.h"))
+    assert len(common) >= 10
+    text = source.header_text()
+    for header in common:
+        assert f'#line 1 "{header.resolve()}"' in text, header.name
+    assert "enum mrc_counter" in text and source.C["MRC_TLV_SIZE"] == 64

@@ -55,6 +55,7 @@ def test_wheel_contents(installed):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"mrc_ebpf"}, tops     # no stray top-level package (e.g. `cli`)
     for needed in ("mrc_ebpf/bpf/mrc.c", "mrc_ebpf/bpf/mrc_common.h", "mrc_ebpf/bpf/lib/maps.h",
+                   "mrc_ebpf/bpf/lib/common/wire.h",
                    "mrc_ebpf/bpf/lab/fault.c", "mrc_ebpf/perf/schema.json"):
         assert needed in names, needed
     licenses = [n for n in names if ".dist-info/" in n and "LICENSE" in n.upper()]

@@ -9,38 +9,12 @@
 #define MRC_LIB_FAILOVER_H
 
 #include "lib/maps.h"
+#include "lib/event_log.h"
 #include "lib/compiler.h"
 #include "lib/counters.h"
 #include "lib/floor.h"
 #include "lib/peer_state.h"
 #include "lib/shared_fate.h"
-
-static __always_inline void failover_event_log(__u32 peer_id, __u16 path_id, __u16 type, __u64 now,
-				      __u64 since)
-{
-	__u32 zero = 0, slot;
-	__u64 *seq = mrc_event_seq.lookup(&zero), n;
-	struct mrc_event *ev;
-
-	if (!seq)
-		return;
-	n = __sync_fetch_and_add(seq, 1) + 1;
-	slot = n % MRC_EVENTS;
-	ev = mrc_events.lookup(&slot);
-	if (!ev)
-		return;
-	ev->ns = now;
-	ev->since_ns = since;
-	ev->peer_id = peer_id;
-	ev->path_id = path_id;
-	ev->type = type;
-	ev->seq = n;	/* last: a reader takes seq 0 as an unwritten slot */
-	/* the ring is the readers' doorbell: each reads the log above at its
-	 * own position (datapath/ringbuf.py); FORCE_WAKEUP wakes every one of
-	 * them, as they keep a record unread.  A full ring (nobody reading)
-	 * drops the copy; the log keeps the event. */
-	mrc_event_ring.ringbuf_output(ev, sizeof(*ev), BPF_RB_FORCE_WAKEUP);
-}
 
 enum path_use {
 	PATH_SKIP,	/* down, and not its turn to be probed */

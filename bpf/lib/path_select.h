@@ -11,6 +11,7 @@
 #include "lib/maps.h"
 #include "lib/counters.h"
 #include "lib/compiler.h"
+#include "lib/event_log.h"
 #include "lib/failover.h"
 #include "lib/peer_state.h"
 

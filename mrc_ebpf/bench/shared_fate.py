@@ -37,9 +37,14 @@ probed back.  Measured per run:
     reroute (the pick was out or skipped: another path taken), probe
     (a down or suspect path tested) and probe_copy (of which header-only
     copies of data packets).
+
+A run's measurement (SharedFateRun: the generators' counts, the fault
+programs' drops, the hosts' counters before and after) is kept apart from
+its analysis (run_result, summarize), a pure function of it.
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import statistics
@@ -83,13 +88,39 @@ COUNTERS = {"fail_open": "tx_fail_open", "reroute": "tx_reroute", "probe": "tx_p
             "probe_copy": "tx_probe_copy"}
 
 
-def _hops(env, fab, hosts) -> dict:
+HOP_KEYS = ("suspects", "watch_suspects", "shared_downs", "false_suspects", "downs", "false_downs",
+            *COUNTERS)
+
+
+@dataclasses.dataclass
+class Generator:
+    """One host's all-to-all generator report (bench/alltoall_udp.py)."""
+    sent: dict[str, int]            # peer address -> packets sent to it
+    received: dict[str, int]        # sender index -> packets received from it
+    send_errors: int
+
+
+@dataclasses.dataclass
+class SharedFateRun:
+    """One (pattern, shared fate) run as measured."""
+    pattern: str
+    shared_fate: str
+    hosts: list[str]
+    addrs: list[str]
+    generators: list[Generator]
+    fault_drops: int                # what the fault programs dropped during the run
+    hops_before: dict[str, int]     # _hops() before and after: HOP_KEYS summed over the hosts
+    hops_after: dict[str, int]
+    t_fail: float
+    load: float
+
+
+def _hops(env, fab, hosts) -> dict[str, int]:
     """Summed over the hosts: suspicions and shared downs of s1's hop,
     every path's downs (path list), those of paths not through s1, and the
     datapath counters of COUNTERS."""
     sid = fab.spine_sid(0, 1)
-    out = {"suspects": 0, "watch_suspects": 0, "shared_downs": 0, "false_suspects": 0, "downs": 0,
-           "false_downs": 0, **{k: 0 for k in COUNTERS}}
+    out = {k: 0 for k in HOP_KEYS}
     for h in hosts:
         r = env.mrcctl(fab.ns(h), "shared-fate", "-j")
         for hop in json.loads(r.stdout)["hops"]:
@@ -111,7 +142,7 @@ def _hops(env, fab, hosts) -> dict:
     return out
 
 
-def _one(env, fab, p, hosts, pattern: str, sf: str, port: int) -> dict:
+def _one(env, fab, p, hosts, pattern: str, sf: str, port: int) -> SharedFateRun:
     for h in hosts:
         env.mrcctl(fab.ns(h), "shared-fate", sf)
     addrs = [fab.addr6(int(h[1:])) for h in hosts]
@@ -142,25 +173,13 @@ def _one(env, fab, p, hosts, pattern: str, sf: str, port: int) -> dict:
     for pr in procs:
         out, err = env.wait(pr, timeout=seconds + 30)
         try:
-            docs.append(json.loads(out.strip().splitlines()[-1]))
+            d = json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError):
             raise MrcError(f"all-to-all generator failed: {err.strip()[-300:]}")
-    sent = received = 0
-    pairs = {}          # "h1>h2": packets lost
-    for i, d in enumerate(docs):
-        sent += sum(d["sent"].values())
-        for j, dj in enumerate(docs):
-            if i != j:
-                got = dj["received"].get(str(i), 0)
-                received += got
-                pairs[f"{hosts[i]}>{hosts[j]}"] = d["sent"].get(addrs[j], 0) - got
+        docs.append(Generator(d["sent"], d["received"], d["send_errors"]))
     hops1 = _hops(env, fab, hosts)
-    return {"pattern": pattern, "shared_fate": sf, "sent": sent, "received": received,
-            "lost": sent - received, "fault_drops": _fault_drops(fab) - drops0,
-            "send_errors": sum(d["send_errors"] for d in docs),
-            "pairs_with_loss": sum(1 for v in pairs.values() if v), "lost_by_pair": pairs,
-            "t_fail": t_fail, "load": _load(),
-            **{k: hops1[k] - hops0[k] for k in hops0}}
+    return SharedFateRun(pattern, sf, hosts, addrs, docs, _fault_drops(fab) - drops0, hops0, hops1, t_fail,
+                         _load())
 
 
 def _load() -> float:
@@ -186,7 +205,8 @@ def run(p: dict, env) -> dict:
                     order = p["shared_fate"] if rep % 2 == 0 else list(reversed(p["shared_fate"]))
                     for sf in order:
                         time.sleep(p["settle_s"])
-                        r = _one(env, fab, p, hosts, pattern, sf, port)
+                        m = _one(env, fab, p, hosts, pattern, sf, port)
+                        r = run_result(m)
                         port += 1
                         log(f"shared-fate: {pattern} {sf}: lost {r['lost']} of {r['sent']}, fault drops "
                             f"{r['fault_drops']}, s1 suspect {r['suspects']}x ({r['watch_suspects']} by watch), "
@@ -194,13 +214,37 @@ def run(p: dict, env) -> dict:
                             f"{r['shared_downs']}, downs {r['downs']} (not s1: {r['false_downs']}), "
                             f"fail-open {r['fail_open']}, reroute {r['reroute']}, probes {r['probe']} "
                             f"({r['probe_copy']} copies), load {r['load']}")
-                        runs.append(r)
+                        runs.append(m)
         finally:
             fab_mod.heal(fab.name, None)
-    return _summary(p, runs)
+    return summarize(p, runs)
 
 
-def _summary(p, runs) -> dict:
+# --------------------------------------------------------------------------- analysis
+
+def run_result(m: SharedFateRun) -> dict:
+    """One run's losses (per sender-receiver pair) and counter deltas."""
+    docs, hosts, addrs = m.generators, m.hosts, m.addrs
+    sent = received = 0
+    pairs = {}          # "h1>h2": packets lost
+    for i, d in enumerate(docs):
+        sent += sum(d.sent.values())
+        for j, dj in enumerate(docs):
+            if i != j:
+                got = dj.received.get(str(i), 0)
+                received += got
+                pairs[f"{hosts[i]}>{hosts[j]}"] = d.sent.get(addrs[j], 0) - got
+    return {"pattern": m.pattern, "shared_fate": m.shared_fate, "sent": sent, "received": received,
+            "lost": sent - received, "fault_drops": m.fault_drops,
+            "send_errors": sum(d.send_errors for d in docs),
+            "pairs_with_loss": sum(1 for v in pairs.values() if v), "lost_by_pair": pairs,
+            "t_fail": m.t_fail, "load": m.load,
+            **{k: m.hops_after[k] - m.hops_before[k] for k in m.hops_before}}
+
+
+def summarize(p: dict, measured: list[SharedFateRun]) -> dict:
+    """The results: every run's, and per pattern and setting their spread."""
+    runs = [run_result(m) for m in measured]
     out = {"runs": runs, "patterns": {}}
     for pattern in p["patterns"]:
         by = {}

@@ -1,5 +1,5 @@
 """`mrcctl apply FILE`, `show-config` and `save`: a host's whole config
-as one YAML file (mrc_ebpf/control/config.py has the format; docs/ops.md
+as one YAML file (mrc_ebpf/control/config/ has the format; docs/ops.md
 the how-to)."""
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def apply(ctx, file, reattach, dry_run, no_key):
     if keyed and no_key:
         raise MrcError(f"--no-key, but {cfg.source} names key_file {cfg.data['attach']['key_file']}: "
                        f"drop one of them")
-    result = config.apply(cfg, reattach=reattach, dry_run=dry_run)
-    result["authenticated"] = keyed
+    applied = config.apply(cfg, reattach=reattach, dry_run=dry_run)
+    result = {**applied.public(), "authenticated": keyed}
     if not keyed and not no_key:
         click.echo(f"mrcctl: warning: {cfg.source} names no key_file: {result['device']}'s feedback is "
                    f"unauthenticated, anyone on the fabric can forge or replay it (`mrcctl render` "
@@ -51,13 +51,8 @@ def apply(ctx, file, reattach, dry_run, no_key):
             return
         verb = "would change" if r["dry_run"] else "changed"
         click.echo(f"{r['device']}: {verb} {len(r['changes'])} thing(s)")
-        for c in r["changes"]:
-            if c["what"] == "attach" and c["key"] == "attach":
-                click.echo(f"  attach {c['to']}")
-            elif c["what"] == "attach" and c["key"] == "reattach":
-                click.echo(f"  re-attach: {'; '.join(c['reasons'])}")
-            else:
-                click.echo(f"  {config.describe(c)}")
+        for c in applied.changes:
+            click.echo(f"  {c.describe()}")
     emit(ctx, result, human)
 
 

@@ -21,7 +21,7 @@ from mrc_ebpf.cli.common import (attached, complete_attached, complete_devices, 
                                   dev_option, dumps, emit, enter_netns, exact_prefix, json_option,
                                   lock_timeout,
                                   tabulate)
-from mrc_ebpf.datapath.layout import SETTING_DEFAULTS, TIMER_DEFAULTS
+from mrc_ebpf.control.config import schema as config_schema
 from mrc_ebpf.datapath.source import prefixed
 
 EXIT_ERROR = 1
@@ -133,15 +133,21 @@ def cli(ctx, json_, pretty, netns_name):
         enter_netns(netns_name)
 
 
+def ranged_option(name: str, help: str):
+    """--NAME of `attach`: its range and default from the config schema's
+    one table (the config file's attach section takes the same)."""
+    return click.option(f"--{name.replace('_', '-')}", type=click.IntRange(*config_schema.RANGES[name]),
+                        default=config_schema.DEFAULTS[name], show_default=True, help=help)
+
+
 @cli.command()
 @click.argument("devices", metavar="DEVICE...", nargs=-1, required=True,
                 shell_complete=complete_devices)
 @click.option("--sid", help="This host's SRv6 SID (outer source; decapsulated here); required, except with --replace.")
-@click.option("--mode", type=click.Choice(["auto", "native", "skb"]), default="auto",
+@click.option("--mode", type=click.Choice(config_schema.MODES), default="auto",
               show_default=True, help="XDP mode: native (driver) or skb (generic); auto: native, "
                                       "but generic on a veth (native turns the sender's TSO off).")
-@click.option("--granularity", type=click.Choice(["auto", "packet", "burst"]), default="auto",
-              show_default=True,
+@click.option("--granularity", type=click.Choice(config_schema.GRANULARITIES), default="auto", show_default=True,
               help="auto: spray GSO bursts of at most 50 us of the slowest link's time (full "
                    "64 KB bursts at 10 Gbit/s and up: segmentation offload kept); packet: each "
                    "packet its own path (gso_max_segs 1: the kernel's no-GSO rate); burst: "
@@ -149,35 +155,32 @@ def cli(ctx, json_, pretty, netns_name):
 @click.option("--link-rate", metavar="RATE",
               help="The slowest link of the fabric (e.g. 200mbit, 100gbit), which auto sizes "
                    "bursts for; default: the device's own speed.")
-@click.option("--loss-hold-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["loss_hold_us"], show_default=True,
-              help="adaptive: how long a path that reported a loss is avoided.")
-@click.option("--ack-timeout-us", type=click.IntRange(50, 10_000_000), default=TIMER_DEFAULTS["ack_timeout_us"], show_default=True,
-              help="A path whose packets go unacknowledged this long is taken down.")
-@click.option("--probe-us", type=click.IntRange(10, 10_000_000), default=TIMER_DEFAULTS["probe_us"], show_default=True,
-              help="A down path is tried with one packet this often.")
-@click.option("--probe-max-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["probe_max_us"],
-              show_default=True,
-              help="A down path's probe interval doubles from --probe-us up to this (reset when it "
-                   "answers); 0 keeps it at --probe-us.")
-@click.option("--probe-budget", type=click.IntRange(0, 1_000_000), default=SETTING_DEFAULTS["probe_budget"],
-              show_default=True,
-              help="Down paths' probes a second through one first hop at most (a path without "
-                   "a known first hop: through itself); 0: no limit.")
-@click.option("--skip-rotations", type=click.IntRange(0, 1_000_000), default=SETTING_DEFAULTS["skip_rotations"],
-              show_default=True,
-              help="A path the peer reports CE-marked skips this many of its spray turns (MRC's skip: "
-                   "congestion, never assumed-bad); 0: CE marks skip nothing.")
-@click.option("--fb-interval-us", type=click.IntRange(10, 10_000_000), default=TIMER_DEFAULTS["fb_interval_us"], show_default=True,
-              help="One-way traffic: the receiver sends feedback at least this often.")
-@click.option("--reorder-max-us", type=click.IntRange(0, 10_000_000), default=TIMER_DEFAULTS["reorder_max_us"], show_default=True,
-              help="Late packets widen --ack-timeout-us up to this; 0 keeps it fixed.")
+@ranged_option("loss_hold_us",
+               help="adaptive: how long a path that reported a loss is avoided.")
+@ranged_option("ack_timeout_us",
+               help="A path whose packets go unacknowledged this long is taken down.")
+@ranged_option("probe_us",
+               help="A down path is tried with one packet this often.")
+@ranged_option("probe_max_us",
+               help="A down path's probe interval doubles from --probe-us up to this (reset when it "
+                    "answers); 0 keeps it at --probe-us.")
+@ranged_option("probe_budget",
+               help="Down paths' probes a second through one first hop at most (a path without "
+                    "a known first hop: through itself); 0: no limit.")
+@ranged_option("skip_rotations",
+               help="A path the peer reports CE-marked skips this many of its spray turns (MRC's skip: "
+                    "congestion, never assumed-bad); 0: CE marks skip nothing.")
+@ranged_option("fb_interval_us",
+               help="One-way traffic: the receiver sends feedback at least this often.")
+@ranged_option("reorder_max_us",
+               help="Late packets widen --ack-timeout-us up to this; 0 keeps it fixed.")
 @click.option("--retrans-steer/--no-retrans-steer", default=True, show_default=True,
               help="A TCP retransmission whose spray turn is a path the peer has stopped "
                    "acknowledging goes on one it acknowledges (a failed path's losses are "
                    "not resent into it).")
-@click.option("--min-active", type=click.IntRange(0, 256), default=0, show_default=True,
-              help="The datapath takes no path out that would leave a peer fewer than this many "
-                   "usable ones (MRC's ev_min_active); each refusal is an event (kept).")
+@ranged_option("min_active",
+               help="The datapath takes no path out that would leave a peer fewer than this many "
+                    "usable ones (MRC's ev_min_active); each refusal is an event (kept).")
 @click.option("--shared-fate/--no-shared-fate", default=False, show_default=True,
               help="A path taken out makes its first hop suspect: the other peers' paths through "
                    "it are tested at once by probe copies and taken out if they go unanswered "

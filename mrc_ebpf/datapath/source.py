@@ -1,8 +1,10 @@
 """The datapath's C source and the constants it shares with Python.
 
-bpf/mrc_common.h is the single definition of sizes, flags and counters:
-this module reads its ``#define``s and ``enum mrc_counter`` so Python never
-keeps a second copy of them.
+bpf/mrc_common.h and the headers of bpf/lib/common/ it includes (one
+concern each: sizes, wire format, peers, paths, counters, events, ...) are
+the single definition of sizes, flags and counters: this module reads their
+``#define``s and ``enum mrc_counter`` so Python never keeps a second copy
+of them.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ LAB_BPF_DIR = BPF_DIR / "lab"
 MAIN_SOURCE = BPF_DIR / "mrc.c"
 COMMON_HEADER = BPF_DIR / "mrc_common.h"
 
-_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*(?:/\*.*\*/)?\s*$')
 
 
 def expand(path: Path = MAIN_SOURCE, _seen: set | None = None) -> str:
@@ -60,11 +62,18 @@ def _strip_comments(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def header_text(path: Path = COMMON_HEADER) -> str:
+    """The C file at `path` with its quoted includes inlined: for
+    mrc_common.h, every header of lib/common/, in its order."""
+    return expand(Path(path))
+
+
+@functools.lru_cache(maxsize=None)
 def constants(path: Path = COMMON_HEADER, prefix: str = "MRC_") -> dict[str, int]:
-    """Integer #defines named PREFIX* in the C file at `path` (mrc_common.h
-    by default), function-like macros excluded."""
+    """Integer #defines named PREFIX* in the C file at `path` and what it
+    includes (mrc_common.h by default), function-like macros excluded."""
     values: dict[str, int] = {}
-    text = _strip_comments(Path(path).read_text())
+    text = _strip_comments(header_text(path))
     pattern = rf"^[ \t]*#define[ \t]+({re.escape(prefix)}\w+)[ \t]+(.+?)[ \t]*$"
     for name, expr in re.findall(pattern, text, flags=re.M):
         expr = re.sub(rf"\b({re.escape(prefix)}\w+)\b",
@@ -77,7 +86,7 @@ def constants(path: Path = COMMON_HEADER, prefix: str = "MRC_") -> dict[str, int
 @functools.lru_cache(maxsize=None)
 def _function_macros(path: Path = COMMON_HEADER) -> dict[str, tuple[list[str], str]]:
     """Function-like #defines of the file: name -> (parameters, body)."""
-    text = _strip_comments(Path(path).read_text())
+    text = _strip_comments(header_text(path))
     found = re.findall(r"^[ \t]*#define[ \t]+(\w+)\(([^)]*)\)[ \t]+(.+?)[ \t]*$", text, flags=re.M)
     return {name: ([p.strip() for p in params.split(",")], body) for name, params, body in found}
 
@@ -109,7 +118,7 @@ def macro(name: str, *args: int, path: Path = COMMON_HEADER) -> int:
 def enum_names(enum: str, path: Path = COMMON_HEADER) -> list[str]:
     """The names of `enum ENUM` in the C file at `path`, in value order (the
     enum must not assign values)."""
-    text = _strip_comments(Path(path).read_text())
+    text = _strip_comments(header_text(path))
     body = re.search(rf"enum\s+{re.escape(enum)}\s*{{(.*?)}}", text, flags=re.S).group(1)
     names = [n.strip() for n in body.split(",") if n.strip()]
     if any("=" in n for n in names):

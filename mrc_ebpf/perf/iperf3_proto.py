@@ -36,6 +36,8 @@ from mrc_ebpf.perf.control import (TCP_LENGTH, Params, buffer_sizes, congestion_
 from mrc_ebpf.perf.mrc_view import MrcView
 from mrc_ebpf.perf.tcp import TcpReceiver, TcpSender
 from mrc_ebpf.perf.udp import UdpReceiver, UdpSender, big_buffers, receive_iperf3
+from mrc_ebpf.perf import testrun
+from mrc_ebpf.perf.testrun import Recorder, close_all, print_server_output, start_extra
 
 TEST_START, TEST_RUNNING, TEST_END = 1, 2, 4
 PARAM_EXCHANGE, CREATE_STREAMS, SERVER_TERMINATE, CLIENT_TERMINATE = 9, 10, 11, 12
@@ -266,7 +268,6 @@ def _run(halves, params, out, mrc, t0, counters64, end_when, send_seconds):
     its deadline; server: the client's TEST_END); a sender stops after
     send_seconds at the latest.  Returns (role, ids, streams, recorder,
     summary, error) per half."""
-    from mrc_ebpf.perf import session
     tcp = params.protocol == "tcp"
     stop = threading.Event()
     deadline = t0 + int(send_seconds * 1e9)
@@ -275,7 +276,7 @@ def _run(halves, params, out, mrc, t0, counters64, end_when, send_seconds):
         if role == "sender":
             streams = [TcpSender(i, s) if tcp else UdpSender(i, s, fmt="iperf3", counters64=counters64)
                        for i, s in zip(ids, socks)]
-            threads = session._workers("sender", params, streams, [], stop, deadline, t0)
+            threads = testrun.workers("sender", params, streams, [], stop, deadline, t0)
             senders += threads
         else:
             streams = [TcpReceiver(i, s) if tcp else UdpReceiver(i) for i, s in zip(ids, socks)]
@@ -285,7 +286,7 @@ def _run(halves, params, out, mrc, t0, counters64, end_when, send_seconds):
             else:
                 threads = [threading.Thread(target=receive_iperf3, args=(sk, s, stop, counters64),
                                             daemon=True) for sk, s in zip(socks, streams)]
-        recorder = session.Recorder(streams, params, role, mrc if n == 0 else None, out)
+        recorder = Recorder(streams, params, role, mrc if n == 0 else None, out)
         runs.append((role, ids, streams, recorder, threads))
     for *_, recorder, threads in runs:
         recorder.begin(t0)
@@ -332,7 +333,6 @@ def _halves(params: Params, socks, client: bool):
 
 def _finish(who, sock, params, connected, results, remote_json, cpu, timestamp, extra, congestion):
     """session's record of the test from this end's halves and the peer's results."""
-    from mrc_ebpf.perf import session
     docs = []
     for role, ids, streams, recorder, summary, error in results:
         other = "receiver" if role == "sender" else "sender"
@@ -341,9 +341,9 @@ def _finish(who, sock, params, connected, results, remote_json, cpu, timestamp, 
             for s, r in zip(streams, remote["summary"]["streams"]):
                 s.sent = r["packets"]
             summary = recorder._report(recorder.first, recorder.prev, final=True)
-        local = session._results(role, recorder.mrc, recorder, summary, error, congestion, params, streams)
+        local = testrun.results(role, recorder.mrc, recorder, summary, error, congestion, params, streams)
         local["cpu"] = cpu
-        docs.append(session._document(who, sock, params, connected, local, remote, timestamp, extra))
+        docs.append(testrun.document(who, sock, params, connected, local, remote, timestamp, extra))
     doc = docs[0]
     if len(docs) > 1:
         doc["bidir_reverse"] = {k: docs[1][k] for k in ("local", "remote", "end")}
@@ -358,7 +358,6 @@ def _finish(who, sock, params, connected, results, remote_json, cpu, timestamp, 
 
 def client_test(csock: socket.socket, cookie_text: str, params: Params, out, mrc_device, use_mrc) -> dict:
     """mrc-perf -c against iperf3 -s; the server has sent PARAM_EXCHANGE."""
-    from mrc_ebpf.perf import session
     if params.mptcp:
         raise MrcError("the server is iperf3: MPTCP (-m) needs an mrc-perf server")
     if params.bytes and params.reverse:
@@ -367,7 +366,7 @@ def client_test(csock: socket.socket, cookie_text: str, params: Params, out, mrc
              "are not reported")
     local_addr, remote_addr = csock.getsockname(), csock.getpeername()
     if not params.length:
-        params.length = TCP_LENGTH if params.protocol == "tcp" else session._udp_length(csock)
+        params.length = TCP_LENGTH if params.protocol == "tcp" else testrun.udp_length(csock)
     params.check()
     timestamp = time.time()
     out.detail(f"      Cookie: {cookie_text}")
@@ -408,7 +407,7 @@ def client_test(csock: socket.socket, cookie_text: str, params: Params, out, mrc
         _expect(csock, TEST_START, SETUP_TIMEOUT)
         _expect(csock, TEST_RUNNING, SETUP_TIMEOUT)
         t0 = _now()
-        session._announce(out, mrc, connected, params)
+        testrun.announce(out, mrc, connected, params)
 
         def until_end(senders):
             for t in senders:               # they stop at the deadline, or after -n bytes
@@ -428,25 +427,21 @@ def client_test(csock: socket.socket, cookie_text: str, params: Params, out, mrc
         _expect(csock, DISPLAY_RESULTS, 30)
         send_state(csock, IPERF_DONE)
         doc = _finish("client", csock, params, connected, results, remote_json, cpu, timestamp,
-                      session.start_extra(cookie_text, params, socks[0], bufs), congestion)
-        session._print_end(out, doc, params)
-        session.print_server_output(out, doc.get("server_output", {}))
+                      start_extra(cookie_text, params, socks[0], bufs), congestion)
+        testrun.print_end(out, doc, params)
+        print_server_output(out, doc.get("server_output", {}))
         out.line("")
         out.line("mrc-perf Done.")
         return doc
     finally:
-        for s in socks:
-            s.close()
-        if mrc:
-            mrc.close()
+        close_all(socks, mrc=mrc)
 
 
 def serve_one(listener, conn, addr, port, bind, out, cookie_text, mrc_device, use_mrc, json_mode) -> dict:
     """iperf3 -c against mrc-perf -s; the client's cookie has been read."""
-    from mrc_ebpf.perf import session
     send_state(conn, PARAM_EXCHANGE)
     try:
-        params, counters64 = params_from_iperf3(json_read(conn, SETUP_TIMEOUT), session._udp_length(conn))
+        params, counters64 = params_from_iperf3(json_read(conn, SETUP_TIMEOUT), testrun.udp_length(conn))
     except MrcError as e:
         _refuse(conn)
         raise MrcError(f"rejected an iperf3 client from {addr[0]}: {e}")
@@ -502,11 +497,11 @@ def serve_one(listener, conn, addr, port, bind, out, cookie_text, mrc_device, us
                 pending = _udp_listener(conn, bind, port)
                 socks[-1].send(_INT.pack(UDP_CONNECT_REPLY))
         listener.settimeout(None)
-        connected = [session._conn_info(i, s) for i, s in enumerate(socks, 1)]
+        connected = [testrun.conn_info(i, s) for i, s in enumerate(socks, 1)]
         send_state(conn, TEST_START)
         send_state(conn, TEST_RUNNING)
         t0 = _now()
-        session._announce(out, mrc, connected, params)
+        testrun.announce(out, mrc, connected, params)
 
         def until_end(senders):
             _expect(conn, TEST_END, params.run_seconds + 60)
@@ -518,9 +513,9 @@ def serve_one(listener, conn, addr, port, bind, out, cookie_text, mrc_device, us
         congestion = congestion_of(socks[0]) if tcp else None
         cpu = results[0][3].cpu
         doc = _finish("server", conn, params, connected, results, remote_json, cpu, timestamp,
-                      session.start_extra(cookie_text, params, socks[0], buffer_sizes(socks[0])),
+                      start_extra(cookie_text, params, socks[0], buffer_sizes(socks[0])),
                       congestion)
-        session._print_end(out, doc, params)
+        testrun.print_end(out, doc, params)
         # as iperf3's receiver: the UDP loss is the gaps in the counts
         results = _results_json([(r[0], r[1], r[2], r[4]) for r in results], params, cpu, congestion)
         if params.get_server_output:
@@ -538,12 +533,7 @@ def serve_one(listener, conn, addr, port, bind, out, cookie_text, mrc_device, us
         return doc
     finally:
         listener.settimeout(None)
-        for s in socks:
-            s.close()
-        if pending is not None:
-            pending.close()
-        if mrc:
-            mrc.close()
+        close_all(socks, pending, mrc=mrc)
 
 
 def _refuse(conn: socket.socket) -> None:

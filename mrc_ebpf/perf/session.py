@@ -10,20 +10,19 @@ holds both ends.
 from __future__ import annotations
 
 import os
-import resource
 import socket
-import sys
 import threading
 import time
 
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.perf.control import (DEFAULT_PORT, TCP_LENGTH, UDP_RATE, VERSION, Control, Params, PeerGone,
-                           buffer_sizes, check_congestion, congestion_of, is_mptcp, mptcp_subflows,
+                           buffer_sizes, check_congestion, congestion_of, is_mptcp,
                            set_congestion, set_window, stream_socket)
 from mrc_ebpf.perf.mrc_view import MrcView
-from mrc_ebpf.perf.report import header, interval_lines, mrc_summary_lines, summary_lines
 from mrc_ebpf.perf.tcp import DATA_HELLO, DATA_MAGIC, TcpReceiver, TcpSender
-from mrc_ebpf.perf.udp import HEADER, KIND_HELLO, MAGIC, UdpReceiver, UdpSender, big_buffers, hello, receive
+from mrc_ebpf.perf.udp import HEADER, KIND_HELLO, MAGIC, UdpReceiver, UdpSender, big_buffers, hello
+from mrc_ebpf.perf import testrun
+from mrc_ebpf.perf.testrun import Output, Recorder, close_all, print_server_output, start_extra  # noqa: F401
 
 SETUP_TIMEOUT = 10.0
 # the server's answer to an mrc-perf client's cookie (iperf3's is PARAM_EXCHANGE)
@@ -57,168 +56,6 @@ _now = time.monotonic_ns
 __all__ = ["DEFAULT_PORT", "Params", "Output", "run_client", "serve"]
 
 
-class Output:
-    """Text lines as the test goes (iperf3's habit) or one JSON document at the end."""
-
-    def __init__(self, json_mode: bool, stream=None, verbose: bool = False, unit: str | None = None):
-        self.json_mode = json_mode
-        self.stream = stream or sys.stdout
-        self.lock = threading.Lock()
-        self.verbose = verbose          # iperf3 -V: more lines
-        self.unit = unit                # iperf3 -f: the rate column's unit
-        self.captured: list[str] = []   # the lines of the current test (--get-server-output)
-
-    def line(self, text: str = "") -> None:
-        self.captured.append(text)
-        if not self.json_mode:
-            with self.lock:
-                print(text, file=self.stream, flush=True)
-
-    def detail(self, text: str) -> None:
-        """A line printed only with -V."""
-        if self.verbose:
-            self.line(text)
-
-
-class Recorder:
-    """Snapshots of cumulative counters at interval boundaries; every
-    report is a difference of two snapshots, so the intervals add up to
-    the summary exactly."""
-
-    def __init__(self, streams, params: Params, role: str, mrc: MrcView | None, out: Output):
-        self.streams, self.params, self.role, self.mrc, self.out = streams, params, role, mrc, out
-        self.kind = streams[0].kind
-        self.intervals: list[dict] = []
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def _snap(self, t: int) -> dict:
-        return {"t": t, "streams": [s.snapshot() for s in self.streams],
-                "mrc": self.mrc.snapshot() if self.mrc else None}
-
-    def _report(self, a: dict, b: dict, final: bool = False) -> dict:
-        seconds = (b["t"] - a["t"]) / 1e9
-        reports = [s.report(sa, sb, seconds, final)
-                   for s, sa, sb in zip(self.streams, a["streams"], b["streams"])]
-        total = type(self.streams[0]).sum(self.streams, a["streams"], b["streams"], seconds, reports,
-                                          final)
-        return {"start": round((a["t"] - self.t0) / 1e9, 6), "end": round((b["t"] - self.t0) / 1e9, 6),
-                "seconds": round(seconds, 6), "streams": reports, "sum": total,
-                "mrc": self.mrc.delta(a["mrc"], b["mrc"], seconds) if self.mrc else None}
-
-    def begin(self, t0: int) -> None:
-        self.t0 = t0            # times count from here; moved to the end of -O's omitted seconds
-        self.start = t0
-        self.omitting = self.params.omit > 0
-        self.first = self.prev = self._snap(t0)
-        self.cpu0 = _cpu_times()
-        self.out.line(header(self.kind, self.role, self.out.unit))
-        if self.params.interval or self.omitting:
-            self.thread = threading.Thread(target=self._loop, daemon=True)
-            self.thread.start()
-
-    def _boundaries(self):
-        """(when, omitted) of the interval ends: through the omitted
-        seconds, then from their end on; the last one is left to finish()."""
-        p, t0 = self.params, self.start
-        step = int(p.interval * 1e9)
-        omit_end = t0 + int(p.omit * 1e9)
-        if p.omit:
-            k = 1
-            while step and t0 + k * step < omit_end - step // 10:
-                yield t0 + k * step, True
-                k += 1
-            yield omit_end, True
-        if not step:
-            return
-        # the test's end closes the last interval, so no sliver follows it
-        horizon = None if p.bytes else omit_end + int(p.duration * 1e9) - step // 10
-        k = 1
-        while horizon is None or omit_end + k * step < horizon:
-            yield omit_end + k * step, False
-            k += 1
-
-    def _loop(self) -> None:
-        for when, omitted in self._boundaries():
-            if self.stop.wait(max(0.0, (when - _now()) / 1e9)):
-                return
-            snap = self._snap(_now())
-            if omitted and not self.omitting:
-                continue
-            if self.params.interval:
-                self._emit(snap, omitted)
-            if omitted and when == self.start + int(self.params.omit * 1e9):
-                # iperf3: the omitted seconds are not counted; times start again at 0
-                self.omitting = False
-                self.first = self.prev = snap
-                self.t0 = snap["t"]
-
-    def _emit(self, snap: dict, omitted: bool = False) -> None:
-        rec = self._report(self.prev, snap)
-        rec["omitted"] = omitted
-        self.prev = snap
-        self.intervals.append(rec)
-        lines = interval_lines(rec, self.kind, self.role, len(self.streams) > 1, self.out.unit)
-        for text in lines:
-            self.out.line(text + ("  (omitted)" if omitted and not text.startswith("[MRC]") else ""))
-
-    def finish(self, end_ns: int) -> dict:
-        self.stop.set()
-        if self.thread:
-            self.thread.join()
-        snap = self._snap(max(end_ns, self.prev["t"]))
-        if snap["t"] > self.prev["t"] or not self.intervals:
-            self._emit(snap, self.omitting)
-        self.cpu = _cpu_percent(self.cpu0, _cpu_times())
-        return self._report(self.first, snap, final=True)
-
-
-def _cpu_times() -> tuple:
-    """As iperf3: this process's user and system CPU time, and wall time."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return time.monotonic(), r.ru_utime, r.ru_stime
-
-
-def _cpu_percent(a: tuple, b: tuple) -> dict:
-    wall = b[0] - a[0]
-    if wall <= 0:
-        return {"total": 0.0, "user": 0.0, "system": 0.0}
-    user, system = 100 * (b[1] - a[1]) / wall, 100 * (b[2] - a[2]) / wall
-    return {"total": user + system, "user": user, "system": system}
-
-
-def _announce(out, mrc, connected: list[dict], params: Params | None = None) -> None:
-    """iperf3's opening lines, and which datapath this end reads."""
-    if params is not None:          # iperf3 -V's line
-        what = f"{params.bytes} bytes to send" if params.bytes else f"{params.duration:g} second test"
-        out.detail(f"Starting Test: protocol: {params.protocol.upper()}, {params.streams} streams, "
-                   f"{params.length} byte blocks, omitting {params.omit:g} seconds, {what}, tos 0")
-    if mrc:
-        out.line(f"MRC datapath here: {mrc.device} SID {mrc.sid}; per-path lines follow each interval")
-    for c in connected:
-        out.line(f"[{c['id']:>3}] local {c['local_host']} port {c['local_port']} connected to "
-                 f"{c['remote_host']} port {c['remote_port']}")
-
-def _limits(params, n: int) -> list[int]:
-    """-n: the bytes to send, split over the streams (0: no limit)."""
-    if not params.bytes:
-        return [0] * n
-    share, rest = divmod(params.bytes, n)
-    return [share + (1 if i < rest else 0) or 1 for i in range(n)]
-
-
-def _workers(role, params, streams, udp_feeds, stop, deadline, t0=None):
-    if role == "sender":
-        return [threading.Thread(target=s.run, args=(deadline, stop, params.bitrate, params.length,
-                                                     t0, limit), daemon=True)
-                for s, limit in zip(streams, _limits(params, len(streams)))]
-    if params.protocol == "tcp":
-        return [threading.Thread(target=s.run, args=(stop, params.length), daemon=True)
-                for s in streams]
-    return [threading.Thread(target=receive, args=(sock, feed, stop), daemon=True)
-            for sock, feed in udp_feeds]
-
-
 def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc, out, t0,
               congestion: str | None) -> tuple:
     """Run this side of a started test; returns (local results, remote results).
@@ -226,38 +63,49 @@ def _run_test(ctrl: Control, role: str, params: Params, streams, udp_feeds, mrc,
     stop = threading.Event()
     recorder = Recorder(streams, params, role, mrc, out)
     deadline = t0 + int(params.run_seconds * 1e9)
-    threads = _workers(role, params, streams, udp_feeds, stop, deadline, t0)
+    threads = testrun.workers(role, params, streams, udp_feeds, stop, deadline, t0)
     recorder.begin(t0)
     for t in threads:
         t.start()
     try:
         if role == "sender":
-            for t in threads:
-                t.join()
-            summary = recorder.finish(_now())
-            local = _results(role, mrc, recorder, summary,
-                             next((s.error for s in streams if s.error), None), congestion, params, streams)
+            local = _sent(recorder, mrc, streams, threads, congestion, params)
             ctrl.send({"op": "end", "results": local})
             remote = ctrl.expect("results", TCP_DRAIN_MAX + 30, "the receiver")["results"]
             return local, remote
         remote = ctrl.expect("end", params.run_seconds + 60, "the sender")["results"]
-        _drain(params, streams, threads)
-        stop.set()
-        for t in threads:
-            t.join()
-        if params.protocol == "udp":
-            sent = {s["id"]: s["packets"] for s in remote["summary"]["streams"]}
-            for s in streams:
-                s.sent = sent.get(s.id)
-        last = max(s.end_ns for s in streams)
-        summary = recorder.finish(last or _now())
-        local = _results(role, mrc, recorder, summary,
-                         next((s.error for s in streams if s.error), None), congestion, params, streams)
+        local = _received(recorder, mrc, streams, threads, stop, remote, congestion, params)
         ctrl.send({"op": "results", "results": local})
         return local, remote
     finally:
         stop.set()
         recorder.stop.set()
+
+
+def _sent(recorder, mrc, streams, threads, congestion, params) -> dict:
+    """The sending side's results, once its streams have sent all."""
+    for t in threads:
+        t.join()
+    summary = recorder.finish(_now())
+    return testrun.results("sender", mrc, recorder, summary, next((s.error for s in streams if s.error), None),
+                           congestion, params, streams)
+
+
+def _received(recorder, mrc, streams, threads, stop, remote, congestion, params) -> dict:
+    """The receiving side's results, after the sender's end (REMOTE: its
+    results, whose UDP counts tell how many were sent)."""
+    _drain(params, streams, threads)
+    stop.set()
+    for t in threads:
+        t.join()
+    if params.protocol == "udp":
+        sent = {s["id"]: s["packets"] for s in remote["summary"]["streams"]}
+        for s in streams:
+            s.sent = sent.get(s.id)
+    last = max(s.end_ns for s in streams)
+    summary = recorder.finish(last or _now())
+    return testrun.results("receiver", mrc, recorder, summary, next((s.error for s in streams if s.error), None),
+                           congestion, params, streams)
 
 
 def _drain(params, streams, threads) -> None:
@@ -282,95 +130,8 @@ def _drain(params, streams, threads) -> None:
         time.sleep(UDP_IDLE / 5)
 
 
-def _results(role, mrc, recorder, summary, error, congestion, params, streams) -> dict:
-    out = {"role": role, "mrc": mrc.info() if mrc else None, "tcp_congestion": congestion,
-           "intervals": recorder.intervals, "summary": summary, "error": error, "cpu": recorder.cpu}
-    if params.mptcp:        # each stream's subflows at the end (MPTCP_INFO)
-        out["mptcp_subflows"] = [mptcp_subflows(s.sock) for s in streams]
-    return out
-
-
-SIDE_KEYS = ("role", "mrc", "tcp_congestion", "intervals", "mptcp_subflows", "cpu")
-
-
-def print_server_output(out: Output, server_output: dict) -> None:
-    """--get-server-output in text mode, as iperf3 prints it."""
-    if "text" in server_output:
-        out.line("")
-        out.line("Server output:")
-        out.line(server_output["text"].rstrip("\n"))
-    elif "json" in server_output:
-        import json
-        out.line("")
-        out.line("Server JSON output:")
-        out.line(json.dumps(server_output["json"], indent=2))
-
-
-def start_extra(cookie_text: str, params: Params, sock: socket.socket, bufs: dict) -> dict:
-    """iperf3's start figures: the cookie, the first data stream's MSS and
-    its socket buffers (read before it connected, as iperf3 does)."""
-    extra = {"cookie": cookie_text, "sock_bufsize": params.window, **bufs}
-    if params.protocol == "tcp":
-        try:
-            extra["tcp_mss_default"] = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
-        except OSError:
-            extra["tcp_mss_default"] = 0
-    return extra
-
-
-def _document(who, ctrl_sock, params, connected, local, remote, timestamp, extra=None) -> dict:
-    lh, lp = ctrl_sock.getsockname()[:2]
-    rh, rp = ctrl_sock.getpeername()[:2]
-    by_role = {local["role"]: local, remote["role"]: remote}
-    errors = [r["error"] for r in (local, remote) if r.get("error")]
-    return {
-        "tool": "mrc-perf", "version": VERSION,
-        "start": {"timestamp": timestamp, "role": who, "local_host": lh, "local_port": lp,
-                  "remote_host": rh, "remote_port": rp, "test": params.to_json(),
-                  "connected": connected, **(extra or {})},
-        "local": {k: local[k] for k in SIDE_KEYS if k in local},
-        "remote": {k: remote[k] for k in SIDE_KEYS if k in remote},
-        "end": {"sender": by_role["sender"]["summary"], "receiver": by_role["receiver"]["summary"]},
-        "error": errors[0] if errors else None,
-    }
-
-
-def _print_end(out: Output, doc: dict, params: Params) -> None:
-    out.detail("Test Complete. Summary Results:")
-    for text in summary_lines(doc["end"], params.protocol, params.streams > 1, out.unit):
-        out.line(text)
-    if "bidir_reverse" in doc:              # --bidir: the server's sending half
-        for text in summary_lines(doc["bidir_reverse"]["end"], params.protocol, params.streams > 1,
-                                  out.unit)[1:]:
-            out.line(text if text.startswith("[ ID]") else text + " (reverse)")
-    cpu = {k: doc[k].get("cpu") for k in ("local", "remote")}
-    if cpu["local"] and cpu["remote"]:       # iperf3 -V's line
-        out.detail("CPU Utilization: " + ", ".join(
-            f"{k}/{doc[k]['role']} {c['total']:.1f}% ({c['user']:.1f}%u/{c['system']:.1f}%s)"
-            for k, c in cpu.items()))
-    if params.protocol == "tcp":    # iperf3's snd_tcp_congestion / rcv_tcp_congestion
-        cc = {doc[k]["role"]: doc[k]["tcp_congestion"] for k in ("local", "remote")}
-        out.line(f"TCP congestion control: sender {cc['sender']}, receiver {cc['receiver']}")
-    if doc["local"]["mrc"] or doc["remote"]["mrc"]:
-        for text in mrc_summary_lines(doc["end"], doc["local"], doc["remote"]):
-            out.line(text)
-    if doc["error"]:
-        out.line(f"warning: {doc['error']}")
-
-
 def _family(host: str) -> int:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _udp_length(ctrl_sock: socket.socket) -> int:
-    """As iperf3: the control connection's MSS, which fits in the path MTU
-    (SRv6 encapsulation lowers it through the route's MTU) with room for a
-    UDP header."""
-    try:
-        mss = ctrl_sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
-    except OSError:
-        mss = 0
-    return mss if HEADER.size <= mss <= 9000 else 1200
 
 
 # --------------------------------------------------------------------- client
@@ -458,7 +219,7 @@ def _client_test(ctrl, cookie_text, params, out, mrc_device, use_mrc) -> dict:
     local_addr, remote_addr = csock.getsockname(), csock.getpeername()
     mrc = MrcView.open(mrc_device, remote_addr[0]) if use_mrc else None
     if not params.length:
-        params.length = TCP_LENGTH if params.protocol == "tcp" else _udp_length(csock)
+        params.length = TCP_LENGTH if params.protocol == "tcp" else testrun.udp_length(csock)
     params.check()
     timestamp = time.time()
     cookie = data_cookie(cookie_text)
@@ -499,10 +260,10 @@ def _client_test(ctrl, cookie_text, params, out, mrc_device, use_mrc) -> dict:
         else:
             _udp_handshake(ctrl, socks)
         t0 = _now()
-        _announce(out, mrc, connected, params)
+        testrun.announce(out, mrc, connected, params)
         doc = _test_both_or_one("client", ctrl, params, socks, None, mrc, out, t0, connected, timestamp,
                                 start_extra(cookie_text, params, socks[0], bufs))
-        _print_end(out, doc, params)
+        testrun.print_end(out, doc, params)
         if params.get_server_output:
             got = ctrl.expect("output", SETUP_TIMEOUT, "the server")
             doc["server_output"] = {k: got[k] for k in ("json", "text") if got.get(k) is not None}
@@ -511,10 +272,7 @@ def _client_test(ctrl, cookie_text, params, out, mrc_device, use_mrc) -> dict:
         out.line("mrc-perf Done.")
         return doc
     finally:
-        for s in socks:
-            s.close()
-        if mrc:
-            mrc.close()
+        close_all(socks, mrc=mrc)
 
 
 def _udp_handshake(ctrl: Control, socks) -> None:
@@ -573,33 +331,18 @@ def _run_both(ctrl, params, socks, addrs, mrc, out, t0, congestion, first_sends:
     rec_send = Recorder(senders, params, "sender", mrc, out)
     rec_recv = Recorder(receivers, params, "receiver", None, out)
     deadline = t0 + int(params.run_seconds * 1e9)
-    send_threads = _workers("sender", params, senders, [], stop_send, deadline, t0)
-    recv_threads = _workers("receiver", params, receivers, feeds, stop_recv, deadline, t0)
+    send_threads = testrun.workers("sender", params, senders, [], stop_send, deadline, t0)
+    recv_threads = testrun.workers("receiver", params, receivers, feeds, stop_recv, deadline, t0)
     rec_send.begin(t0)
     rec_recv.begin(t0)
     for t in send_threads + recv_threads:
         t.start()
     try:
-        for t in send_threads:
-            t.join()
-        summary = rec_send.finish(_now())
-        local_send = _results("sender", mrc, rec_send, summary,
-                              next((s.error for s in senders if s.error), None), congestion, params, senders)
+        local_send = _sent(rec_send, mrc, senders, send_threads, congestion, params)
         ctrl.send({"op": "end", "results": local_send})
         remote_send = ctrl.expect("end", params.run_seconds + 60, "the peer")["results"]
-        _drain(params, receivers, recv_threads)
-        stop_recv.set()
-        for t in recv_threads:
-            t.join()
-        if params.protocol == "udp":
-            sent = {s["id"]: s["packets"] for s in remote_send["summary"]["streams"]}
-            for s in receivers:
-                s.sent = sent.get(s.id)
-        last = max(s.end_ns for s in receivers)
-        summary = rec_recv.finish(last or _now())
-        local_recv = _results("receiver", None, rec_recv, summary,
-                              next((s.error for s in receivers if s.error), None), congestion, params,
-                              receivers)
+        local_recv = _received(rec_recv, None, receivers, recv_threads, stop_recv, remote_send, congestion,
+                               params)
         ctrl.send({"op": "results", "results": local_recv})
         remote_recv = ctrl.expect("results", TCP_DRAIN_MAX + 30, "the peer")["results"]
         return (local_send, remote_recv), (local_recv, remote_send)
@@ -619,12 +362,12 @@ def _test_both_or_one(who, ctrl, params, socks, addrs, mrc, out, t0, connected, 
             ("sender" if params.reverse else "receiver")
         streams, feeds = _make_streams(role, params, socks, addrs)
         local, remote = _run_test(ctrl, role, params, streams, feeds, mrc, out, t0, congestion)
-        return _document(who, ctrl.sock, params, connected, local, remote, timestamp, extra)
+        return testrun.document(who, ctrl.sock, params, connected, local, remote, timestamp, extra)
     mine, theirs = _run_both(ctrl, params, socks, addrs, mrc, out, t0, congestion, first_sends=client)
     # the record's main half is the client's sending one, as iperf3's sum / sum_sent
     forward, backward = (mine, theirs) if client else (theirs, mine)
-    doc = _document(who, ctrl.sock, params, connected, *forward, timestamp, extra)
-    back = _document(who, ctrl.sock, params, connected, *backward, timestamp, extra)
+    doc = testrun.document(who, ctrl.sock, params, connected, *forward, timestamp, extra)
+    back = testrun.document(who, ctrl.sock, params, connected, *backward, timestamp, extra)
     doc["bidir_reverse"] = {k: back[k] for k in ("local", "remote", "end")}
     doc["error"] = doc["error"] or back["error"]
     return doc
@@ -740,7 +483,7 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc, json_
             except MrcError as e:
                 ctrl.error(str(e))
                 raise
-            connected = [_conn_info(i, s) for i, s in enumerate(socks, 1)]
+            connected = [testrun.conn_info(i, s) for i, s in enumerate(socks, 1)]
             addrs = None
         else:
             addrs = _udp_hellos(usock, params.total_streams)
@@ -750,10 +493,10 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc, json_
                           "remote_port": a[1]} for i, a in sorted(addrs.items())]
         ctrl.send({"op": "start"})
         t0 = _now()
-        _announce(out, mrc, connected, params)
+        testrun.announce(out, mrc, connected, params)
         doc = _test_both_or_one("server", ctrl, params, socks, addrs, mrc, out, t0, connected, timestamp,
                                 start_extra(cookie_text, params, socks[0], buffer_sizes(socks[0])))
-        _print_end(out, doc, params)
+        testrun.print_end(out, doc, params)
         if params.get_server_output:        # iperf3: the server's JSON if it runs -J, else its text
             if json_mode:
                 from mrc_ebpf.perf.iperf_json import document
@@ -767,12 +510,7 @@ def _serve_one(listener, conn, addr, port, bind, out, mrc_device, use_mrc, json_
         ctrl.error(str(e))
         raise
     finally:
-        for s in socks:
-            s.close()
-        if usock is not None:
-            usock.close()
-        if mrc:
-            mrc.close()
+        close_all(socks, usock, mrc=mrc)
 
 
 def _read_cookie(conn: socket.socket) -> bytes:
@@ -784,12 +522,6 @@ def _read_cookie(conn: socket.socket) -> bytes:
         raise MrcError(f"the client sent no cookie within {SETUP_TIMEOUT:.0f} s")
     except (OSError, ValueError):
         raise MrcError("the client closed the control connection")
-
-
-def _conn_info(i: int, s: socket.socket) -> dict:
-    lh, lp = s.getsockname()[:2]
-    rh, rp = s.getpeername()[:2]
-    return {"id": i, "local_host": lh, "local_port": lp, "remote_host": rh, "remote_port": rp}
 
 
 def _accept_streams(listener, cookie: bytes, n: int) -> list[socket.socket]:

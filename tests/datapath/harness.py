@@ -40,7 +40,7 @@ def outcomes(prefix: str) -> list[str]:
     """The counters enum mrc_counter marks as outcomes ("outcome:" in
     the comment) whose names start with `prefix`: every packet is counted
     in exactly one of them."""
-    text = source.COMMON_HEADER.read_text()
+    text = source.header_text()
     body = re.search(r"enum\s+mrc_counter\s*{(.*?)}", text, flags=re.S).group(1)
     found = re.findall(r"MRC_(\w+),\s*/\*\s*outcome:", body)
     return [n.lower() for n in found if n.lower().startswith(prefix)]

@@ -3,7 +3,7 @@ address plan and every host's attach options and policy, in one document.
 
 `mrcctl fabric up --from FILE` builds it; `mrcctl render FILE --host NAME`
 turns it into that host's config (the host config format of
-mrc_ebpf/control/config.py: attach section, peers and their paths).  The
+mrc_ebpf/control/config/: attach section, peers and their paths).  The
 names and addresses all come from plan.Fabric, so a described fabric and one
 built from `fabric up` options share one address plan.
 

@@ -1,5 +1,5 @@
 """One host's config (the host config format, docs: HOST_CONFIG /
-mrc_ebpf/control/config.py) from a fabric description: its attach section
+mrc_ebpf/control/config/) from a fabric description: its attach section
 (its plane NICs, its SID, the description's attach options) and every
 other host as a peer with all its paths from the address plan.
 
@@ -140,7 +140,7 @@ def counts(cfg: dict) -> tuple[int, int]:
 
 def dump(cfg: dict) -> str:
     """The config as YAML in the host config format's key order: the
-    format's own dump (mrc_ebpf/control/config.py) where it exists, else
+    format's own dump (mrc_ebpf/control/config/) where it exists, else
     the same keys through libyaml's (or PyYAML's) safe dumper."""
     try:
         from mrc_ebpf.control import config

@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* What the receiver tracks per sender and per path.
+ * Part of mrc_common.h (read by mrc_ebpf/datapath/source.py). */
+#ifndef MRC_COMMON_RX_H
+#define MRC_COMMON_RX_H
+
+#include "sizes.h"
+
+/*
+ * rx_paths: LRU hash, (sender SID, path id) -> what the receiver saw on
+ * that path.  Packets on one path arrive in order, so a gap in path_seq
+ * is a loss on that path.
+ */
+struct mrc_rx_key {
+	__u8	sid[16];	/* the sender's SID (outer source) */
+	__u16	path_id;
+	__u16	pad;
+};
+
+struct mrc_rx_path {
+	__u64	packets;
+	__u64	bytes;
+	__u64	lost;		/* sequence numbers skipped */
+	__u64	late;		/* arrived behind the path's next expected number */
+	__u64	min_owd_ns;	/* smallest one-way delay seen (clock offset included) */
+	__u64	last_ns;	/* arrival time of the latest packet */
+	__u32	next_seq;	/* next path_seq expected */
+	__u32	qdelay_us;	/* moving average of one-way delay above the minimum */
+	__u32	qdelay_hist[MRC_HIST_BUCKETS];	/* log2 microseconds */
+	/* the sender's epoch next_seq belongs to: another one restarts the
+	 * path's sequence (and delay baseline) instead of counting late */
+	__u32	epoch;
+	__u32	ce;		/* packets that arrived with outer CE (a fabric queue marked them) */
+	/* bit i: path_seq next_seq - 2 - i arrived (the replay window of an
+	 * authenticated sender: a number arrives once; next_seq - 1 did) */
+	__u64	seen;
+};
+
+/*
+ * rx_peers: LRU hash, sender SID -> reordering across that sender's paths,
+ * and which path to report on in our next feedback to it.
+ */
+struct mrc_rx_peer {
+	__u64	packets;
+	__u64	reordered;	/* arrived with peer_seq below the highest seen */
+	__u64	heard[MRC_MAX_PATHS / 64];	/* paths heard from, not yet reported */
+	__u64	loss_news[MRC_MAX_PATHS / 64];	/* paths with a loss not yet reported */
+	__u64	ce_news[MRC_MAX_PATHS / 64];	/* paths with a CE mark not yet reported */
+	__u64	latest_tx[MRC_MAX_PATHS];	/* per path: the newest sender tx_ns that arrived */
+	__u64	fb_sent_ns;	/* when our last feedback to this sender left */
+	__u32	max_peer_seq;
+	__u16	last_path_id;	/* reported in feedback when nothing is new */
+	__u8	fb_block;	/* next block of `heard` to report */
+	__u8	pad;
+	__u32	reorder_hist[MRC_HIST_BUCKETS];	/* log2 of (highest - peer_seq) */
+	__u32	epoch;		/* the sender's latest epoch (lib/auth.h) */
+	__u32	restarts;	/* times its epoch changed: it re-attached */
+	/* Per block of `heard`: every path in it has sent a packet at or
+	 * after heard_since that arrived (the report's lower bound), and the
+	 * newest send before that on any of them is heard_need, which the
+	 * bound must stay above to acknowledge it (lib/rx_track.h,
+	 * rx_track_heard; reported by lib/feedback.h). */
+	__u64	heard_since[MRC_MAX_PATHS / 64];
+	__u64	heard_need[MRC_MAX_PATHS / 64];
+	/* paths heard whose send would drag the bound below heard_need:
+	 * reported exactly, one per report */
+	__u64	heard_slow[MRC_MAX_PATHS / 64];
+};
+
+#endif /* MRC_COMMON_RX_H */
