@@ -191,6 +191,19 @@ def _longest_gap(rows, t_fail, t_end):
     return round(max(b - a for a, b in zip(marks, marks[1:])) / 1e6, 1)
 
 
+def _longest_gap_before(rows, t_start, t_fail):
+    """The noise floor of _longest_gap: the longest time a connection
+    received nothing between t_start and the failure, in ms (what the
+    machine's own scheduling does to a healthy flow)."""
+    times = sorted(r[0] for r in rows)
+    earlier = [t for t in times if t < t_start]
+    inside = [t for t in times if t_start <= t < t_fail]
+    if not earlier and not inside:
+        return None
+    marks = ([earlier[-1]] if earlier else [t_start]) + inside + [t_fail]
+    return round(max(b - a for a, b in zip(marks, marks[1:])) / 1e6, 1)
+
+
 def _pct(v, q):
     return round(v[min(len(v) - 1, int(q * len(v)))] / 1e3, 1) if v else None
 
@@ -302,11 +315,14 @@ def tcp_result(p: dict, m: TcpMeasurement) -> dict:
     half = t_fail + (t1 - t_fail) // 2
     end_judged = t0 + (n - int(p["tail_ms"] / p["bucket_ms"])) * W
     CW = int(p["conn_bucket_ms"] * 1e6)
+    # the noise floor: the second before the failure, after the start-up
+    noise_from = max(t_fail - 1_000_000_000, t0 + int(p["pre_ms"] * 1e6))
     conns = []
     for c in range(p["conns"]):
         rows = [r for r in recs if r[1] == c]
         conns.append({"sport": peer_ports[c] if c < len(peer_ports) else None,
                       "longest_gap_ms": _longest_gap(rows, t_fail, end_judged),
+                      "noise_gap_ms": _longest_gap_before(rows, noise_from, t_fail),
                       "goodput_bps": [round(x * 8 / p["conn_bucket_ms"] * 1e3) for x in
                                       _buckets([r[0] for r in rows], [r[2] for r in rows], t0,
                                                int((t1 - t0) // CW), CW)],
@@ -327,6 +343,8 @@ def tcp_result(p: dict, m: TcpMeasurement) -> dict:
         nst[k2] = after.get(k2, 0) - before.get(k2, 0) + after_rx.get(k2, 0) - before_rx.get(k2, 0)
     gaps = [x["longest_gap_ms"] for x in conns if x["longest_gap_ms"] is not None]
     res["longest_gap_ms"] = max(gaps) if gaps else None
+    noise = [x["noise_gap_ms"] for x in conns if x["noise_gap_ms"] is not None]
+    res["noise_gap_ms"] = max(noise) if noise else None
     res["spines"] = m.spines_used
     res["failed_spine"] = m.failed_spine
     res["mptcp_subflows"] = m.mptcp_subflows
@@ -436,7 +454,7 @@ def summarize(p: dict, measured: Measured) -> dict:
                     s[k] = spread([r[k] for r in rs])
             else:
                 for k in ("retransmits", "rtos", "pre_failure_bps", "post_failure_bps",
-                          "pre_failure_windows_below_capacity", "longest_gap_ms"):
+                          "pre_failure_windows_below_capacity", "longest_gap_ms", "noise_gap_ms"):
                     s[k] = spread([r[k] for r in rs])
                 s["stalled_conns"] = spread([len(r["stalled_conns"]) for r in rs])
             if mode == "mrc":
@@ -486,7 +504,7 @@ def _outage_text(s) -> str:
 def table(results: dict):
     headers = ["mode", "proto", "outage ms (to last dip)", "recovered", "to first recovery ms",
                "dips after (TCP: before)", "UDP lost (after fail)", "TCP retrans",
-               "TCP RTOs", "stalled conns", "TCP longest gap ms", "MRC exclusion us (from fail)"]
+               "TCP RTOs", "stalled conns", "TCP longest gap ms (before)", "MRC exclusion us (from fail)"]
     rows = []
     for mode, by in results["modes"].items():
         for proto, s in by.items():
@@ -499,7 +517,8 @@ def table(results: dict):
                          fmt_spread(s.get("retransmits")) if "retransmits" in s else "",
                          fmt_spread(s.get("rtos")) if "rtos" in s else "",
                          fmt_spread(s.get("stalled_conns")) if "stalled_conns" in s else "",
-                         fmt_spread(s.get("longest_gap_ms")) if "longest_gap_ms" in s else "",
+                         (f"{fmt_spread(s.get('longest_gap_ms'))} ({fmt_spread(s.get('noise_gap_ms'))})"
+                          if "longest_gap_ms" in s else ""),
                          fmt_spread(s.get("exclusion_from_fail_us")) if "exclusion_from_fail_us" in s else ""])
     return headers, rows
 
