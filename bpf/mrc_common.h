@@ -390,6 +390,8 @@ struct mrc_rx_path {
 	/* bit i: path_seq next_seq - 2 - i arrived (the replay window of an
 	 * authenticated sender: a number arrives once; next_seq - 1 did) */
 	__u64	seen;
+	__u32	trimmed;	/* packets that arrived trimmed (lib/trim.h): not lost, not delivered */
+	__u32	pad2;
 };
 
 /*
@@ -651,6 +653,10 @@ enum mrc_counter {
 	MRC_TX_SKIP,			/* a turn skipped: the peer reported CE on its path */
 	MRC_TX_PROBE_HELD,		/* of tx_probe: a probe copy the probe budget held back, not sent */
 	MRC_RX_FB_CE,			/* feedback said one of our paths was CE-marked */
+	/* ---- issue 29 (trimming, port status): see the block at the end */
+	MRC_RX_TRIMMED,			/* outcome: a trimmed packet (lib/trim.h): filed,
+					 * answered at once, never delivered */
+	MRC_FB_TRIM_CLONE,		/* RX: feedback cloned at once for a trimmed packet */
 	MRC_COUNTER_MAX,
 };
 
@@ -751,5 +757,22 @@ struct mrc_hop {
 struct mrc_path_fate {
 	__u32	hop;		/* loader: hop id (0: none) */
 };
+
+/* ==== issue 29: congestion apart from failure (trimming, port status) ====
+ * One block, so that it moves as a whole when this file is split into
+ * bpf/lib/ headers.  (Its counters are in enum mrc_counter, its per-path
+ * trim count in struct mrc_rx_path.trimmed.)
+ */
+/* Trimming (UET's packet trimming, NDP's cut payload): a switch whose
+ * queue passes a threshold cuts an MRC packet to its headers (outer
+ * IPv6, SRH or Destination Options with the MRC TLV, inner IP header)
+ * and sets the outer DSCP to this code point, from the pool for local
+ * use (RFC 2474: xxxx11), so the receiver tells a trimmed packet from a
+ * broken one (bpf/lab/trim.c, bpf/lib/trim.h). */
+#define MRC_TRIM_DSCP		51
+/* XDP metadata of a trimmed packet mrc_rx hands to mrc_fb (TC ingress),
+ * which answers it with feedback at once and drops it */
+#define MRC_TRIM_META		0x4d525452
+/* ==== end of issue 29's block ==== */
 
 #endif /* MRC_COMMON_H */

@@ -129,6 +129,11 @@ def fabric():
               help="Switches mark ECN: CE on an ECN-capable packet when more than TIME (at the link's "
                    "rate, e.g. 1ms) is queued in front of it on a leaf-spine link (needs --rate; "
                    "hosts need net.ipv4.tcp_ecn=1 to ask for ECN). Default: no marking.")
+@click.option("--trim-threshold", "trim_threshold", metavar="TIME",
+              help="Switches trim (Ultra Ethernet's packet trimming): an MRC packet that finds more "
+                   "than TIME queued in front of it on a leaf-spine link is cut to its headers and "
+                   "marked, and its receiver tells the sender at once (needs --rate; docs/lab.md). "
+                   "Default: no trimming.")
 @click.option("--hash", "ecmp_hash", default=fab_mod.DEFAULT_HASH, show_default=True, metavar="l4|flowlabel",
               help="How the leaves hash flows onto spines: l4, the 5-tuple (a flow stays on its "
                    "spine); flowlabel, the kernel's IPv6 default (addresses + flow label: Linux TCP "
@@ -145,7 +150,7 @@ def fabric():
 @_json_opt
 @click.pass_context
 def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
-       ecn_threshold, ecmp_hash, from_file, no_key, progress, json_):
+       ecn_threshold, trim_threshold, ecmp_hash, from_file, no_key, progress, json_):
     """Build fabric NAME (default mrc, or the description's name), with a
     fresh key that `fabric attach` gives every host (unless --no-key)."""
     if from_file:
@@ -155,6 +160,8 @@ def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encod
         if given:
             raise MrcError(f"--from {from_file} describes the fabric: give {', '.join(given)} in the file, "
                            f"not as an option")
+        if trim_threshold:
+            raise MrcError("--trim-threshold cannot be given with --from (a description has no trimming yet)")
         from mrc_ebpf.lab.fabric import description
         desc = description.load(from_file)
         explicit = ctx.params.get("name") or ctx.params.get("name_opt")
@@ -168,12 +175,14 @@ def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encod
     else:
         with Progress("fabric up", progress) as shown:
             r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
-                           list(host_sysctls), ecn_threshold, ecmp_hash, progress=shown, key=not no_key)
+                           list(host_sysctls), ecn_threshold, ecmp_hash, progress=shown, key=not no_key,
+                           trim_threshold=trim_threshold)
     _emit(json_, r, lambda r: click.echo(
         f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
         f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
         f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']}, ECMP hash {r['hash']}"
         + (f", ECN marking above {r['ecn_threshold']}" if r.get("ecn_threshold") else "")
+        + (f", trimming above {r['trim_threshold']}" if r.get("trim_threshold") else "")
         + (f", key {r['key_file']}" if r.get("key_file") else ", no key (feedback unauthenticated)")
         + f" ({r['build_s']} s)"))
 

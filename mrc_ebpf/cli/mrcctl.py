@@ -407,8 +407,9 @@ def stats(ctx, device, by_path, show_events, watch):
                                       "tx pkts", "tx bytes", "fb qdelay us", "fb lost", "fb ce"]))
         click.echo("\nreceived (per sender and its path)")
         click.echo(tabulate([(r["from"], r["path_id"], r["rx_packets"], r["rx_bytes"], r["lost"],
-                              r["late"], r["ce"], r["qdelay_p50_us"], r["qdelay_p99_us"]) for r in d["received"]],
-                             headers=["from", "path", "rx pkts", "rx bytes", "lost", "late", "ce",
+                              r["late"], r["ce"], r["trimmed"], r["qdelay_p50_us"], r["qdelay_p99_us"])
+                             for r in d["received"]],
+                             headers=["from", "path", "rx pkts", "rx bytes", "lost", "late", "ce", "trimmed",
                                       "qdelay p50 us", "p99 us"]))
         for r in d["reorder"]:
             click.echo(f"reordered from {r['from']}: {r['reordered']} of {r['packets']}")

@@ -109,7 +109,8 @@ Hist = u32 * C["MRC_HIST_BUCKETS"]
 class RxPath(ctypes.Structure):
     _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
                 ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
-                ("qdelay_hist", Hist), ("epoch", u32), ("ce", u32), ("seen", u64)]
+                ("qdelay_hist", Hist), ("epoch", u32), ("ce", u32), ("seen", u64),
+                ("trimmed", u32), ("pad2", u32)]
 
 
 @mirror("struct mrc_rx_peer")
