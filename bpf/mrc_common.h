@@ -84,7 +84,10 @@ struct mrc_tlv {
 	 * sender restarted and its sequence numbers begin again. */
 	__be32	epoch;
 	__u8	key_id;		/* key the MAC is made with; 0: no MAC */
-	__u8	reserved[3];	/* zero */
+	/* the sender's port status (issue 29's block, at the end): bit i,
+	 * its attachment's device i (plane i) is down */
+	__u8	ports_down;
+	__u8	reserved[2];	/* zero */
 	/* SipHash-2-4 under key key_id of the final destination, the outer
 	 * source and this TLV's fields (lib/auth.h gives the order); zero
 	 * when key_id is 0 */
@@ -310,8 +313,17 @@ struct mrc_path_live {
  * usable ones (lib/floor.h).  How many it has taken out is learnt state:
  * mrc_peer_state.floor_out.
  */
+/* a struct, not __u64[N][M], so bcc's ctypes for maps get it right */
+struct mrc_plane_paths {
+	__u64	ids[MRC_MAX_PATHS / 64];	/* bit i: path i */
+};
+
 struct mrc_peer_floor {
 	__u64	usable;		/* loader: the peer's paths in state UP (not denied) */
+	/* loader: the paths (UP) that leave by config.devices[p], for each
+	 * plane p: what a peer's port status takes out (issue 29's block,
+	 * lib/ports.h) */
+	struct mrc_plane_paths	plane_paths[MRC_MAX_DEVICES];
 };
 
 /*
@@ -349,6 +361,10 @@ struct mrc_peer_acks {
 					 * went down) and its probe went unanswered */
 #define MRC_EV_SKIP		7	/* the peer reported CE on it: left out of the spray
 					 * for skip_rotations turns (congestion, still up) */
+#define MRC_EV_PORT_DOWN	8	/* the peer said its device of a plane is down (port
+					 * status, lib/ports.h): that plane's paths are out until
+					 * a probe answers; path_id is MRC_EV_PLANE + the plane */
+#define MRC_EV_PLANE		0xff00
 
 struct mrc_event {
 	__u64	seq;		/* 1, 2, ...: position in the log (0: empty slot) */
@@ -409,7 +425,7 @@ struct mrc_rx_peer {
 	__u32	max_peer_seq;
 	__u16	last_path_id;	/* reported in feedback when nothing is new */
 	__u8	fb_block;	/* next block of `heard` to report */
-	__u8	pad;
+	__u8	ports_down;	/* the sender's port status as last filed (lib/ports.h) */
 	__u32	reorder_hist[MRC_HIST_BUCKETS];	/* log2 of (highest - peer_seq) */
 	__u32	epoch;		/* the sender's latest epoch (lib/auth.h) */
 	__u32	restarts;	/* times its epoch changed: it re-attached */
@@ -423,6 +439,10 @@ struct mrc_rx_peer {
 	/* paths heard whose send would drag the bound below heard_need:
 	 * reported exactly, one per report */
 	__u64	heard_slow[MRC_MAX_PATHS / 64];
+	/* a walk of our paths for the sender's port status, under way over
+	 * several packets (lib/ports.h); 0: none */
+	__u32	ports_walk;
+	__u32	pad2;
 };
 
 /* peer_tx: in peer_state; updated with atomic adds, shared by CPUs */
@@ -513,6 +533,11 @@ struct mrc_peer_state {
 	struct mrc_peer_acks	acks;
 	__u64	fb_due;		/* RX: the peer is owed feedback (see fb_due below) */
 	__u64	floor_out;	/* paths taken out by the datapath (lib/floor.h) */
+	/* the peer's row in paths (its template_id) + 1, written by TX when
+	 * its state is new; 0: not known yet (its own: peer_id).  RX walks
+	 * the row on a port status (lib/ports.h) */
+	__u32	row1;
+	__u32	pad;
 	struct mrc_mac_prefix	tx_mac;	/* the MAC's state for what we send it */
 	struct mrc_path_state	paths[MRC_MAX_PATHS];
 };
@@ -577,6 +602,9 @@ struct mrc_config {
 	/* down paths' probes a second through one first hop (struct
 	 * mrc_hop; a path without one: its own interval), 0: no limit */
 	__u32	probe_budget;
+	/* our port status, bit i: devices[i] is down (issue 29's block):
+	 * written by `mrcctl ports watch`, sent in every TLV */
+	__u32	ports_down;
 };
 
 /* tx_flows: array by a TCP flow's hash (direct-mapped): how far each flow
@@ -657,6 +685,8 @@ enum mrc_counter {
 	MRC_RX_TRIMMED,			/* outcome: a trimmed packet (lib/trim.h): filed,
 					 * answered at once, never delivered */
 	MRC_FB_TRIM_CLONE,		/* RX: feedback cloned at once for a trimmed packet */
+	MRC_RX_PORT_STATUS,		/* a peer's port status changed (lib/ports.h) */
+	MRC_RX_PORT_DOWN_PATHS,		/* paths taken out because the peer's port of their plane is down */
 	MRC_COUNTER_MAX,
 };
 
@@ -773,6 +803,14 @@ struct mrc_path_fate {
 /* XDP metadata of a trimmed packet mrc_rx hands to mrc_fb (TC ingress),
  * which answers it with feedback at once and drops it */
 #define MRC_TRIM_META		0x4d525452
+/* Port status (MRC's Port Status Update, its port_status_mask): a host
+ * whose plane device goes down (carrier or admin) says so in every TLV
+ * (mrc_tlv.ports_down, bit i: its attachment's devices[i]; planes are
+ * numbered alike on every host, as `fabric attach` attaches eth0 eth1
+ * ...) and in one feedback-only packet to each peer it has state for
+ * (`mrcctl ports watch`, control/ports.py); a peer takes its paths
+ * whose own device is of that plane out at once (MRC_EV_PORT_DOWN), and
+ * probes them at once when the bit clears (lib/ports.h). */
 /* ==== end of issue 29's block ==== */
 
 #endif /* MRC_COMMON_H */

@@ -615,6 +615,7 @@ cli.add_command(ops_cmd.exporter)
 cli.add_command(ops_cmd.decode)
 cli.add_command(ops_cmd.monitor)
 cli.add_command(ops_cmd.top)
+cli.add_command(ops_cmd.ports)
 from mrc_ebpf.cli.gc_cmd import gc  # noqa: E402
 cli.add_command(gc)
 from mrc_ebpf.cli.host_cmd import tune_host  # noqa: E402
