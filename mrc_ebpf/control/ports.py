@@ -117,58 +117,105 @@ def _empty_packet(dst) -> tuple[bytes, int]:
     return head[:10] + struct.pack("!H", ~total & 0xFFFF) + head[12:], ETH_P_IP
 
 
+class Announcer:
+    """What to send each peer when a plane goes down, made ahead (`refresh`)
+    so that telling them (`send`) is a few system calls: per peer with
+    learnt state, its empty packet and, per plane, a path of it avoiding
+    that plane."""
+
+    def __init__(self, att):
+        self.att = att
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM)
+        self.devs = devices(att)
+        self.plan: list[tuple[int, str, bytes, int, dict[int, int | None]]] = []
+        self.refresh()
+
+    def close(self):
+        self.sock.close()
+
+    def refresh(self) -> None:
+        planes = {d["ifindex"]: d["plane"] for d in self.devs}
+        plan = []
+        for peer_id, (dst, peer) in sorted(_peer_targets(self.att).items()):
+            frame, proto = _empty_packet(dst)
+            avoid = {d["plane"]: _path_for(self.att, peer, 1 << d["plane"], planes) for d in self.devs}
+            plan.append((peer_id, str(dst), frame, proto, avoid))
+        self.plan = plan
+
+    def send(self, mask: int) -> list[dict]:
+        """One feedback-only packet to each peer, on a path through a plane
+        that is up, sent by a device that is up: [{peer_id, to, path_id}]."""
+        out = [d["dev"] for d in self.devs if not mask >> d["plane"] & 1 and d["dev"]]
+        if not out:
+            return []
+        down = [d["plane"] for d in self.devs if mask >> d["plane"] & 1]
+        sent = []
+        for peer_id, to, frame, proto, avoid in self.plan:
+            # the path avoiding the lowest plane that is down (one plane a
+            # change, as a rule); None: the peer has no path elsewhere
+            path_id = avoid.get(down[0]) if down else next(iter(avoid.values()), None)
+            if path_id is None:
+                continue
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_MARK, PROBE_COPY_MARK | path_id)
+            # the kernel writes the Ethernet header; mrc_tx sends the
+            # control packet on to the path's own next hop (redirect_neigh)
+            self.sock.sendto(frame, (out[0], proto, 0, 0, b"\xff" * 6))
+            sent.append({"peer_id": peer_id, "to": to, "path_id": path_id})
+        return sent
+
+
 def announce(att, mask: int) -> list[dict]:
     """One feedback-only packet to each peer with learnt state, on a path
     through a plane that is up: [{peer_id, to, path_id}] of those sent."""
-    devs = devices(att)
-    planes = {d["ifindex"]: d["plane"] for d in devs}
-    out = [d for d in devs if not mask >> d["plane"] & 1 and d["dev"]]
-    if not out:
-        return []
-    sent = []
-    with socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM) as s:
-        for peer_id, (dst, peer) in sorted(_peer_targets(att).items()):
-            path_id = _path_for(att, peer, mask, planes)
-            if path_id is None:
-                continue
-            frame, proto = _empty_packet(dst)
-            s.setsockopt(socket.SOL_SOCKET, SO_MARK, PROBE_COPY_MARK | path_id)
-            # the kernel writes the Ethernet header; mrc_tx sends the
-            # control packet on to the path's own next hop (redirect_neigh)
-            s.sendto(frame, (out[0]["dev"], proto, 0, 0, b"\xff" * 6))
-            sent.append({"peer_id": peer_id, "to": str(dst), "path_id": path_id})
-    return sent
+    a = Announcer(att)
+    try:
+        return a.send(mask)
+    finally:
+        a.close()
 
 
-def watch(att, count: int | None = None, timeout: float | None = None, stop=None):
+def watch(att, count: int | None = None, timeout: float | None = None, stop=None, refresh_s: float = 1.0):
     """Yields one dict per change of the down set, after it was published
     and announced: {ns (CLOCK_MONOTONIC when the link event was read), mask,
-    was, told}.  The first check is at start (a device down already)."""
+    was, told, done_ns}.  The state at start counts as a change if it
+    differs from what is published.  The link events' own flags say
+    whether a device is down (no query on the way); what to send each
+    peer is made ahead, every REFRESH_S while idle."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.rtnl import RTMGRP_LINK
     ends = time.monotonic() + timeout if timeout else None
     n = 0
-    with IPRoute() as ipr:
-        ipr.bind(groups=RTMGRP_LINK)
-        ours = {d["ifindex"] for d in devices(att)}
-        pending = True          # the state at start
-        while True:
-            if pending:
-                now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-                mask, was = current_mask(att), published(att)
+    ann = Announcer(att)
+    try:
+        with IPRoute() as ipr:
+            ipr.bind(groups=RTMGRP_LINK)
+            plane_of = {d["ifindex"]: d["plane"] for d in ann.devs}
+            mask = current_mask(att)    # its own socket: a query on the bound one lost its events
+            refreshed = time.monotonic()
+            while True:
+                was = published(att)
                 if mask != was:
+                    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
                     publish(att, mask)
-                    told = announce(att, mask)
+                    told = ann.send(mask)
                     yield {"ns": now, "mask": mask, "was": was, "told": told,
                            "done_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC)}
                     n += 1
                     if count and n >= count:
                         return
-            if (stop and stop.is_set()) or (ends and time.monotonic() >= ends):
-                return
-            left = 0.2 if ends is None else max(0.0, min(0.2, ends - time.monotonic()))
-            if not select.select([ipr], [], [], left)[0]:
-                pending = False
-                continue
-            pending = any(m.get("index") in ours for m in ipr.get() if m.get("event") in ("RTM_NEWLINK",
-                                                                                         "RTM_DELLINK"))
+                if (stop and stop.is_set()) or (ends and time.monotonic() >= ends):
+                    return
+                if time.monotonic() - refreshed >= refresh_s:
+                    ann.refresh()
+                    refreshed = time.monotonic()
+                left = 0.2 if ends is None else max(0.0, min(0.2, ends - time.monotonic()))
+                if not select.select([ipr], [], [], left)[0]:
+                    continue
+                for m in ipr.get():
+                    plane = plane_of.get(m.get("index"))
+                    if plane is None or m.get("event") not in ("RTM_NEWLINK", "RTM_DELLINK"):
+                        continue
+                    gone = m.get("event") == "RTM_DELLINK" or link_down(m["flags"])
+                    mask = mask | 1 << plane if gone else mask & ~(1 << plane)
+    finally:
+        ann.close()
