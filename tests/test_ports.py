@@ -32,8 +32,12 @@ def net():
     try:
         fabric("up", name, "--planes", "2", "--spines", "2", "--leaves", "2", "--hosts-per-leaf", "3")
         # 6 hosts verify ~1.4M instructions each: slow on a busy machine
+        # a 100 ms acknowledgement clock: the port status must win its race
+        # against the clock by the watcher's wake-up alone (with 1 ms, a
+        # watcher woken 25 ms late on this shared machine found the paths
+        # already out, and had nothing to take out)
         r = procs.run([*mrcctl_cmd(), "fabric", "attach", name, "--policy", "rr", "--", "--probe-max-us",
-                       "50000"], check=False, timeout=900)
+                       "50000", "--ack-timeout-us", "100000"], check=False, timeout=900)
         assert r.returncode == 0, r.stderr
         yield Net(name)
     finally:

@@ -22,6 +22,7 @@
 #define MRC_LIB_PORTS_H
 
 #include "lib/maps.h"
+#include "lib/compiler.h"
 #include "lib/counters.h"
 #include "lib/floor.h"
 #include "lib/peer_state.h"
@@ -105,7 +106,12 @@ static __always_inline int ports_walk(const __u8 *src_sid, __u32 walk, __u64 now
 	if (first >= MRC_MAX_PATHS)
 		return 1;
 	chunk = first / PORTS_CHUNK;
-	bits = (f->plane_paths[plane].ids[(first / 64) & 3] >> (chunk * PORTS_CHUNK % 64)) & PORTS_CHUNK_MASK;
+	/* the check above bounds a spilled copy only on 6.1: keep the mask
+	 * on the register that indexes */
+	barrier_var(chunk);
+	chunk &= MRC_MAX_PATHS / PORTS_CHUNK - 1;
+	bits = (f->plane_paths[plane].ids[(chunk / (64 / PORTS_CHUNK)) & 3] >>
+		(chunk % (64 / PORTS_CHUNK) * PORTS_CHUNK)) & PORTS_CHUNK_MASK;
 	probe_ns = (__u64)cfg->probe_us * 1000;
 #pragma clang loop unroll(disable)
 	for (j = 0; j < PORTS_CHUNK; j++) {

@@ -192,6 +192,12 @@ SHAPE_OPTIONS = ("spines", "leaves", "hosts_per_leaf", "planes", "rate", "host_r
                  "host_sysctls", "ecn_threshold", "ecmp_hash")
 
 
+def _trims_text(lk: dict) -> str:
+    """'s1>l1 3/120, l1>s1 0/98': packets trimmed / MRC packets, per direction."""
+    return ", ".join(f"{e['trim']['direction']} {e['trim']['trimmed']}/{e['trim']['mrc']}"
+                     for e in lk["ends"] if e.get("trim"))
+
+
 def _marks_text(lk: dict) -> str:
     """'s1>l1 3/120, l1>s1 0/98': CE marks given / ECN-capable packets, per direction."""
     return ", ".join(f"{e['ecn']['direction']} {e['ecn']['marked']}/{e['ecn']['ect']}"
@@ -212,6 +218,7 @@ def show(name, json_):
                    f"MTU {d.get('mtu', fab_mod.DEFAULT_MTU)}, ECMP hash {d['hash']}"
                    + (f" (leaves: {_hash_text(d['hash_on_leaves'])})" if d.get("hash_on_leaves") else "")
                    + (f", ECN marking above {d['ecn_threshold']}" if d.get("ecn_threshold") else "")
+                   + (f", trimming above {d['trim_threshold']}" if d.get("trim_threshold") else "")
                    + "".join(f", {kv}" for kv in d.get("host_sysctls", []))
                    + (f", key {d['key_file']}" if d.get("key_file") else ", no key"))
         click.echo("\nhosts")
@@ -224,13 +231,15 @@ def show(name, json_):
                               s.get("behavior", "")) for s in d["switches"]],
                             headers=["switch", "kind", "plane", "namespace", "SID", "behavior"]))
         click.echo("\nlinks (a-b; a>b is one direction)")
-        marking = bool(d.get("ecn_threshold"))
+        marking, trimming = bool(d.get("ecn_threshold")), bool(d.get("trim_threshold"))
         click.echo(tabulate([(lk["name"], lk["plane"], f"{lk['ends'][0]['dev']}|{lk['ends'][1]['dev']}",
                               lk["rate"] or "unlimited",
                               *([_marks_text(lk)] if marking else []),
+                              *([_trims_text(lk)] if trimming else []),
                               "; ".join(_fault_text(f) for f in lk["faults"])) for lk in d["links"]],
                             headers=["link", "plane", "devices", "rate",
-                                     *(["ECN marked/ECT"] if marking else []), "faults"]))
+                                     *(["ECN marked/ECT"] if marking else []),
+                                     *(["trimmed/MRC"] if trimming else []), "faults"]))
         click.echo("\npaths (host pair: one per plane and spine; mrcctl path add args)")
         for pair in d["paths"]:
             click.echo(f"{pair['src']} -> {pair['dst']}: mrcctl {' '.join(pair['path_add'])}")
