@@ -25,5 +25,6 @@
 #include "lib/common/tx.h"		/* TX flows, header scratch room */
 #include "lib/common/counters.h"	/* enum mrc_counter */
 #include "lib/common/shared_fate.h"	/* first hops and the paths through them */
+#include "lib/common/congestion.h"	/* trimming and port status */
 
 #endif /* MRC_COMMON_H */

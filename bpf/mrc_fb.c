@@ -21,6 +21,7 @@
 #include "lib/counters.h"
 #include "lib/peer_state.h"
 #include "lib/parse.h"
+#include "lib/trim.h"
 
 /* Bytes of a control packet pulled into the linear area to check it: its
  * headers (outer IPv6 + SRH of up to MRC_MAX_SEGMENTS + TLV, inner header). */
@@ -95,6 +96,9 @@ int mrc_fb(struct __sk_buff *skb)
 	cfg = mrc_config.lookup(&zero);
 	if (!cfg)
 		return TC_ACT_OK;
+	rc = trim_fb(skb);
+	if (rc >= 0)
+		return rc;
 	rc = fb_control(skb, cfg);
 	if (rc >= 0)
 		return rc;

@@ -28,6 +28,8 @@
  *   11 inner_proto    next header IPv6 or IPv4
  *   12 inner_header   version, lengths agree with what is left
  *   then: MRC_F_CONTROL -> consumed (rx_control); 13 ecn (RFC 6040)
+ * A packet failing 12 alone, marked trimmed by a fabric switch, is a
+ * trim (lib/trim.h): filed, counted (rx_trimmed), answered at once.
  */
 #include "lib/counters.h"
 #include "lib/addr.h"
@@ -37,6 +39,7 @@
 #include "lib/feedback.h"
 #include "lib/ecn.h"
 #include "lib/auth.h"
+#include "lib/trim.h"
 #include "lib/xdp_chain.h"
 
 static __always_inline int rx_pass(void)
@@ -218,6 +221,19 @@ static __always_inline __u32 rx_file(const struct ipv6hdr *ip6, const struct mrc
 	return unfiled;
 }
 
+/* A packet a fabric switch trimmed (lib/trim.h): filed, its trim noted
+ * for the sender, and handed to mrc_fb to be answered at once. */
+static __always_inline int rx_trimmed(struct xdp_md *ctx, const struct ipv6hdr *ip6,
+				      const struct mrc_tlv *mrc, const struct rx_ext *ext, __u32 outer_len)
+{
+	struct mrc_rx_peer *sender;
+	int filed = !rx_file(ip6, mrc, 0, bpf_ktime_get_ns(), &sender);
+
+	if (filed)
+		trim_note(ip6->saddr.s6_addr, mrc);
+	return trim_hand_on(ctx, outer_len, ext->nexthdr, filed);
+}
+
 int mrc_rx(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -249,6 +265,8 @@ int mrc_rx(struct xdp_md *ctx)
 	/* From here on the packet claims to be ours: whatever is wrong
 	 * with it is dropped, never decapsulated. */
 	reason = rx_check(ip6, data_end, &ext, &mrc, &outer_len, &inner_len, &inner_proto);
+	if (reason && trim_marked(ip6, data_end, reason, mrc, ext.nexthdr, outer_len, inner_len))
+		return rx_trimmed(ctx, ip6, mrc, &ext, outer_len);
 	if (reason)
 		return rx_drop(reason);
 	if (mrc) {

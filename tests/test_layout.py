@@ -77,7 +77,7 @@ def test_registry_is_well_formed():
 
 def _program(src, c_types: list[str]) -> str:
     if isinstance(src, Path) and src.suffix == ".c":
-        head = src.read_text()                      # compiled on its own (bpf/lab/*.c)
+        head = source.expand(src)                   # compiled on its own (bpf/lab/*.c), includes inlined
     elif isinstance(src, Path):
         head = f'#include "{src}"'
     else:

@@ -275,7 +275,7 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	 * by a packet that is dropped later does no harm. */
 	choice->peer_seq = __sync_fetch_and_add(&ptx->seq, 1);
 	/* new state: its turns start at its own offset (lib/peer_state.h) */
-	choice->peer_seq = peer_state_turn(st, choice->peer_seq, peer->peer_id, n, list->quantum);
+	choice->peer_seq = peer_state_turn(st, choice->peer_seq, peer->peer_id, n, list->quantum, row);
 	choice->tclass = tclass;
 	choice->probe = 0;
 

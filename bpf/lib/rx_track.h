@@ -16,6 +16,7 @@
 #include "lib/maps.h"
 #include "lib/compiler.h"
 #include "lib/counters.h"
+#include "lib/ports.h"
 
 /* bucket 0: 0; bucket i: [2^(i-1), 2^i); the last bucket takes the rest */
 static __always_inline __u32 rx_track_log2_bucket(__u64 v)
@@ -276,8 +277,10 @@ static __always_inline __u32 rx_track(const __u8 *src_sid, const struct mrc_tlv 
 			peer->ce_news[(path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |= 1ULL << (path_id & 63);
 		return MRC_RX_SEGMENT;
 	}
-	if (peer)
+	if (peer) {
 		rx_track_peer(peer, tlv, gap, ce);
+		ports_file(peer, src_sid, tlv, now);	/* port status: lib/ports.h */
+	}
 	return 0;
 }
 

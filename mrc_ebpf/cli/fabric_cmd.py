@@ -129,6 +129,11 @@ def fabric():
               help="Switches mark ECN: CE on an ECN-capable packet when more than TIME (at the link's "
                    "rate, e.g. 1ms) is queued in front of it on a leaf-spine link (needs --rate; "
                    "hosts need net.ipv4.tcp_ecn=1 to ask for ECN). Default: no marking.")
+@click.option("--trim-threshold", "trim_threshold", metavar="TIME",
+              help="Switches trim (Ultra Ethernet's packet trimming): an MRC packet that finds more "
+                   "than TIME queued in front of it on a leaf-spine link is cut to its headers and "
+                   "marked, and its receiver tells the sender at once (needs --rate; docs/lab.md). "
+                   "Default: no trimming.")
 @click.option("--hash", "ecmp_hash", default=fab_mod.DEFAULT_HASH, show_default=True, metavar="l4|flowlabel",
               help="How the leaves hash flows onto spines: l4, the 5-tuple (a flow stays on its "
                    "spine); flowlabel, the kernel's IPv6 default (addresses + flow label: Linux TCP "
@@ -145,7 +150,7 @@ def fabric():
 @_json_opt
 @click.pass_context
 def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, host_sysctls,
-       ecn_threshold, ecmp_hash, from_file, no_key, progress, json_):
+       ecn_threshold, trim_threshold, ecmp_hash, from_file, no_key, progress, json_):
     """Build fabric NAME (default mrc, or the description's name), with a
     fresh key that `fabric attach` gives every host (unless --no-key)."""
     if from_file:
@@ -155,6 +160,8 @@ def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encod
         if given:
             raise MrcError(f"--from {from_file} describes the fabric: give {', '.join(given)} in the file, "
                            f"not as an option")
+        if trim_threshold:
+            raise MrcError("--trim-threshold cannot be given with --from (a description has no trimming yet)")
         from mrc_ebpf.lab.fabric import description
         desc = description.load(from_file)
         explicit = ctx.params.get("name") or ctx.params.get("name_opt")
@@ -168,12 +175,14 @@ def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encod
     else:
         with Progress("fabric up", progress) as shown:
             r = fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu,
-                           list(host_sysctls), ecn_threshold, ecmp_hash, progress=shown, key=not no_key)
+                           list(host_sysctls), ecn_threshold, ecmp_hash, progress=shown, key=not no_key,
+                           trim_threshold=trim_threshold)
     _emit(json_, r, lambda r: click.echo(
         f"fabric {r['name']} up: {r['planes']} plane(s) x {r['spines']} spines x {r['leaves']} leaves, "
         f"{r['hosts']} hosts, {r['namespaces']} namespaces, {r['links']} links, encoding "
         f"{r['encoding']}, leaf-spine rate {r['rate'] or 'unlimited'}, MTU {r['mtu']}, ECMP hash {r['hash']}"
         + (f", ECN marking above {r['ecn_threshold']}" if r.get("ecn_threshold") else "")
+        + (f", trimming above {r['trim_threshold']}" if r.get("trim_threshold") else "")
         + (f", key {r['key_file']}" if r.get("key_file") else ", no key (feedback unauthenticated)")
         + f" ({r['build_s']} s)"))
 
@@ -181,6 +190,12 @@ def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encod
 # the shape options of `fabric up` that a description file (--from) gives instead
 SHAPE_OPTIONS = ("spines", "leaves", "hosts_per_leaf", "planes", "rate", "host_rate", "encoding", "mtu",
                  "host_sysctls", "ecn_threshold", "ecmp_hash")
+
+
+def _trims_text(lk: dict) -> str:
+    """'s1>l1 3/120, l1>s1 0/98': packets trimmed / MRC packets, per direction."""
+    return ", ".join(f"{e['trim']['direction']} {e['trim']['trimmed']}/{e['trim']['mrc']}"
+                     for e in lk["ends"] if e.get("trim"))
 
 
 def _marks_text(lk: dict) -> str:
@@ -203,6 +218,7 @@ def show(name, json_):
                    f"MTU {d.get('mtu', fab_mod.DEFAULT_MTU)}, ECMP hash {d['hash']}"
                    + (f" (leaves: {_hash_text(d['hash_on_leaves'])})" if d.get("hash_on_leaves") else "")
                    + (f", ECN marking above {d['ecn_threshold']}" if d.get("ecn_threshold") else "")
+                   + (f", trimming above {d['trim_threshold']}" if d.get("trim_threshold") else "")
                    + "".join(f", {kv}" for kv in d.get("host_sysctls", []))
                    + (f", key {d['key_file']}" if d.get("key_file") else ", no key"))
         click.echo("\nhosts")
@@ -215,13 +231,15 @@ def show(name, json_):
                               s.get("behavior", "")) for s in d["switches"]],
                             headers=["switch", "kind", "plane", "namespace", "SID", "behavior"]))
         click.echo("\nlinks (a-b; a>b is one direction)")
-        marking = bool(d.get("ecn_threshold"))
+        marking, trimming = bool(d.get("ecn_threshold")), bool(d.get("trim_threshold"))
         click.echo(tabulate([(lk["name"], lk["plane"], f"{lk['ends'][0]['dev']}|{lk['ends'][1]['dev']}",
                               lk["rate"] or "unlimited",
                               *([_marks_text(lk)] if marking else []),
+                              *([_trims_text(lk)] if trimming else []),
                               "; ".join(_fault_text(f) for f in lk["faults"])) for lk in d["links"]],
                             headers=["link", "plane", "devices", "rate",
-                                     *(["ECN marked/ECT"] if marking else []), "faults"]))
+                                     *(["ECN marked/ECT"] if marking else []),
+                                     *(["trimmed/MRC"] if trimming else []), "faults"]))
         click.echo("\npaths (host pair: one per plane and spine; mrcctl path add args)")
         for pair in d["paths"]:
             click.echo(f"{pair['src']} -> {pair['dst']}: mrcctl {' '.join(pair['path_add'])}")

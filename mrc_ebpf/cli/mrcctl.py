@@ -416,8 +416,9 @@ def stats(ctx, device, by_path, show_events, watch):
                                       "tx pkts", "tx bytes", "fb qdelay us", "fb lost", "fb ce"]))
         click.echo("\nreceived (per sender and its path)")
         click.echo(tabulate([(r["from"], r["path_id"], r["rx_packets"], r["rx_bytes"], r["lost"],
-                              r["late"], r["ce"], r["qdelay_p50_us"], r["qdelay_p99_us"]) for r in d["received"]],
-                             headers=["from", "path", "rx pkts", "rx bytes", "lost", "late", "ce",
+                              r["late"], r["ce"], r["trimmed"], r["qdelay_p50_us"], r["qdelay_p99_us"])
+                             for r in d["received"]],
+                             headers=["from", "path", "rx pkts", "rx bytes", "lost", "late", "ce", "trimmed",
                                       "qdelay p50 us", "p99 us"]))
         for r in d["reorder"]:
             click.echo(f"reordered from {r['from']}: {r['reordered']} of {r['packets']}")
@@ -623,6 +624,7 @@ cli.add_command(ops_cmd.exporter)
 cli.add_command(ops_cmd.decode)
 cli.add_command(ops_cmd.monitor)
 cli.add_command(ops_cmd.top)
+cli.add_command(ops_cmd.ports)
 from mrc_ebpf.cli.gc_cmd import gc  # noqa: E402
 cli.add_command(gc)
 from mrc_ebpf.cli.host_cmd import tune_host  # noqa: E402

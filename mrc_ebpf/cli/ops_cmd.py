@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import signal
+import sys
 import threading
 
 import click
@@ -264,3 +265,54 @@ def top(device, interval, iterations):
                 stop.wait(interval)
         except KeyboardInterrupt:
             pass
+
+
+@click.group(invoke_without_command=True)
+@click.option("--dev", "device", help="Device (default: the only one attached).")
+@click.option("-j", "--json", "json_", is_flag=True, help="JSON output.")
+@click.pass_context
+def ports(ctx, device, json_):
+    """Port status: the attachment's devices (planes), which are down, and
+    what every TLV tells the peers (docs/design/failover.md, "Port status")."""
+    if ctx.invoked_subcommand:
+        ctx.obj = dict(ctx.obj or {}, ports_device=device, json=json_ or (ctx.obj or {}).get("json"))
+        return
+    from mrc_ebpf.control import ports as ports_mod
+    from mrc_ebpf.datapath import loader
+    with loader.Attachment.open(loader.resolve_device(device)) as att:
+        mask, told = ports_mod.current_mask(att), ports_mod.published(att)
+        rows = [dict(d, down=bool(mask >> d["plane"] & 1), told_down=bool(told >> d["plane"] & 1))
+                for d in ports_mod.devices(att)]
+    if json_ or (ctx.obj or {}).get("json"):
+        click.echo(json.dumps({"devices": rows, "mask": mask, "published": told}))
+    else:
+        for r in rows:
+            click.echo(f"plane {r['plane']} {r['dev']}: {'down' if r['down'] else 'up'}"
+                       f"{' (peers told down)' if r['told_down'] else ''}")
+
+
+@ports.command("watch")
+@click.option("--count", type=click.IntRange(1), help="Exit after this many changes.")
+@click.option("--timeout", type=click.FloatRange(0.1), help="Exit after this many seconds.")
+@click.pass_context
+def ports_watch(ctx, count, timeout):
+    """Follow the kernel's link events for the attachment's devices: when
+    one goes down (carrier or admin) or comes back, every TLV sent says so
+    from then on and each peer with learnt state gets one feedback-only
+    packet at once, so it stops using (or probes again) its paths through
+    that plane. Runs until stopped (SIGTERM), or --count/--timeout; one
+    line per change (`ns`: CLOCK_MONOTONIC when the event was read)."""
+    from mrc_ebpf.control import ports as ports_mod
+    from mrc_ebpf.datapath import loader
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with loader.Attachment.open(loader.resolve_device(ctx.obj.get("ports_device"))) as att:
+        click.echo(json.dumps({"watching": [d["dev"] for d in ports_mod.devices(att)]}), nl=True)
+        sys.stdout.flush()
+        for change in ports_mod.watch(att, count, timeout, stop):
+            if ctx.obj.get("json"):
+                click.echo(json.dumps(change))
+            else:
+                click.echo(f"ports down {change['mask']:#x} (was {change['was']:#x}): told "
+                           f"{len(change['told'])} peer(s) in {(change['done_ns'] - change['ns']) / 1e3:.0f} us")
+            sys.stdout.flush()

@@ -12,7 +12,7 @@ TYPES = {value: name[len("MRC_EV_"):].lower().replace("_", "-")
 
 # the state a path is in after each kind of event (MRC's names, control/paths.py)
 STATE_AFTER = {"down": "assumed-bad", "up": "up", "late": "up", "kept": "up", "fail-open": "assumed-bad",
-               "shared-down": "assumed-bad", "skip": "skip"}
+               "shared-down": "assumed-bad", "skip": "skip", "port-down": "assumed-bad"}
 
 
 def read(att, peer_prefixes: dict[int, str] | None = None) -> list[dict]:

@@ -193,7 +193,8 @@ class MrcCollector:
         what = (("packets", "rx_packets", "Packets received"), ("bytes", "rx_bytes", "Bytes received"),
                 ("lost", "lost", "Sequence gaps (packets lost)"),
                 ("late", "late", "Packets that arrived after a later one of the same path"),
-                ("ce", "ce", "Packets that arrived CE-marked (outer ECN)"))
+                ("ce", "ce", "Packets that arrived CE-marked (outer ECN)"),
+                ("trimmed", "trimmed", "Packets that arrived trimmed by a switch (not lost, not delivered)"))
         per_sender: dict[str, dict] = {}
         for r in rx:
             a = per_sender.setdefault(r["from"], {"hist": [0] * len(r["qdelay_hist"]),

@@ -56,7 +56,8 @@ def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
         spray.ids[:len(ids)] = ids
         att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
     # the floor (min_active): how many may be used, how many the datapath took out
-    att.maps["peer_floor"].update(layout.Index(peer.peer_id), layout.PeerFloor(usable=len(used)))
+    # and which of them leave by each plane's device (a peer's port status: bpf/lib/ports.h)
+    att.maps["peer_floor"].update(layout.Index(peer.peer_id), floor_of(att, used))
 
     def recount(state):
         state.floor_out = sum(1 for i, _ in used if state.paths[i].live.down_ns)
@@ -69,6 +70,19 @@ def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
             by_sid.delete(key)
     for _, path in used_paths(att, peer):
         by_sid.update(layout.Sid.from_buffer_copy(bytes(path.peer_sid)), layout.u32(peer.peer_id))
+
+
+def floor_of(att: Attachment, used: list[tuple[int, layout.Path]]) -> layout.PeerFloor:
+    """The row's peer_floor: its usable paths, and per plane (the index of
+    the path's device in config.devices) the bitmap of their ids."""
+    floor = layout.PeerFloor(usable=len(used))
+    cfg = att.maps["config"].lookup(layout.Index(0))
+    planes = {cfg.devices[i].ifindex: i for i in range(min(cfg.n_devices, len(cfg.devices)))} if cfg else {}
+    for i, p in used:
+        plane = planes.get(p.oif)
+        if plane is not None:
+            floor.plane_paths[plane].ids[i // 64] |= 1 << (i % 64)
+    return floor
 
 
 def rotation(members: list[tuple[int, layout.Path]], slots: int) -> list[int] | None:

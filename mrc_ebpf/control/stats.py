@@ -37,6 +37,7 @@ def received(att) -> list[dict]:
         rows.append({
             "from": str(ipaddress.IPv6Address(sid)), "path_id": key.path_id,
             "rx_packets": p.packets, "rx_bytes": p.bytes, "lost": p.lost, "late": p.late, "ce": p.ce,
+            "trimmed": p.trimmed,
             "qdelay_us": p.qdelay_us, "qdelay_p50_us": percentile(hist, 0.5),
             "qdelay_p99_us": percentile(hist, 0.99), "qdelay_hist": hist,
             "peer_reordered": peer.reordered if peer else 0,

@@ -90,18 +90,20 @@ def cached(text: bytes, cflags: list[str], programs: dict[str, str], compile,
 
 def one_program(source_file: Path, function: str, kind: str = "SCHED_CLS"):
     """(module, program) for a C file of one program (the lab's): bcc
-    compiles it as its src_file, or the cache loads it."""
+    compiles its text, quoted includes inlined, or the cache loads it."""
     require_bcc()
     from bcc import BPF
+
+    text = source.expand(source_file).encode()     # its quoted includes (mrc_common.h) inlined
 
     def compile():
         require_headers()
         try:
-            module = BPF(src_file=str(source_file).encode())
+            module = BPF(text=text)
             return module, {function: module.load_func(function.encode(), getattr(BPF, kind))}
         except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
             raise MrcError(f"cannot load {source_file.name}: {e}")
-    module, progs = cached(source.expand(source_file).encode(), [], {function: kind}, compile)
+    module, progs = cached(text, [], {function: kind}, compile)
     return module, progs[function]
 
 

@@ -25,7 +25,7 @@ class MrcTlv(ctypes.BigEndianStructure):
                 ("path_seq", u32), ("peer_seq", u32), ("tx_ns", u64),
                 ("fb_path_id", u16), ("fb_qdelay_us", u16), ("fb_lost", u32), ("fb_heard", u64),
                 ("fb_since_ns32", u32), ("fb_path_tx32", u32),
-                ("epoch", u32), ("key_id", u8), ("reserved", u8 * 3), ("mac", u8 * 8)]
+                ("epoch", u32), ("key_id", u8), ("ports_down", u8), ("reserved", u8 * 2), ("mac", u8 * 8)]
 
 
 @mirror("struct mrc_sid")
@@ -74,7 +74,7 @@ class Config(ctypes.Structure):
                 ("probe_us", u32), ("fb_interval_us", u32), ("reorder_max_us", u32),
                 ("retrans_steer", u32), ("n_devices", u32),
                 ("devices", Device * C["MRC_MAX_DEVICES"]), ("min_active", u32), ("shared_fate", u32),
-                ("skip_rotations", u32), ("probe_max_us", u32), ("probe_budget", u32)]
+                ("skip_rotations", u32), ("probe_max_us", u32), ("probe_budget", u32), ("ports_down", u32)]
 
 
 @mirror("struct mrc_tx_flow")
@@ -109,7 +109,8 @@ Hist = u32 * C["MRC_HIST_BUCKETS"]
 class RxPath(ctypes.Structure):
     _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
                 ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
-                ("qdelay_hist", Hist), ("epoch", u32), ("ce", u32), ("seen", u64)]
+                ("qdelay_hist", Hist), ("epoch", u32), ("ce", u32), ("seen", u64),
+                ("trimmed", u32), ("pad2", u32)]
 
 
 @mirror("struct mrc_rx_peer")
@@ -118,10 +119,11 @@ class RxPeer(ctypes.Structure):
                 ("loss_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("ce_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("latest_tx", u64 * C["MRC_MAX_PATHS"]), ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
-                ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32),
+                ("fb_block", u8), ("ports_down", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32),
                 ("heard_since", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("heard_need", u64 * (C["MRC_MAX_PATHS"] // 64)),
-                ("heard_slow", u64 * (C["MRC_MAX_PATHS"] // 64))]
+                ("heard_slow", u64 * (C["MRC_MAX_PATHS"] // 64)),
+                ("ports_walk", u32), ("pad2", u32)]
 
 
 @mirror("struct mrc_path_live")
@@ -144,9 +146,14 @@ class PeerAcks(ctypes.Structure):
                 ("window_ns", u64), ("window_hold_ns", u64)]
 
 
+@mirror("struct mrc_plane_paths")
+class PlanePaths(ctypes.Structure):
+    _fields_ = [("ids", u64 * (C["MRC_MAX_PATHS"] // 64))]
+
+
 @mirror("struct mrc_peer_floor")
 class PeerFloor(ctypes.Structure):
-    _fields_ = [("usable", u64)]
+    _fields_ = [("usable", u64), ("plane_paths", PlanePaths * C["MRC_MAX_DEVICES"])]
 
 
 @mirror("struct mrc_path_state")
@@ -163,7 +170,7 @@ class MacPrefix(ctypes.Structure):
 @mirror("struct mrc_peer_state")
 class PeerState(ctypes.Structure):
     _fields_ = [("tx", PeerTx), ("acks", PeerAcks), ("fb_due", u64), ("floor_out", u64),
-                ("tx_mac", MacPrefix), ("paths", PathState * C["MRC_MAX_PATHS"])]
+                ("row1", u32), ("pad", u32), ("tx_mac", MacPrefix), ("paths", PathState * C["MRC_MAX_PATHS"])]
 
 
 @mirror("struct mrc_peer_cached")

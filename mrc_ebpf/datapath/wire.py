@@ -40,7 +40,8 @@ class MrcTLV(IPv6ExtHdrSegmentRoutingTLV):
                    IntField("fb_path_tx32", 0),
                    IntField("epoch", 0),
                    ByteField("key_id", 0),
-                   StrFixedLenField("reserved", b"\0" * 3, 3),
+                   ByteField("ports_down", 0),
+                   StrFixedLenField("reserved", b"\0" * 2, 2),
                    XStrFixedLenField("mac", b"\0" * 8, 8)]
 
 

@@ -71,8 +71,9 @@ def pin_path(fabric: str) -> Path:
     return pins.BASE / "fabric-ecn" / fabric
 
 
-def key_of(mac: str) -> QueueKey:
-    k = QueueKey()
+def key_of(mac: str, key_type=None):
+    """The map key of the device with address MAC (QueueKey's layout)."""
+    k = (key_type or QueueKey)()
     for i, b in enumerate(bytes.fromhex(mac.replace(":", ""))):
         k.mac[i] = b
     return k
@@ -82,19 +83,29 @@ def install(fabric: str, devices: list[tuple[str, str, int]], threshold_ns: int)
     """Mark on every (namespace, device, rate in bit/s); returns
     {mac: {"ns", "dev"}} for the fabric's state.  Undone on failure
     (the caller deletes the namespaces, which takes the filters)."""
+    return install_queues(pin_path(fabric), SOURCE, "ecn_mark", "mrc_ecn_mark", MARK_PRIO, QueueKey,
+                          lambda rate: Queue(ns_per_kbyte=round(8e12 / rate), threshold_ns=threshold_ns),
+                          devices, "ECN marker")
+
+
+def install_queues(path: Path, source, function: str, filter_name: str, prio: int, key_type, make_queue,
+                   devices: list[tuple[str, str, int]], what: str) -> dict[str, dict]:
+    """A switch-queue program of the lab (this one, or trims.py's) on every
+    (namespace, device, rate): its map pinned at PATH, one entry per device
+    keyed by its MAC (make_queue(rate) the value), its filter on clsact
+    egress at PRIO.  Returns {mac: {"ns", "dev"}}."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
     pins.ensure_bpffs()
-    module, fn = build_cache.one_program(SOURCE, "ecn_mark")
+    module, fn = build_cache.one_program(source, function)
     table = module[MAP.encode()]
-    path = pin_path(fabric)
     undo = []
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             path.unlink()             # a fabric of that name that is gone
         bpfsys.obj_pin(table.map_fd, str(path))
-        queues = bpfsys.PinnedMap(str(path), QueueKey, Queue)
+        queues = bpfsys.PinnedMap(str(path), key_type, type(make_queue(1)))
         undo.append(queues.close)
         found = {}
         for ns, dev, rate in devices:
@@ -104,15 +115,14 @@ def install(fabric: str, devices: list[tuple[str, str, int]], threshold_ns: int)
                     raise MrcError(f"no device {dev} in {ns}")
                 index = index[0]
                 mac = ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
-                q = Queue(ns_per_kbyte=round(8e12 / rate), threshold_ns=threshold_ns)
-                queues.update(key_of(mac), q)
+                queues.update(key_of(mac, key_type), make_queue(rate))
                 if not hooks.has_clsact(ipr, index):
                     hooks.add_clsact(ipr, index)
                 try:
-                    ipr.tc("add-filter", "bpf", index, hooks.TC_HANDLE, fd=fn.fd, name="mrc_ecn_mark",
-                           parent=hooks.TC_EGRESS_PARENT, classid=1, direct_action=True, prio=MARK_PRIO)
+                    ipr.tc("add-filter", "bpf", index, hooks.TC_HANDLE, fd=fn.fd, name=filter_name,
+                           parent=hooks.TC_EGRESS_PARENT, classid=1, direct_action=True, prio=prio)
                 except NetlinkError as e:
-                    raise MrcError(f"cannot add the ECN marker on {dev} in {ns}: {e}")
+                    raise MrcError(f"cannot add the {what} on {dev} in {ns}: {e}")
             found[mac] = {"ns": ns, "dev": dev}
         return found
     except BaseException:

@@ -33,7 +33,9 @@ COUNTERS = source.counter_names()
 # Counted when a frame is the first of a sender's epoch (tests/test_auth.py
 # covers it): which row or fuzz case comes first from a sender is order,
 # not the frame's verdict, so the tables leave it out.
-SENDER_STATE = {"rx_epoch"}
+# The same holds for a sender's port status (issue 29, lib/ports.h): a
+# change is counted against what the sender said before.
+SENDER_STATE = {"rx_epoch", "rx_port_status", "rx_port_down_paths"}
 
 
 def outcomes(prefix: str) -> list[str]:

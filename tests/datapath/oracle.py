@@ -20,6 +20,9 @@ Routing (43) or Destination Options (60).  The verdicts:
     ECN_DROP  RFC 6040: CE on a Not-ECT inner packet
     CONSUMED  valid, feedback only (MRC_F_CONTROL): dropped after filing
     DECAP     valid: passed up as `out`
+    TRIMMED   cut by a switch (issue 29): valid but for an inner packet cut
+              after its whole header, outer DSCP MRC_TRIM_DSCP; filed, then
+              handed on as its inner header (`out`, after the metadata word)
 
 One rule of the MRC format needs the frames before: a TLV carrying its
 path's newest sequence number again is a later wire segment of a burst
@@ -34,8 +37,9 @@ from dataclasses import dataclass, field
 
 from mrc_ebpf.datapath.source import C
 
-NOT_OURS, MALFORMED, STRICTER, ECN_DROP, CONSUMED, DECAP = \
-    "not_ours", "malformed", "stricter", "ecn_drop", "consumed", "decap"
+NOT_OURS, MALFORMED, STRICTER, ECN_DROP, CONSUMED, DECAP, TRIMMED = \
+    "not_ours", "malformed", "stricter", "ecn_drop", "consumed", "decap", "trimmed"
+TRIM_DSCP = C["MRC_TRIM_DSCP"]
 
 MRC_TLV_TYPE, MRC_OPT_TYPE = C["MRC_TLV_TYPE"], C["MRC_OPT_TYPE"]
 MRC_TLV_LEN, MRC_VERSION = C["MRC_TLV_LEN"], C["MRC_VERSION"]
@@ -105,7 +109,8 @@ def judge(frame: bytes, sid: bytes, peer_sids: set[bytes], newest: Newest | None
     if nexthdr not in (41, 4):
         return Judgement(STRICTER, "inner-ip-only")
     bad = _inner_ok(nexthdr, inner)
-    if bad:
+    trimmed = bad and mrc is not None and _trimmed(l3, nexthdr, inner)
+    if bad and not trimmed:
         return Judgement(MALFORMED, bad)
 
     counters = {}
@@ -119,6 +124,10 @@ def judge(frame: bytes, sid: bytes, peer_sids: set[bytes], newest: Newest | None
             counters["rx_feedback"] = 1
             if flags & F_FB_CE:         # the feedback says our path was CE-marked
                 counters["rx_fb_ce"] = 1
+        if trimmed:
+            ethertype = b"\x86\xdd" if nexthdr == 41 else b"\x08\x00"
+            return Judgement(TRIMMED, "trimmed by a switch", out=frame[:12] + ethertype + bytes(inner),
+                             counters=counters)
         if flags & F_CONTROL:
             return Judgement(CONSUMED, "MRC_F_CONTROL: feedback only", counters=counters)
 
@@ -219,6 +228,17 @@ def _dstopts(l3: bytes):
     if options != [(MRC_OPT_TYPE, MRC_TLV_LEN), (1, 4)]:
         return Judgement(STRICTER, "dstopts-exact")
     return length, nexthdr, mrc
+
+
+def _trimmed(l3: bytes, nexthdr: int, inner: bytes) -> bool:
+    """A switch's cut (bpf/lab/trim.c): the mark, and a whole inner header
+    that claims more than is left."""
+    if (struct.unpack_from("!I", l3, 0)[0] >> 22) & 0x3F != TRIM_DSCP:
+        return False
+    if nexthdr == 41:
+        return len(inner) >= 40 and inner[0] >> 4 == 6 and 40 + struct.unpack_from("!H", inner, 4)[0] > len(inner)
+    return (len(inner) >= 20 and inner[0] >> 4 == 4 and inner[0] & 15 >= 5 and (inner[0] & 15) * 4 <= len(inner)
+            and struct.unpack_from("!H", inner, 2)[0] > len(inner))
 
 
 def _inner_ok(nexthdr: int, inner: bytes) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import struct
 import sys
 import time
 from collections import Counter
@@ -24,6 +25,8 @@ import pytest
 
 from . import oracle
 from .fuzz_frames import cases
+from mrc_ebpf.datapath.source import C
+
 from .harness import PEER_SIDS, SID, outcomes
 
 pytestmark = pytest.mark.root
@@ -63,6 +66,11 @@ def wrong(j: oracle.Judgement, res, frame: bytes) -> str | None:
     elif j.verdict == oracle.CONSUMED:
         if res.verdict != "XDP_DROP" or outcome != "rx_control" or extra != j.counters:
             return f"consumed expected, got {res.verdict} {outcome} {extra} vs {j.counters}"
+    elif j.verdict == oracle.TRIMMED:
+        if res.verdict != "XDP_PASS" or outcome != "rx_trimmed" or extra != j.counters:
+            return f"trimmed expected, got {res.verdict} {outcome} {extra} vs {j.counters}"
+        if res.out[4:] != j.out:
+            return "the trimmed frame handed on differs"
     else:
         if res.verdict != "XDP_PASS" or outcome != "rx_decap":
             return f"valid, but {res.verdict} {outcome}"
@@ -82,6 +90,10 @@ def expected_row(name: str, frame: bytes, j: oracle.Judgement) -> dict:
     if j.verdict == oracle.DECAP:
         return {"name": name, "frame": frame.hex(), "verdict": "XDP_PASS", "out": j.out.hex(),
                 "counters": {**seen, "rx_decap": 1, **j.counters}, "why": j.why}
+    if j.verdict == oracle.TRIMMED:
+        meta = struct.pack("=I", C["MRC_TRIM_META"])
+        return {"name": name, "frame": frame.hex(), "verdict": "XDP_PASS", "out": (meta + j.out).hex(),
+                "counters": {**seen, "rx_trimmed": 1, **j.counters}, "why": j.why}
     reason = {oracle.STRICTER: STRICTER.get(j.why), oracle.ECN_DROP: "rx_drop_ecn",
               oracle.CONSUMED: "rx_control"}.get(j.verdict) or "rx_drop_*"
     return {"name": name, "frame": frame.hex(), "verdict": "XDP_DROP", "out": None,

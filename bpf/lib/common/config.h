@@ -66,6 +66,9 @@ struct mrc_config {
 	/* down paths' probes a second through one first hop (struct
 	 * mrc_hop; a path without one: its own interval), 0: no limit */
 	__u32	probe_budget;
+	/* our port status, bit i: devices[i] is down (issue 29's block):
+	 * written by `mrcctl ports watch`, sent in every TLV */
+	__u32	ports_down;
 };
 
 #endif /* MRC_COMMON_CONFIG_H */

@@ -70,6 +70,12 @@ enum mrc_counter {
 	MRC_TX_SKIP,			/* a turn skipped: the peer reported CE on its path */
 	MRC_TX_PROBE_HELD,		/* of tx_probe: a probe copy the probe budget held back, not sent */
 	MRC_RX_FB_CE,			/* feedback said one of our paths was CE-marked */
+	/* ---- issue 29 (trimming, port status) */
+	MRC_RX_TRIMMED,			/* outcome: a trimmed packet (lib/trim.h): filed,
+					 * answered at once, never delivered */
+	MRC_FB_TRIM_CLONE,		/* RX: feedback cloned at once for a trimmed packet */
+	MRC_RX_PORT_STATUS,		/* a peer's port status changed (lib/ports.h) */
+	MRC_RX_PORT_DOWN_PATHS,		/* paths taken out because the peer's port of their plane is down */
 	MRC_RX_SEGMENT,			/* a later wire segment of a burst (its TLV copied by
 					 * segmentation): counted on its path, not filed again */
 	MRC_COUNTER_MAX,

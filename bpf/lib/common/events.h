@@ -17,6 +17,10 @@
 					 * went down) and its probe went unanswered */
 #define MRC_EV_SKIP		7	/* the peer reported CE on it: left out of the spray
 					 * for skip_rotations turns (congestion, still up) */
+#define MRC_EV_PORT_DOWN	8	/* the peer said its device of a plane is down (port
+					 * status, lib/ports.h): that plane's paths are out until
+					 * a probe answers; path_id is MRC_EV_PLANE + the plane */
+#define MRC_EV_PLANE		0xff00
 
 struct mrc_event {
 	__u64	seq;		/* 1, 2, ...: position in the log (0: empty slot) */

@@ -86,6 +86,11 @@ struct mrc_peer_state {
 	struct mrc_peer_acks	acks;
 	__u64	fb_due;		/* RX: the peer is owed feedback (see fb_due below) */
 	__u64	floor_out;	/* paths taken out by the datapath (lib/floor.h) */
+	/* the peer's row in paths (its template_id) + 1, written by TX when
+	 * its state is new; 0: not known yet (its own: peer_id).  RX walks
+	 * the row on a port status (lib/ports.h) */
+	__u32	row1;
+	__u32	pad;
 	struct mrc_mac_prefix	tx_mac;	/* the MAC's state for what we send it */
 	struct mrc_path_state	paths[MRC_MAX_PATHS];
 };

@@ -92,8 +92,17 @@ struct mrc_class_name {
  * usable ones (lib/floor.h).  How many it has taken out is learnt state:
  * mrc_peer_state.floor_out.
  */
+/* a struct, not __u64[N][M], so bcc's ctypes for maps get it right */
+struct mrc_plane_paths {
+	__u64	ids[MRC_MAX_PATHS / 64];	/* bit i: path i */
+};
+
 struct mrc_peer_floor {
 	__u64	usable;		/* loader: the peer's paths in state UP (not denied) */
+	/* loader: the paths (UP) that leave by config.devices[p], for each
+	 * plane p: what a peer's port status takes out (issue 29's block,
+	 * lib/ports.h) */
+	struct mrc_plane_paths	plane_paths[MRC_MAX_DEVICES];
 };
 
 /*

@@ -34,6 +34,8 @@ struct mrc_rx_path {
 	/* bit i: path_seq next_seq - 2 - i arrived (the replay window of an
 	 * authenticated sender: a number arrives once; next_seq - 1 did) */
 	__u64	seen;
+	__u32	trimmed;	/* packets that arrived trimmed (lib/trim.h): not lost, not delivered */
+	__u32	pad2;
 };
 
 /*
@@ -51,7 +53,7 @@ struct mrc_rx_peer {
 	__u32	max_peer_seq;
 	__u16	last_path_id;	/* reported in feedback when nothing is new */
 	__u8	fb_block;	/* next block of `heard` to report */
-	__u8	pad;
+	__u8	ports_down;	/* the sender's port status as last filed (lib/ports.h) */
 	__u32	reorder_hist[MRC_HIST_BUCKETS];	/* log2 of (highest - peer_seq) */
 	__u32	epoch;		/* the sender's latest epoch (lib/auth.h) */
 	__u32	restarts;	/* times its epoch changed: it re-attached */
@@ -65,6 +67,10 @@ struct mrc_rx_peer {
 	/* paths heard whose send would drag the bound below heard_need:
 	 * reported exactly, one per report */
 	__u64	heard_slow[MRC_MAX_PATHS / 64];
+	/* a walk of our paths for the sender's port status, under way over
+	 * several packets (lib/ports.h); 0: none */
+	__u32	ports_walk;
+	__u32	pad2;
 };
 
 #endif /* MRC_COMMON_RX_H */

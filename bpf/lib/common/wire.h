@@ -54,7 +54,10 @@ struct mrc_tlv {
 	 * sender restarted and its sequence numbers begin again. */
 	__be32	epoch;
 	__u8	key_id;		/* key the MAC is made with; 0: no MAC */
-	__u8	reserved[3];	/* zero */
+	/* the sender's port status (issue 29's block, at the end): bit i,
+	 * its attachment's device i (plane i) is down */
+	__u8	ports_down;
+	__u8	reserved[2];	/* zero */
 	/* SipHash-2-4 under key key_id of the final destination, the outer
 	 * source and this TLV's fields (lib/auth.h gives the order); zero
 	 * when key_id is 0 */

@@ -5,7 +5,7 @@ import contextlib
 import os
 import subprocess
 import time
-from mrc_ebpf.lab import ecn_marks, faults, netns
+from mrc_ebpf.lab import ecn_marks, faults, netns, trims
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab.procs import batch as _batch, run
 
@@ -21,13 +21,16 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
        rate: str | None = DEFAULT_RATE, host_rate: str | None = None, encoding: str = "srh",
        mtu: int = DEFAULT_MTU, host_sysctls: list[str] = (), ecn_threshold: str | None = None,
        ecmp_hash: str = DEFAULT_HASH, progress=None, sid_block: str = DEFAULT_SID_BLOCK,
-       data_block: str = DEFAULT_DATA_BLOCK, description: dict | None = None, key: bool = False) -> dict:
+       data_block: str = DEFAULT_DATA_BLOCK, description: dict | None = None, key: bool = False,
+       trim_threshold: str | None = None) -> dict:
     """PROGRESS: called as progress(done, total, text) while building.
     DESCRIPTION (description.Description.to_dict of the file the fabric was
     described in) is kept in its state for `fabric attach --render`.
     KEY: make the fabric a key (key_path: `fabric attach` gives it to every
     host, so their feedback is authenticated; `mrcctl fabric up` does
-    unless --no-key)."""
+    unless --no-key).
+    TRIM_THRESHOLD: the leaf-spine queues trim MRC packets to their
+    headers above it (trims.py)."""
     check_name(name)
     check_hash(ecmp_hash)
     for what, v, hi in (("--spines", spines, MAX_SPINES), ("--leaves", leaves, MAX_LEAVES),
@@ -56,6 +59,11 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
             "rate": rate if rate_bits else None, "host_rate": host_rate if host_bits else None,
             "mtu": mtu, "host_sysctls": list(host_sysctls), "ecn_threshold": ecn_threshold,
             "hash": ecmp_hash}
+    if trim_threshold is not None:
+        trims.parse_threshold(trim_threshold)
+        if not rate_bits:
+            raise MrcError("--trim-threshold needs a --rate: only rate-limited links have queues to trim")
+        spec["trim_threshold"] = trim_threshold
     if (sid_block, data_block) != (DEFAULT_SID_BLOCK, DEFAULT_DATA_BLOCK):
         spec.update(sid_block=sid_block, data_block=data_block)
     fab = Fabric(spec)
@@ -79,6 +87,9 @@ def up(name: str, spines: int, leaves: int, hosts_per_leaf: int, planes: int = 1
             if ecn_threshold is not None:
                 state["ecn_marking"] = ecn_marks.install(name, fab.marking_devices(),
                                                          ecn_marks.parse_threshold(ecn_threshold))
+            if trim_threshold is not None:
+                state["trimming"] = trims.install(name, fab.marking_devices(),
+                                                  trims.parse_threshold(trim_threshold))
             if key:     # a fresh one: a file left by an earlier fabric of this name goes
                 from mrc_ebpf.datapath import auth
                 key_path(name).unlink(missing_ok=True)
@@ -151,6 +162,7 @@ def _teardown(fab: Fabric, state: dict, quiet: bool = False) -> list[str]:
     if quiet:
         problems = []
     ecn_marks.remove(fab.name)
+    trims.remove(fab.name)
     for ns in state.get("namespaces", fab.namespaces()):
         try:
             faults.forget(ns)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from mrc_ebpf.lab import ecn_marks, faults
+from mrc_ebpf.lab import ecn_marks, faults, trims
 from mrc_ebpf.errors import MrcError
 
 from .plan import Fabric
@@ -36,12 +36,21 @@ def describe(name: str) -> dict:
         switches.append(sw)
     queues = (ecn_marks.read(name) or {}) if live and state.get("ecn_marking") else {}
     by_end = {(d["ns"], d["dev"]): queues.get(mac) for mac, d in state.get("ecn_marking", {}).items()}
+    tq = (trims.read(name) or {}) if live and state.get("trimming") else {}
+    trim_by_end = {(d["ns"], d["dev"]): tq.get(mac) for mac, d in state.get("trimming", {}).items()}
 
     def with_marks(end: dict, other: dict) -> dict:
         """The end, with the marks its device's queue gave, sending towards other."""
         q = by_end.get((end["ns"], end["dev"]))
-        return end if q is None else dict(end, ecn={"packets": q.packets, "ect": q.ect, "marked": q.marked,
-                                                    "direction": f"{end['node']}>{other['node']}"})
+        t = trim_by_end.get((end["ns"], end["dev"]))
+        if q is not None:
+            end = dict(end, ecn={"packets": q.packets, "ect": q.ect, "marked": q.marked,
+                                 "direction": f"{end['node']}>{other['node']}"})
+        if t is not None:
+            end = dict(end, trim={"packets": t.packets, "mrc": t.mrc, "trimmed": t.trimmed,
+                                  "trimmed_bytes": t.trimmed_bytes, "untrimmable": t.untrimmable,
+                                  "direction": f"{end['node']}>{other['node']}"})
+        return end
     links = []
     for lk in fab.links():
         entry = {k: lk[k] for k in ("name", "kind", "plane", "rate")}

@@ -1,0 +1,138 @@
+"""Port status (issue #29, item 3) through the real programs with
+BPF_PROG_TEST_RUN: TX sends config.ports_down in every TLV; a frame from
+a peer whose TLV says one of its planes is down is filed, and our paths
+to it through that plane (their own device: plane 1 here) are taken out
+at once, those of the other plane untouched; TX then sprays over the
+live plane only; the bit clearing makes the out paths due a probe now.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+
+import pytest
+from scapy.layers.inet6 import IPv6
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+
+from mrc_ebpf.control import events as ev
+from mrc_ebpf.control import paths as cp, spray
+from mrc_ebpf.datapath import layout, wire
+from mrc_ebpf.datapath.source import C
+
+from . import frames as F
+from .harness import COUNTERS
+
+pytestmark = pytest.mark.root
+
+PREFIX, PEER = "fd00:b::/64", "fc00:0:b::"
+# path id -> (spine, our device): paths 0, 1 leave by ifindex 1 (plane 0), 2, 3 by 2 (plane 1)
+PATHS = {0: ("fc00:0:e1::", 1), 1: ("fc00:0:e2::", 1), 2: ("fc00:0:e3::", 2), 3: ("fc00:0:e4::", 2)}
+
+
+@pytest.fixture
+def two_planes(fresh):
+    dp = fresh
+    att = dp.att
+    cfg = att.maps["config"].lookup(layout.Index(0))
+    cfg.n_devices = 2
+    cfg.devices[1] = layout.Device(ifindex=2, mtu=1500)
+    att.maps["config"].update(layout.Index(0), cfg)
+    for key, e in list(att.maps["events"].items()):
+        if e.seq:
+            att.maps["events"].update(key, layout.Event())
+    for key in list(att.maps["peers"].keys()):
+        att.maps["peers"].delete(key)
+    prefix = cp.parse_prefix(PREFIX)
+    for path_id, (spine, oif) in PATHS.items():
+        spec = cp.PathSpec.via(f"{spine},{PEER}")
+        path = layout.Path(n_segments=2, state=cp.UP, weight=1, oif=oif,
+                           flowlabel=cp.flowlabel(prefix, path_id, spec.segments))
+        ctypes.memmove(path.nexthop, spec.first_hop.packed, 16)
+        ctypes.memmove(path.peer_sid.addr, spec.peer_sid.packed, 16)
+        for i, seg in enumerate(reversed(spec.segments)):
+            ctypes.memmove(path.segments[i].addr, seg.packed, 16)
+        att.maps["paths"].update(cp.path_index(0, path_id), path)
+    peer = layout.Peer(peer_id=0, template_id=0, n_paths=len(PATHS), policy=cp.POLICIES["rr"])
+    spray.rebuild(att, peer)
+    att.maps["peers"].update(cp.peer_key(prefix), peer)
+    return dp
+
+
+def send(dp):
+    r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst="fd00:b::2") / Raw(b"data")))
+    assert r.verdict in ("TC_ACT_OK", "TC_ACT_REDIRECT"), r
+    return wire.mrc_tlv(Ether(r.out))
+
+
+def now32():
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) & 0xFFFFFFFF
+
+
+def from_peer(dp, ports, seq, heard32=0):
+    """A data frame from the peer whose TLV says `ports` (its planes down),
+    with feedback acknowledging every path's sends up to `heard32` (our
+    clock's low bits; a peer that never sent feedback has no failover
+    clock: nothing is taken out for it)."""
+    before = dp.counters()
+    heard32 = heard32 or now32()
+    tlv = F.mrc_tlv(path_id=0, path_seq=seq, ports_down=ports, flags=C["MRC_F_FEEDBACK"], fb_block=0,
+                    fb_heard=0b1111, fb_since_ns32=heard32, fb_path_id=0, fb_path_tx32=heard32)
+    r = dp.run_rx(F.frame(F.srh_packet(F.inner6(), tlvs=[tlv], src=PEER)))
+    assert r.verdict == "XDP_PASS" and r.delta.get("rx_decap") == 1, r
+    return {COUNTERS[i]: a - b for i, (a, b) in enumerate(zip(dp.counters(), before)) if a != b}
+
+
+def live(dp, path_id):
+    return dp.att.maps["peer_state"].lookup(layout.Index(0)).paths[path_id].live
+
+
+def test_the_loader_files_each_planes_paths(two_planes):
+    floor = two_planes.att.maps["peer_floor"].lookup(layout.Index(0))
+    assert (floor.usable, floor.plane_paths[0].ids[0], floor.plane_paths[1].ids[0]) == (4, 0b0011, 0b1100)
+
+
+def test_tx_sends_our_port_status_in_every_tlv(two_planes):
+    dp = two_planes
+    assert send(dp).ports_down == 0
+    cfg = dp.att.maps["config"].lookup(layout.Index(0))
+    cfg.ports_down = 0b10
+    dp.att.maps["config"].update(layout.Index(0), cfg)
+    assert [send(dp).ports_down for _ in range(4)] == [0b10] * 4
+
+
+def test_a_peers_port_down_takes_that_planes_paths_out_at_once(two_planes):
+    dp = two_planes
+    assert [send(dp).path_id for _ in range(4)] == [0, 1, 2, 3]      # state made, row noted
+    heard = now32()                           # the peer heard those four
+    d = from_peer(dp, 0, 1, heard)
+    assert "rx_port_status" not in d
+    d = from_peer(dp, 0b10, 2, heard)         # the peer's plane 1 is down
+    assert (d.get("rx_port_status"), d.get("rx_port_down_paths")) == (1, 2), d
+    assert [bool(live(dp, i).down_ns) for i in range(4)] == [False, False, True, True]
+    assert (live(dp, 2).downs, live(dp, 0).downs) == (1, 0)
+    evs = [e for e in ev.read(dp.att) if e["type"] == "port-down"]
+    assert len(evs) == 1 and evs[0]["path_id"] == C["MRC_EV_PLANE"] + 1 and evs[0]["peer_id"] == 0
+    # the same news again changes nothing
+    d = from_peer(dp, 0b10, 3, heard)
+    assert "rx_port_status" not in d and "rx_port_down_paths" not in d
+    # TX sprays over plane 0 only (no probe is due before probe_us)
+    took = [send(dp).path_id for _ in range(8)]
+    assert set(took) == {0, 1}, took
+    # the peer's plane is back: its out paths are due a probe now
+    d = from_peer(dp, 0, 4, heard)
+    assert d.get("rx_port_status") == 1 and "rx_port_down_paths" not in d
+    before = dp.counters()
+    send(dp)
+    delta = {COUNTERS[i]: a - b for i, (a, b) in enumerate(zip(dp.counters(), before)) if a != b}
+    assert delta.get("tx_probe", 0) >= 1, delta
+
+
+def test_a_port_status_before_any_send_is_filed_and_walks_nothing(two_planes):
+    """No learnt state for the peer (never sent to): nothing to stop, and
+    the news is filed (the next change is against it)."""
+    dp = two_planes
+    d = from_peer(dp, 0b01, 1)
+    assert d.get("rx_port_status") == 1 and "rx_port_down_paths" not in d
+    d = from_peer(dp, 0b01, 2)
+    assert "rx_port_status" not in d

@@ -1,0 +1,141 @@
+"""Port status on a fabric of namespaces (issue #29, item 3): a host's
+plane-1 device set down under 4 one-way flows from 4 peers.  Without the
+watcher the peers find out from their acknowledgement clocks (events
+`down`); with `mrcctl ports watch` on the host each peer takes its
+plane-1 paths out on the host's news (event `port-down`).  The witness is
+the kernel's clock: the instant the test sets the link down (CLOCK_MONOTONIC,
+which bpf_ktime_get_ns reads too) against each peer's event time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from conftest import UDP_SEND, mrcctl
+from mrc_ebpf.lab import procs
+from test_fabric import SINK, Net, _events, fabric
+
+pytestmark = pytest.mark.root
+
+TARGET, PEERS = "h4", ["h1", "h2", "h3", "h5"]
+PLANE, LEAF = 1, "p1l2"          # h4's plane-1 leaf
+PPS, SECONDS = 2000, 4
+
+
+@pytest.fixture(scope="module")
+def net():
+    name = f"ps{os.getpid() % 10000}"
+    try:
+        fabric("up", name, "--planes", "2", "--spines", "2", "--leaves", "2", "--hosts-per-leaf", "3")
+        # 6 hosts verify ~1.4M instructions each: slow on a busy machine
+        # a 100 ms acknowledgement clock: the port status must win its race
+        # against the clock by the watcher's wake-up alone (with 1 ms, a
+        # watcher woken 25 ms late on this shared machine found the paths
+        # already out, and had nothing to take out)
+        r = procs.run([*mrcctl_cmd(), "fabric", "attach", name, "--policy", "rr", "--", "--probe-max-us",
+                       "50000", "--ack-timeout-us", "100000"], check=False, timeout=900)
+        assert r.returncode == 0, r.stderr
+        yield Net(name)
+    finally:
+        fabric("down", name, check=False)
+
+
+def _leaf_port(net, up: bool) -> tuple[int, int]:
+    """TARGET's plane-1 link cut (or back) at its leaf's end, as `fabric
+    fail --mode down` cuts a host link: the host's device loses its carrier
+    (the carrier case; the host's own addresses and routes stay).  One
+    netlink call; the CLOCK_MONOTONIC instants just before and after it.
+    Back up, the leaf gets its addresses and routes again (`fabric heal`'s
+    way: the kernel drops IPv6 routes through a device set down)."""
+    from pyroute2 import IPRoute
+    from mrc_ebpf.lab.fabric import Fabric
+    from mrc_ebpf.lab.netns import inside
+    with inside(net.ns(LEAF)), IPRoute() as ipr:
+        index = ipr.link_lookup(ifname=TARGET)[0]
+        before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        ipr.link("set", index=index, state="up" if up else "down")
+        after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    if up:
+        from mrc_ebpf.lab.fabric.state import load
+        plan = Fabric(load(net.name)["spec"])
+        procs.batch(["ip", "-n", net.ns(LEAF)], plan.addr_cmds(LEAF), f"addresses of {LEAF}")
+        procs.batch(["ip", "-n", net.ns(LEAF)], plan.route_cmds(LEAF), f"routes of {LEAF}")
+    return before, after
+
+
+def _flows(net):
+    addr = net.host(TARGET)["addr6"]
+    return [net.popen(p, [*UDP_SEND, addr, "9", str(PPS * SECONDS), f"--pps={PPS}"],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for p in PEERS]
+
+
+def _first(net, peer, kinds, since_ns) -> int | None:
+    ns = [e["ns"] for e in _events(net, peer) if e["type"] in kinds and e["ns"] >= since_ns]
+    return min(ns) if ns else None
+
+
+def _round(net, watch: bool) -> dict[str, float | None]:
+    """4 flows into TARGET, its plane-1 device down 1 s in, up again 1 s
+    later: each peer's delay (ms) from the link change to its first event
+    taking plane-1 paths out."""
+    sink = net.popen(TARGET, SINK, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    watcher = None
+    if watch:
+        # real-time priority, as a port daemon would run: on this shared
+        # machine (load ~10 on 2 CPUs) a normal process is woken ms late
+        watcher = net.popen(TARGET, ["chrt", "-f", "50", *mrcctl_cmd(), "ports", "-j", "watch"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+        assert "watching" in watcher.stdout.readline()
+    flows = _flows(net)
+    try:
+        time.sleep(1.0)
+        t0, t1 = _leaf_port(net, up=False)
+        time.sleep(1.0)
+        _leaf_port(net, up=True)
+        for f in flows:
+            f.wait(timeout=60)
+    finally:
+        for p in [sink, watcher, *flows]:
+            if p is not None and p.poll() is None:
+                p.terminate()
+                p.wait(timeout=10)
+    kinds = ("port-down",) if watch else ("down", "shared-down")
+    delays = {}
+    for peer in PEERS:
+        first = _first(net, peer, kinds, t0)
+        delays[peer] = None if first is None else round((first - t0) / 1e6, 3)
+    out = watcher.stdout.read() if watcher else ""
+    changes = [json.loads(line) for line in out.splitlines() if line.startswith("{\"ns\"")]
+    woke = [round((c["ns"] - t0) / 1e6, 3) for c in changes]
+    return {"delays_ms": delays, "set_ms": round((t1 - t0) / 1e6, 3), "watcher": out, "woke_ms": woke}
+
+
+def mrcctl_cmd():
+    from conftest import MRCCTL
+    return list(MRCCTL)
+
+
+def test_port_down_reaches_every_peer_against_the_ack_timeout(net):
+    today = _round(net, watch=False)
+    time.sleep(1.0)             # the paths back up (probes every <= 50 ms)
+    told = _round(net, watch=True)
+    print(f"port down: ack timeout (no watcher) {today['delays_ms']}; port status {told['delays_ms']} "
+          f"(the netlink call took {told['set_ms']} ms; the watcher read the event {told['woke_ms']} ms "
+          f"after it began); watcher said {told['watcher'].strip()}")
+    # today: every peer finds out, by its clock
+    assert all(d is not None for d in today["delays_ms"].values()), today
+    # port status: every peer took its plane-1 paths out on the news (the
+    # delays are printed for docs/design/failover.md: timings are not
+    # asserted, the machine is shared)
+    assert all(d is not None for d in told["delays_ms"].values()), told
+    changes = [json.loads(line) for line in told["watcher"].splitlines() if line.startswith("{\"ns\"")]
+    assert changes and changes[0]["mask"] == 1 << PLANE
+    assert len({t["peer_id"] for t in changes[0]["told"]}) >= len(PEERS)
+    # and the peers' own count of it
+    for peer in PEERS:
+        c = json.loads(mrcctl("stats", "-j", netns=net.ns(peer)).stdout)["counters"]
+        assert c["rx_port_status"] >= 2 and c["rx_port_down_paths"] >= 1, (peer, c)
