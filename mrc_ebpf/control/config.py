@@ -1069,6 +1069,8 @@ def delete_class(att: Attachment, name: str) -> None:
 def describe(change: dict) -> str:
     """One line per change, for people."""
     what = change["what"]
+    if what == "hook":
+        return f"{change['device']} {change['key']}: {change['done'] or 'would put ' + str(change['to']) + ' back'}"
     if what == "attach":
         return f"attach {change['key']}: {change['from']} -> {change['to']}"
     if what == "class":
@@ -1145,6 +1147,7 @@ def apply(cfg: Config, reattach: bool = False, dry_run: bool = False) -> dict:
             changes = plan(cfg.data, current, att, ids)
             if not dry_run:
                 execute(att, cfg, changes)
+            changes += _hooks_back(att, dry_run)
             return {**result, "device": owner, "changed": bool(changes),
                     "changes": [public(c) for c in changes]}
     if not reattach:
@@ -1169,6 +1172,19 @@ def apply(cfg: Config, reattach: bool = False, dry_run: bool = False) -> dict:
             raise MrcError(f"{e}; restoring the previous config failed too: {again}")
         raise MrcError(f"{e}; the previous config was attached again")
     return {**result, "reattached": True, "changed": True, "changes": [public(c) for c in changes]}
+
+
+def _hooks_back(att: Attachment, dry_run: bool) -> list[dict]:
+    """The hooks another tool took the programs off (xdp-loader unload,
+    tc filter del): put back (datapath/repair.py), as changes."""
+    from pyroute2 import IPRoute
+    from mrc_ebpf.datapath import repair
+    with IPRoute() as ipr:
+        gone = repair.hook_changes(ipr, att.dir)
+        for c in gone:
+            c["done"] = None if dry_run else repair.restore(ipr, att.dir, c)
+    return [{"what": "hook", "key": c["hook"], "device": c["device"], "from": c["found"],
+             "to": c["expected"], "why": c["why"], "done": c["done"]} for c in gone]
 
 
 def _fresh(cfg: Config) -> None:

@@ -171,7 +171,7 @@ def _wall_time(boot_ns: int) -> str:
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _open_pins(directory: Path, names) -> dict[str, int]:
+def open_pins(directory: Path, names) -> dict[str, int]:
     fds = {}
     for name in names:
         try:
@@ -197,12 +197,12 @@ def _hooked(ipr: IPRoute, directory: Path, old_ids: dict[str, int]) -> list[tupl
         info = hooks.device_info(ipr, member.ifindex)
         if info["xdp_prog_id"] != old_ids[loader.PROG_RX] or info["xdp_mode"] not in ("native", "skb"):
             raise MrcError(f"XDP on {device} is not our program (prog {info['xdp_prog_id'] or '-'}, "
-                           f"expected {old_ids[loader.PROG_RX]}): `mrcctl status`")
+                           f"expected {old_ids[loader.PROG_RX]}): `mrcctl attach {device} --repair` first")
         for pin, direction in ((loader.PROG_TX, "egress"), (loader.PROG_FB, "ingress")):
             running = hooks.tc_egress_prog_ids(member.ifindex, direction).get(hooks.TC_PRIO, 0)
             if running != old_ids[pin]:
                 raise MrcError(f"TC {direction} filter on {device} is not our program (prog "
-                               f"{running or '-'}, expected {old_ids[pin]}): `mrcctl status`")
+                               f"{running or '-'}, expected {old_ids[pin]}): `mrcctl attach {device} --repair` first")
         found.append((device, member.ifindex, info["xdp_mode"]))
     return found
 
@@ -243,7 +243,7 @@ def _replace_locked(module, first: str) -> dict:
     from pyroute2 import IPRoute
     directory = pins.device_dir(first)
     load_start = time.monotonic_ns()
-    old_maps = _open_pins(directory, map_names())
+    old_maps = open_pins(directory, map_names())
     try:
         relocation = check_layout(module, directory, old_maps)
         n_devices = len(loader.device_members(directory))
@@ -252,7 +252,7 @@ def _replace_locked(module, first: str) -> dict:
         for fd in old_maps.values():
             os.close(fd)
     loaded = time.monotonic_ns()
-    old_progs = _open_pins(directory, PROGRAMS)
+    old_progs = open_pins(directory, PROGRAMS)
     try:
         missing = [p for p in PROGRAMS if p not in old_progs]
         if missing:
@@ -294,7 +294,7 @@ def _swap(ipr: IPRoute, directory: Path, members, old: dict[str, int], new: dict
         end = time.monotonic_ns()
         for pin, path in staged.items():
             os.replace(path, directory / pin)
-            undo.append(lambda p=pin: _repin(old[p], directory / p))
+            undo.append(lambda p=pin: repin(old[p], directory / p))
         return start, end
     except BaseException as e:
         problems = []
@@ -314,7 +314,7 @@ def _swap(ipr: IPRoute, directory: Path, members, old: dict[str, int], new: dict
         raise MrcError(f"replace failed ({_reason(e)}); the old programs run as before")
 
 
-def _repin(fd: int, path: Path) -> None:
+def repin(fd: int, path: Path) -> None:
     staged = path.with_name(path.name + "_prev")
     bpfsys.obj_pin(fd, str(staged))
     os.replace(staged, path)
