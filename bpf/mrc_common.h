@@ -390,6 +390,9 @@ struct mrc_rx_path {
 	/* bit i: path_seq next_seq - 2 - i arrived (the replay window of an
 	 * authenticated sender: a number arrives once; next_seq - 1 did) */
 	__u64	seen;
+	/* the sum of what qdelay_hist counts (microseconds): the exporter's
+	 * histogram _sum (the buckets alone cannot give it) */
+	__u64	qdelay_sum_us;
 };
 
 /*
@@ -421,6 +424,7 @@ struct mrc_rx_peer {
 	/* paths heard whose send would drag the bound below heard_need:
 	 * reported exactly, one per report */
 	__u64	heard_slow[MRC_MAX_PATHS / 64];
+	__u64	reorder_sum;	/* the sum of what reorder_hist counts (packets) */
 };
 
 /* peer_tx: in peer_state; updated with atomic adds, shared by CPUs */

@@ -109,7 +109,8 @@ Hist = u32 * C["MRC_HIST_BUCKETS"]
 class RxPath(ctypes.Structure):
     _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
                 ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
-                ("qdelay_hist", Hist), ("epoch", u32), ("ce", u32), ("seen", u64)]
+                ("qdelay_hist", Hist), ("epoch", u32), ("ce", u32), ("seen", u64),
+                ("qdelay_sum_us", u64)]
 
 
 @mirror("struct mrc_rx_peer")
@@ -121,7 +122,7 @@ class RxPeer(ctypes.Structure):
                 ("fb_block", u8), ("pad", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32),
                 ("heard_since", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("heard_need", u64 * (C["MRC_MAX_PATHS"] // 64)),
-                ("heard_slow", u64 * (C["MRC_MAX_PATHS"] // 64))]
+                ("heard_slow", u64 * (C["MRC_MAX_PATHS"] // 64)), ("reorder_sum", u64)]
 
 
 @mirror("struct mrc_path_live")
