@@ -78,7 +78,8 @@ def _check_histograms(page: str) -> int:
                 # previous bound plus one unit (1 us or 1 packet)
                 unit = 1e-6 if f.name.endswith("_seconds") else 1
                 lo += n * ((bounds[i - 1] + unit) if i else 0)
-                hi += n * (bounds[i] if i < len(bounds) else float("inf"))
+                if n:
+                    hi += n * (bounds[i] if i < len(bounds) else float("inf"))
             assert lo * (1 - 1e-9) <= total <= hi * (1 + 1e-9), (f.name, key, lo, total, hi)
             for b in buckets[:-1]:
                 le = b.labels["le"]
