@@ -73,13 +73,13 @@ def _check_histograms(page: str) -> int:
             bounds = [float(b.labels["le"]) for b in buckets[:-1]]
             lo = hi = 0.0
             for i, b in enumerate(buckets):
-                n = b.value - (buckets[i - 1].value if i else 0)
+                k = b.value - (buckets[i - 1].value if i else 0)
                 # bucket i holds [2^(i-1), 2^i - 1]: its lower bound is the
                 # previous bound plus one unit (1 us or 1 packet)
                 unit = 1e-6 if f.name.endswith("_seconds") else 1
-                lo += n * ((bounds[i - 1] + unit) if i else 0)
-                if n:
-                    hi += n * (bounds[i] if i < len(bounds) else float("inf"))
+                lo += k * ((bounds[i - 1] + unit) if i else 0)
+                if k:
+                    hi += k * (bounds[i] if i < len(bounds) else float("inf"))
             assert lo * (1 - 1e-9) <= total <= hi * (1 + 1e-9), (f.name, key, lo, total, hi)
             for b in buckets[:-1]:
                 le = b.labels["le"]
