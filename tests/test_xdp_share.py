@@ -143,19 +143,20 @@ def test_apply_puts_back_hooks_another_tool_removed(interop, tmp_path):
     assert "no change" in mrcctl("apply", str(conf), netns=A).stdout
     ours = bpftool_xdp(t, A, "a0")["id"]
 
-    # XDP off by ip(8), the TC egress filter deleted by tc(8)
+    # XDP off by ip(8), the clsact qdisc (both TC filters) deleted by tc(8)
     t.exec(A, ["ip", "link", "set", "dev", "a0", "xdpgeneric", "off"])
-    t.exec(A, ["tc", "filter", "del", "dev", "a0", "egress"])
+    t.exec(A, ["tc", "qdisc", "del", "dev", "a0", "clsact"])
     assert bpftool_xdp(t, A, "a0") is None
     assert ping_ok(interop, 2) == 0           # no encap, no decap: B's replies are lost
     code, rows = status(A)
-    assert code == 1 and sorted(c["hook"] for c in rows[0]["hook_changes"]) == ["tc egress", "xdp"]
+    gone = ["tc egress", "tc ingress", "xdp"]
+    assert code == 1 and sorted(c["hook"] for c in rows[0]["hook_changes"]) == gone
 
     dry = json.loads(mrcctl("apply", str(conf), "--dry-run", "-j", netns=A).stdout)
-    assert dry["changed"] and {c["key"] for c in dry["changes"]} == {"xdp", "tc egress"}
+    assert dry["changed"] and sorted(c["key"] for c in dry["changes"]) == gone
     assert bpftool_xdp(t, A, "a0") is None
     applied = json.loads(mrcctl("apply", str(conf), "-j", netns=A).stdout)
-    assert applied["changed"] and sorted(c["key"] for c in applied["changes"]) == ["tc egress", "xdp"]
+    assert applied["changed"] and sorted(c["key"] for c in applied["changes"]) == gone
     assert bpftool_xdp(t, A, "a0")["id"] == ours
     tc = json.loads(t.exec(A, ["tc", "-j", "filter", "show", "dev", "a0", "egress"]).stdout)
     assert any(f.get("options", {}).get("prog", {}).get("name") == "mrc_tx" for f in tc)
@@ -164,6 +165,9 @@ def test_apply_puts_back_hooks_another_tool_removed(interop, tmp_path):
     assert ping_ok(interop) == 3
     assert "no change" in mrcctl("apply", str(conf), netns=A).stdout
     mrcctl("detach", "a0", netns=A)
+    # the clsact apply added goes with detach, as attach's does
+    assert "clsact" not in t.exec(A, ["tc", "qdisc", "show", "dev", "a0"]).stdout
+    assert bpftool_xdp(t, A, "a0") is None
 
 
 def _key(tmp_path) -> str:

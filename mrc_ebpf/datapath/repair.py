@@ -16,8 +16,8 @@ import os
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, pins, xdp_chain
-from mrc_ebpf.datapath.loader import (CFG_XDP_SKB, PROG_FB, PROG_RX, PROG_TX, build_datapath,
-                                      device_members, ifname_of, owner)
+from mrc_ebpf.datapath.loader import (CFG_CLSACT_OURS, CFG_XDP_SKB, PROG_FB, PROG_RX, PROG_TX,
+                                      build_datapath, device_members, ifname_of, owner)
 from mrc_ebpf.errors import MrcError
 
 TC_PINS = ((PROG_TX, "egress", hooks.TC_EGRESS_PARENT), (PROG_FB, "ingress", hooks.TC_INGRESS_PARENT))
@@ -110,6 +110,7 @@ def restore(ipr: IPRoute, directory, c: dict) -> str:
             parent = next(p for name, d, p in TC_PINS if name == pin)
             if not hooks.has_clsact(ipr, index):
                 hooks.add_clsact(ipr, index)
+                _set_flag(directory, slot, CFG_CLSACT_OURS, True)   # detach removes it again
             hooks.tc_detach(ipr, index, parent)    # another filter at our prio: ours replaces it
             hooks.tc_attach(ipr, index, fd, pin, parent)
             return f"{pin} back on {c['device']}'s {c['hook']}"
@@ -208,13 +209,17 @@ def _rx_loaded_as(ipr, directory, attach_type: int, slot: int) -> tuple[int, int
 
 def _set_chained(directory, slot: int, chained: bool) -> None:
     """The device record's chained flag, which mrc_rx reads per packet."""
+    _set_flag(directory, slot, xdp_chain.CFG_XDP_CHAINED, chained)
+
+
+def _set_flag(directory, slot: int, flag: int, on: bool) -> None:
     config = bpfsys.PinnedMap(str(directory / "config"), *layout.MAPS["config"])
     try:
         cfg = config.lookup(layout.Index(0))
-        if chained:
-            cfg.devices[slot].flags |= xdp_chain.CFG_XDP_CHAINED
+        if on:
+            cfg.devices[slot].flags |= flag
         else:
-            cfg.devices[slot].flags &= ~xdp_chain.CFG_XDP_CHAINED
+            cfg.devices[slot].flags &= ~flag
         config.update(layout.Index(0), cfg)
     finally:
         config.close()
