@@ -135,6 +135,7 @@ def _restore_xdp(ipr, directory, device: str, index: int, slot: int, member, rx_
         rebuilt = ""
         if xdp_chain.tail_call_profile(bpfsys.prog_info(rx_fd).id)[0] != other["attach_type"]:
             os.close(chain_fd)
+            chain_fd = -1
             rx_fd, chain_fd = _rx_loaded_as(ipr, directory, other["attach_type"], slot)
             rebuilt = " (mrc_rx loaded again with its attach type: libbpf's and bcc's differ)"
         try:
@@ -150,7 +151,8 @@ def _restore_xdp(ipr, directory, device: str, index: int, slot: int, member, rx_
         return (f"mrc_rx back on {device}'s XDP hook, chained to prog {other['id']} "
                 f"{other['name']}{rebuilt}")
     finally:
-        os.close(chain_fd)
+        if chain_fd >= 0:
+            os.close(chain_fd)
 
 
 def _rx_loaded_as(ipr, directory, attach_type: int, slot: int) -> tuple[int, int]:
