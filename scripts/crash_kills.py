@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""kill -9 of `path bulk` (routes on), `path add` and `apply` at random
-points, many times each (tests/test_crash.py does a few): after each kill
+"""kill -9 of `path bulk` (routes on), `path add`, `apply` and `attach
+--replace` at random points, many times each (tests/test_crash.py does a
+few): after each kill
 `status` must name the half-done change and exit 1, the next command
 (`gc`) rolls it back, and the state (every map's dump and the routes of
 ours) must be byte for byte before or after the command; then the command
@@ -8,7 +9,7 @@ must run through.  Prints a summary line per verb (JSON; a line per kill
 on stderr), and fails on the first state that is neither.
 
 Usage: scripts/crash_kills.py [KILLS] [VERB...]    (root; removes what it made)
-       VERB: "path bulk", "path add", "apply" (default: all three)
+       VERB: "path bulk", "path add", "apply", "replace" (default: all four)
 """
 from __future__ import annotations
 

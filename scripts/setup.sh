@@ -39,7 +39,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import bcc" 2>/dev/null; 
     rm -rf .venv
     /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-if ! .venv/bin/python -c "import mrc_ebpf.cli, pyroute2, click, scapy, tabulate, pytest, prometheus_client" 2>/dev/null \
+if ! .venv/bin/python -c "import mrc_ebpf.cli, pyroute2, click, scapy, tabulate, pytest, prometheus_client, ansible" 2>/dev/null \
         || [ ! -x .venv/bin/mrcctl ]; then
     echo "setup: installing mrc-ebpf into .venv"
     .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'

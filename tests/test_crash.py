@@ -21,7 +21,7 @@ pytestmark = pytest.mark.root
 KILLS = 3
 
 
-@pytest.mark.parametrize("verb", ["path bulk", "path add", "apply"])
+@pytest.mark.parametrize("verb", ["path bulk", "path add", "apply", "replace"])
 def test_killed_change_is_before_or_after(interop, tmp_path, verb):
     net = interop
     crash.setup(net)

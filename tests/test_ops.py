@@ -50,7 +50,10 @@ def _families(page: str) -> dict:
 
 def _check_histograms(page: str) -> int:
     """Every histogram is a real one to the parser: buckets cumulative with
-    clean `le` bounds, ending in +Inf, and `_count` equal to +Inf."""
+    clean `le` bounds, ending in +Inf, `_count` equal to +Inf, and one
+    `_sum` that the buckets bound: each observation in bucket (lo, le]
+    adds more than lo and at most le (the datapath's own sum, kept beside
+    the buckets, checked against them)."""
     import re
     n = 0
     for f in text_string_to_metric_families(page):
@@ -66,6 +69,18 @@ def _check_histograms(page: str) -> int:
             assert buckets[-1].labels["le"] == "+Inf" and counts == [buckets[-1].value], (f.name, key)
             values = [b.value for b in buckets]
             assert values == sorted(values), (f.name, key)
+            (total,) = [s.value for s in samples if s.name.endswith("_sum")]
+            bounds = [float(b.labels["le"]) for b in buckets[:-1]]
+            lo = hi = 0.0
+            for i, b in enumerate(buckets):
+                k = b.value - (buckets[i - 1].value if i else 0)
+                # bucket i holds [2^(i-1), 2^i - 1]: its lower bound is the
+                # previous bound plus one unit (1 us or 1 packet)
+                unit = 1e-6 if f.name.endswith("_seconds") else 1
+                lo += k * ((bounds[i - 1] + unit) if i else 0)
+                if k:
+                    hi += k * (bounds[i] if i < len(bounds) else float("inf"))
+            assert lo * (1 - 1e-9) <= total <= hi * (1 + 1e-9), (f.name, key, lo, total, hi)
             for b in buckets[:-1]:
                 le = b.labels["le"]
                 # the bound as written is the shortest text of 2^i - 1 (us or packets)
@@ -150,11 +165,14 @@ def test_exporter_matches_stats(spray):
                    if name == "mrc_peer_queueing_delay_seconds_bucket" and dict(labels)["sid"] == sid]
         assert sorted(buckets) == [sum(merged[:i + 1]) for i in range(len(merged))]
         assert samples[("mrc_peer_queueing_delay_seconds_count", s)] == sum(merged) > 0
+        assert samples[("mrc_peer_queueing_delay_seconds_sum", s)] == \
+            pytest.approx(sum(r["qdelay_sum_us"] for r in rows) / 1e6)
     for r in by_path["reorder"]:
         s = lab(sid=r["from"])
         assert samples[("mrc_peer_rx_packets_total", s)] == r["packets"]
         assert samples[("mrc_peer_rx_reordered_total", s)] == r["reordered"]
         assert samples[("mrc_peer_reorder_distance_packets_count", s)] == sum(r["reorder_hist"])
+        assert samples[("mrc_peer_reorder_distance_packets_sum", s)] == r["reorder_sum"]
     assert _check_histograms(page) == 2
     # `le` as an operator reads it: 15 us is 1.5e-05
     les = {dict(labels)["le"] for name, labels in samples if name.endswith("_seconds_bucket")}
@@ -194,6 +212,8 @@ def test_exporter_per_path_series(spray):
         assert samples[("mrc_path_rx_lost_total", labels)] == r["lost"]
         assert samples[("mrc_path_rx_late_total", labels)] == r["late"]
         assert samples[("mrc_path_queueing_delay_seconds_count", labels)] == sum(r["qdelay_hist"])
+        assert samples[("mrc_path_queueing_delay_seconds_sum", labels)] == \
+            pytest.approx(r["qdelay_sum_us"] / 1e6)
         assert samples[("mrc_path_rx_ce_total", labels)] == r["ce"]
         inf = tuple(sorted({**dict(labels), "le": "+Inf"}.items()))
         assert samples[("mrc_path_queueing_delay_seconds_bucket", inf)] == sum(r["qdelay_hist"])

@@ -83,6 +83,7 @@ def test_unit_is_a_oneshot_that_stays_active(monkeypatch):
     assert expand(service["ExecStart"][0], "eth0", env) == ["/opt/mrc/bin/mrcctl", "apply",
                                                             "/etc/mrc-ebpf/eth0.yaml"]
     assert expand(service["ExecStop"][0], "eth0", env) == ["/opt/mrc/bin/mrcctl", "detach", "eth0"]
+    assert service["ExecReload"] == service["ExecStart"]      # reload applies again
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
     # the path mrcctl save writes by default is the one the unit applies
     from mrc_ebpf.control import config
@@ -98,6 +99,7 @@ def test_install_unit_names_this_mrcctl_and_systemd_accepts_it(tmp_path):
     assert expand(service["ExecStart"][0], "eth0", env) == [str(VENV_MRCCTL), "apply",
                                                             "/etc/mrc-ebpf/eth0.yaml"]
     assert expand(service["ExecStop"][0], "eth0", env) == [str(VENV_MRCCTL), "detach", "eth0"]
+    assert service["ExecReload"] == service["ExecStart"]
     # everything but the Exec lines is the shipped unit's
     shipped = [ln for ln in UNIT.read_text().splitlines() if not ln.startswith("Exec")]
     assert [ln for ln in unit.read_text().splitlines() if not ln.startswith("Exec")] == shipped

@@ -129,6 +129,7 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 	qdelay_us = (__u64)(owd - (__s64)p->min_owd_ns) / 1000;	/* >= 0 */
 	p->qdelay_us = (p->qdelay_us * 7 + qdelay_us) / 8;
 	p->qdelay_hist[rx_track_log2_bucket(qdelay_us) & (MRC_HIST_BUCKETS - 1)]++;
+	p->qdelay_sum_us += qdelay_us;
 	return gap;
 }
 
@@ -243,9 +244,11 @@ static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct
 	if ((__s32)(peer_seq - peer->max_peer_seq) > 0) {
 		peer->max_peer_seq = peer_seq;
 	} else if (peer_seq != peer->max_peer_seq) {
+		__u32 behind = peer->max_peer_seq - peer_seq;
+
 		peer->reordered++;
-		peer->reorder_hist[rx_track_log2_bucket(peer->max_peer_seq - peer_seq) &
-				   (MRC_HIST_BUCKETS - 1)]++;
+		peer->reorder_hist[rx_track_log2_bucket(behind) & (MRC_HIST_BUCKETS - 1)]++;
+		peer->reorder_sum += behind;
 	}
 }
 

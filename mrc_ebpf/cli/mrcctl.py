@@ -191,11 +191,16 @@ def ranged_option(name: str, help: str):
 @click.option("--replace", is_flag=True,
               help="Upgrade the running datapath of DEVICE in place: build the installed "
                    "sources, then swap the programs atomically, keeping every map and setting.")
+@click.option("--repair", is_flag=True,
+              help="Put the pinned programs back on the hooks of DEVICE's running datapath that "
+                   "another tool took them off (xdp-loader unload, ip link set DEV xdp off, tc "
+                   "filter del); mrc_rx chains to an XDP program loaded there since.")
 @json_option
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_timeout_us, probe_us,
            probe_max_us, probe_budget, skip_rotations,
-           fb_interval_us, reorder_max_us, retrans_steer, min_active, shared_fate, key_file, replace):
+           fb_interval_us, reorder_max_us, retrans_steer, min_active, shared_fate, key_file, replace,
+           repair):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
@@ -203,13 +208,26 @@ def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_ti
     With --replace, DEVICE's running datapath gets the newly built programs
     without a restart (docs/ops.md)."""
     from mrc_ebpf.datapath import loader
-    if replace:
+    if replace and repair:
+        raise click.UsageError("--replace or --repair, not both")
+    if replace or repair:
+        flag = "--replace" if replace else "--repair"
         given = [f"--{p.replace('_', '-')}" for p in ctx.params
-                 if p not in ("devices", "replace", "json_", "pretty_")
+                 if p not in ("devices", "replace", "repair", "json_", "pretty_")
                  and ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
         if given:
-            raise click.UsageError(f"--replace keeps the running settings and takes no {given[0]} "
+            raise click.UsageError(f"{flag} keeps the running settings and takes no {given[0]} "
                                    f"(detach and attach to change them)")
+    if repair:
+        from mrc_ebpf.datapath import repair as mend
+        if len(devices) > 1:
+            raise click.UsageError("--repair takes one DEVICE (it mends the whole attachment)")
+        result = mend.repair(devices[0])
+        emit(ctx, result, lambda r: click.echo(
+            "\n".join(f"{c['device']}: {c['done']}" for c in r["repaired"])
+            or f"{r['device']}: every hook runs its program: nothing to repair"))
+        return
+    if replace:
         from mrc_ebpf.datapath import replace as upgrade
         result = upgrade.replace(list(devices))
         emit(ctx, result, lambda r: click.echo(
@@ -365,7 +383,9 @@ def status(ctx):
                 items.append(("problem", problem))
             click.echo(tabulate(items, tablefmt="plain"))
     emit(ctx, rows, human)
-    if any(r.get("journal") for r in rows):     # a killed change left it half-done
+    # not healthy (a killed change left it half-done, a hook another tool
+    # changed, stranded state...): non-zero, as `systemctl is-active`
+    if any(not r.get("healthy", True) for r in rows):
         ctx.exit(1)
 
 

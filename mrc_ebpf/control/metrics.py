@@ -30,7 +30,6 @@ import threading
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 from prometheus_client.registry import CollectorRegistry
-from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from mrc_ebpf.control import events, paths, stats
@@ -53,11 +52,12 @@ def _buckets(hist: list[int], divisor: int) -> list[tuple[str, float]]:
     return out
 
 
-def _histogram(family: HistogramMetricFamily, labels: list[str], hist: list[int], divisor: int) -> None:
-    buckets = _buckets(hist, divisor)
-    family.add_metric(labels, buckets, None)
-    family.samples.append(Sample(family.name + "_count", dict(zip(family._labelnames, labels)),
-                                 buckets[-1][1]))
+def _histogram(family: HistogramMetricFamily, labels: list[str], hist: list[int], divisor: int,
+               total: int) -> None:
+    """_bucket, _count and _sum; TOTAL is the datapath's own sum of what
+    the buckets count (rx_track.h keeps it beside them), in the buckets'
+    unit, which DIVISOR turns into the metric's."""
+    family.add_metric(labels, _buckets(hist, divisor), total / divisor)
 
 
 class EventTally:
@@ -197,10 +197,11 @@ class MrcCollector:
                 ("trimmed", "trimmed", "Packets that arrived trimmed by a switch (not lost, not delivered)"))
         per_sender: dict[str, dict] = {}
         for r in rx:
-            a = per_sender.setdefault(r["from"], {"hist": [0] * len(r["qdelay_hist"]),
+            a = per_sender.setdefault(r["from"], {"hist": [0] * len(r["qdelay_hist"]), "sum": 0,
                                                   **{field: 0 for _, field, _ in what}})
             for _, field, _ in what:
                 a[field] += r[field]
+            a["sum"] += r["qdelay_sum_us"]
             a["hist"] = [x + y for x, y in zip(a["hist"], r["qdelay_hist"])]
         reorder = {r["from"]: r for r in stats.reorder(att)}
         for sid in sorted(set(per_sender) | set(reorder)):
@@ -212,7 +213,7 @@ class MrcCollector:
                             ["dev", "sid"]).add_metric(labels, a[field])
                 _histogram(histogram("mrc_peer_queueing_delay_seconds",
                                      "One-way delay above each path's minimum, per packet received "
-                                     "from the sender", ["dev", "sid"]), labels, a["hist"], 1_000_000)
+                                     "from the sender", ["dev", "sid"]), labels, a["hist"], 1_000_000, a["sum"])
             r = reorder.get(sid)
             if r:
                 counter("mrc_peer_rx_packets", "Packets received from the sender (all paths)",
@@ -221,7 +222,7 @@ class MrcCollector:
                         ["dev", "sid"]).add_metric(labels, r["reordered"])
                 _histogram(histogram("mrc_peer_reorder_distance_packets",
                                      "How far behind the highest sequence seen a reordered packet arrived",
-                                     ["dev", "sid"]), labels, r["reorder_hist"], 1)
+                                     ["dev", "sid"]), labels, r["reorder_hist"], 1, r["reorder_sum"])
         if not self.per_path:
             return
         for r in rx:
@@ -231,7 +232,8 @@ class MrcCollector:
                     .add_metric(labels, r[field])
             _histogram(histogram("mrc_path_queueing_delay_seconds",
                                  "One-way delay above the path's minimum, per packet received",
-                                 ["dev", "sid", "path"]), labels, r["qdelay_hist"], 1_000_000)
+                                 ["dev", "sid", "path"]), labels, r["qdelay_hist"], 1_000_000,
+                       r["qdelay_sum_us"])
 
 
 def registry(per_path: bool = False) -> CollectorRegistry:

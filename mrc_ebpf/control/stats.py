@@ -40,6 +40,7 @@ def received(att) -> list[dict]:
             "trimmed": p.trimmed,
             "qdelay_us": p.qdelay_us, "qdelay_p50_us": percentile(hist, 0.5),
             "qdelay_p99_us": percentile(hist, 0.99), "qdelay_hist": hist,
+            "qdelay_sum_us": p.qdelay_sum_us,
             "peer_reordered": peer.reordered if peer else 0,
         })
     rows.sort(key=lambda r: (r["from"], r["path_id"]))
@@ -48,5 +49,6 @@ def received(att) -> list[dict]:
 
 def reorder(att) -> list[dict]:
     return [{"from": str(ipaddress.IPv6Address(bytes(k.addr))), "packets": v.packets,
-             "reordered": v.reordered, "reorder_hist": list(v.reorder_hist)}
+             "reordered": v.reordered, "reorder_hist": list(v.reorder_hist),
+             "reorder_sum": v.reorder_sum}
             for k, v in att.maps["rx_peers"].items()]

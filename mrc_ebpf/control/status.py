@@ -8,7 +8,8 @@ import time
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import auth, bpfsys, hooks, journal, layout, memory, pins, replace, stale, xdp_chain
+from mrc_ebpf.datapath import (auth, bpfsys, hooks, journal, layout, memory, pins, repair, replace,
+                               stale, xdp_chain)
 from mrc_ebpf.control import paths
 from mrc_ebpf.datapath.loader import PROG_RX, PROG_TX, Attachment
 from mrc_ebpf.errors import MrcError
@@ -76,7 +77,8 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    granularity=None, peers=0, paths=0, hooks=[], fail_open=[], ack_windows=[],
                    routes=[], path_states={}, min_active=None, programs={}, shared_fate=None,
                    probing=None, skip_rotations=None,
-                   memory=None, templated_peers=0, active_peers=0, auth=None, learnt_state=None)
+                   memory=None, templated_peers=0, active_peers=0, auth=None, learnt_state=None,
+                   hook_changes=[])
         return row
     with att:
         cfg = att.config
@@ -112,6 +114,9 @@ def _one(ipr: IPRoute, device: str) -> dict:
                     for name, member in zip(row["devices"], members)]
     for hooked, other in zip(row["hooks"], chained):
         hooked["xdp_chained"] = other
+    # a hook another tool changed: what it runs now, and the repair
+    row["hook_changes"] = repair.hook_changes(ipr, att.dir)
+    row["problems"] += [c["why"] for c in row["hook_changes"]]
     first = row["hooks"][0]
     row.update({k: first[k] for k in ("xdp_mode", "xdp_prog_id", "xdp_ours", "xdp_chained",
                                       "tc_prog_id", "tc_ours", "granularity",
@@ -255,11 +260,7 @@ def _hooks(ipr: IPRoute, device: str, rx_id: int, tx_id: int, problems: list,
                   xdp_ours=bool(rx_id) and info["xdp_prog_id"] == rx_id,
                   tc_prog_id=tc_id, tc_ours=bool(tx_id) and tc_id == tx_id,
                   **_granularity(device, member, problems))
-    if not hooked["xdp_ours"]:
-        problems.append(f"XDP on {device} is not our program (expected id {rx_id})")
-    if not hooked["tc_ours"]:
-        problems.append(f"TC egress filter missing on {device} (expected prog id {tx_id})")
-    return hooked
+    return hooked       # what differs is said by repair.hook_changes
 
 
 def _granularity(device: str, member: layout.Device | None, problems: list) -> dict:

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from mrc_ebpf.datapath import bpfsys, offload, pins, routes
+from mrc_ebpf.datapath import bpfsys, offload, pins, routes, swap
 from mrc_ebpf.errors import MrcError
 
 JOURNALS = Path(os.environ.get("MRC_JOURNAL_DIR") or f"{pins.BASE}.journal")
@@ -224,6 +224,10 @@ def _undo(step: dict, maps: dict) -> None:
     elif op == "gso":
         if os.path.isdir(f"/sys/class/net/{step['device']}"):
             offload.set_gso_max_segs(step["device"], step["segs"])
+    elif op == "replace":           # attach --replace cut short (swap.py)
+        swap.undo(step)
+    elif op == "replace_phase":     # a mark of its progress, nothing to undo
+        pass
     elif op in HANDLERS:
         HANDLERS[op](step)
     else:

@@ -110,7 +110,7 @@ class RxPath(ctypes.Structure):
     _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
                 ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
                 ("qdelay_hist", Hist), ("epoch", u32), ("ce", u32), ("seen", u64),
-                ("trimmed", u32), ("pad2", u32)]
+                ("trimmed", u32), ("pad2", u32), ("qdelay_sum_us", u64)]
 
 
 @mirror("struct mrc_rx_peer")
@@ -123,7 +123,7 @@ class RxPeer(ctypes.Structure):
                 ("heard_since", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("heard_need", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("heard_slow", u64 * (C["MRC_MAX_PATHS"] // 64)),
-                ("ports_walk", u32), ("pad2", u32)]
+                ("ports_walk", u32), ("pad2", u32), ("reorder_sum", u64)]
 
 
 @mirror("struct mrc_path_live")

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from mrc_ebpf.datapath import bpfsys, build_cache, hooks, layout, lock, offload, pins, source
 from mrc_ebpf.datapath import journal, routes, xdp_chain
+from mrc_ebpf.datapath.swap import PROG_FB, PROG_RX, PROG_TX  # the pins' names
 from mrc_ebpf.errors import MrcError
 
-PROG_TX, PROG_RX, PROG_FB = "prog_tx", "prog_rx", "prog_fb"
 EVENT_RING = "mrc_event_ring"    # the ring buffer of path events (monitor); not in layout.MAPS
 CFG_CLSACT_OURS = source.C["MRC_DEV_F_CLSACT_OURS"]   # mrc_device.flags: detach removes clsact too
 CFG_XDP_SKB = source.C["MRC_DEV_F_XDP_SKB"]           # mrc_device.flags: XDP attached in skb mode
@@ -560,6 +560,7 @@ def _undo_attach(step: dict) -> None:
 
 
 journal.HANDLERS["detach"] = _undo_attach
+
 
 
 def _read_config(directory: Path) -> layout.Config | None:

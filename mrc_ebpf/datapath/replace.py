@@ -31,10 +31,10 @@ from pathlib import Path
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import bpfsys, build_cache, hooks, layout, lock, loader, pins, xdp_chain
+from mrc_ebpf.datapath import bpfsys, build_cache, hooks, journal, layout, lock, loader, pins, swap, xdp_chain
+from mrc_ebpf.datapath.swap import swap_tc, swap_xdp  # noqa: F401  (re-exported: attach --replace's API)
 from mrc_ebpf.errors import MrcError
 
-XDP_FLAGS_REPLACE = 1 << 4
 # program pin -> (function in bpf/mrc.c, bcc program type name)
 PROGRAMS = {pin: (function, loader.PROGRAM_TYPES[function]) for pin, function in
             ((loader.PROG_TX, "mrc_tx"), (loader.PROG_RX, "mrc_rx"), (loader.PROG_FB, "mrc_fb"))}
@@ -128,24 +128,6 @@ def load_programs(module, relocation: dict[int, int], rx_attach_type: int = 0) -
     return fds
 
 
-def swap_xdp(ipr: IPRoute, index: int, mode: str, new_fd: int, old_fd: int) -> None:
-    """Put program NEW_FD on INDEX's XDP hook in place of OLD_FD, in one
-    netlink request: the kernel refuses if OLD_FD is not the program
-    there, and packets see one program or the other, never none."""
-    flags = XDP_FLAGS_REPLACE | (hooks.XDP_FLAGS_SKB_MODE if mode == "skb" else hooks.XDP_FLAGS_DRV_MODE)
-    ipr.link("set", index=index, xdp={"attrs": [("IFLA_XDP_FD", new_fd),
-                                                ("IFLA_XDP_EXPECTED_FD", old_fd),
-                                                ("IFLA_XDP_FLAGS", flags)]})
-
-
-def swap_tc(ipr: IPRoute, index: int, prog_fd: int, name: str, parent: int) -> None:
-    """Change our filter (same parent, priority and handle) to run PROG_FD:
-    cls_bpf swaps the program under RCU, so no packet misses the filter.
-    `change` (not `replace`) fails if the filter is gone, never adds one."""
-    ipr.tc("change-filter", "bpf", index, hooks.TC_HANDLE, fd=prog_fd, name=name,
-           parent=parent, classid=1, direct_action=True, prio=hooks.TC_PRIO)
-
-
 def programs(directory: Path) -> dict[str, dict]:
     """The pinned programs: short name -> id and load time (UTC, ISO 8601)."""
     out = {}
@@ -171,7 +153,7 @@ def _wall_time(boot_ns: int) -> str:
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _open_pins(directory: Path, names) -> dict[str, int]:
+def open_pins(directory: Path, names) -> dict[str, int]:
     fds = {}
     for name in names:
         try:
@@ -197,12 +179,12 @@ def _hooked(ipr: IPRoute, directory: Path, old_ids: dict[str, int]) -> list[tupl
         info = hooks.device_info(ipr, member.ifindex)
         if info["xdp_prog_id"] != old_ids[loader.PROG_RX] or info["xdp_mode"] not in ("native", "skb"):
             raise MrcError(f"XDP on {device} is not our program (prog {info['xdp_prog_id'] or '-'}, "
-                           f"expected {old_ids[loader.PROG_RX]}): `mrcctl status`")
+                           f"expected {old_ids[loader.PROG_RX]}): `mrcctl attach {device} --repair` first")
         for pin, direction in ((loader.PROG_TX, "egress"), (loader.PROG_FB, "ingress")):
             running = hooks.tc_egress_prog_ids(member.ifindex, direction).get(hooks.TC_PRIO, 0)
             if running != old_ids[pin]:
                 raise MrcError(f"TC {direction} filter on {device} is not our program (prog "
-                               f"{running or '-'}, expected {old_ids[pin]}): `mrcctl status`")
+                               f"{running or '-'}, expected {old_ids[pin]}): `mrcctl attach {device} --repair` first")
         found.append((device, member.ifindex, info["xdp_mode"]))
     return found
 
@@ -243,7 +225,7 @@ def _replace_locked(module, first: str) -> dict:
     from pyroute2 import IPRoute
     directory = pins.device_dir(first)
     load_start = time.monotonic_ns()
-    old_maps = _open_pins(directory, map_names())
+    old_maps = open_pins(directory, map_names())
     try:
         relocation = check_layout(module, directory, old_maps)
         n_devices = len(loader.device_members(directory))
@@ -252,7 +234,7 @@ def _replace_locked(module, first: str) -> dict:
         for fd in old_maps.values():
             os.close(fd)
     loaded = time.monotonic_ns()
-    old_progs = _open_pins(directory, PROGRAMS)
+    old_progs = open_pins(directory, PROGRAMS)
     try:
         missing = [p for p in PROGRAMS if p not in old_progs]
         if missing:
@@ -261,7 +243,11 @@ def _replace_locked(module, first: str) -> dict:
         new_ids = {p: bpfsys.prog_info(fd).id for p, fd in new_progs.items()}
         with IPRoute() as ipr:
             members = _hooked(ipr, directory, old_ids)
-            swap_start, swap_end = _swap(ipr, directory, members, old_progs, new_progs)
+            # killed anywhere from here, the next command finds the log
+            # and rolls the swap back, or forward once pins moved (undo)
+            with journal.logged() as log:
+                log.append({"op": "replace", "device": first, "old": old_ids, "new": new_ids})
+                swap_start, swap_end = _swap(ipr, directory, members, old_progs, new_progs, log)
     finally:
         for fd in (*old_progs.values(), *new_progs.values()):
             os.close(fd)
@@ -273,16 +259,20 @@ def _replace_locked(module, first: str) -> dict:
             "swap_start_ns": swap_start, "swap_end_ns": swap_end, "maps_kept": len(map_names())}
 
 
-def _swap(ipr: IPRoute, directory: Path, members, old: dict[str, int], new: dict[str, int]) -> tuple[int, int]:
+def _swap(ipr: IPRoute, directory: Path, members, old: dict[str, int], new: dict[str, int],
+          log=None) -> tuple[int, int]:
     """Every hook of every member to the new programs, then the pins;
-    on any failure the hooks and pins already changed go back."""
-    staged = {p: directory / f"{p}_next" for p in PROGRAMS}
+    on any failure the hooks and pins already changed go back.  LOG (the
+    journal's) marks each phase, which kills are aimed at."""
+    staged = swap.staged(directory)
     undo: list = []
+    mark = (lambda phase: log.append({"op": "replace_phase", "phase": phase})) if log else (lambda _: None)
     try:
         for pin, path in staged.items():     # pinning can fail (bpffs full?): before any swap
             if path.exists():
                 path.unlink()
             bpfsys.obj_pin(new[pin], str(path))
+        mark("staged")
         start = time.monotonic_ns()
         for device, index, mode in members:
             swap_xdp(ipr, index, mode, new[loader.PROG_RX], old[loader.PROG_RX])
@@ -292,9 +282,10 @@ def _swap(ipr: IPRoute, directory: Path, members, old: dict[str, int], new: dict
                 swap_tc(ipr, index, new[pin], function, parent)
                 undo.append(lambda i=index, p=pin, f=function, q=parent: swap_tc(ipr, i, old[p], f, q))
         end = time.monotonic_ns()
+        mark("pins")
         for pin, path in staged.items():
             os.replace(path, directory / pin)
-            undo.append(lambda p=pin: _repin(old[p], directory / p))
+            undo.append(lambda p=pin: repin(old[p], directory / p))
         return start, end
     except BaseException as e:
         problems = []
@@ -314,7 +305,7 @@ def _swap(ipr: IPRoute, directory: Path, members, old: dict[str, int], new: dict
         raise MrcError(f"replace failed ({_reason(e)}); the old programs run as before")
 
 
-def _repin(fd: int, path: Path) -> None:
+def repin(fd: int, path: Path) -> None:
     staged = path.with_name(path.name + "_prev")
     bpfsys.obj_pin(fd, str(staged))
     os.replace(staged, path)

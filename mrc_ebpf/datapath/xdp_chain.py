@@ -177,7 +177,7 @@ def chain_and_replace(device: str, index: int, chain_fd: int, slot: int, other: 
         try:
             xdp_set(index, rx_fd, other["mode"], expected_fd=other_fd)
         except NetlinkError as e:
-            _slot_clear(chain_fd, slot)
+            clear_slot(chain_fd, slot)
             code = e.code if hasattr(e, "code") else e.args[0]
             if code == errno.EEXIST:
                 raise MrcError(f"{device}'s XDP program changed while attaching (it is no longer "
@@ -220,7 +220,9 @@ def chained(directory, slot: int) -> dict | None:
 def restore(directory, device: str, index: int, slot: int, mode: str, rx_id: int) -> int:
     """Put the chained program of SLOT back on the device in mrc_rx's
     place, atomically; returns its id (0: there was none, or mrc_rx is
-    no longer on the device and what is there is left alone)."""
+    no longer on the device and what is there is left alone: also an
+    empty hook, which another tool emptied, `xdp-loader unload --all`
+    taking both programs off as far as its user knows)."""
     from pyroute2 import IPRoute
     try:
         chain_fd = bpfsys.obj_get(str(directory / CHAIN_MAP))
@@ -232,11 +234,12 @@ def restore(directory, device: str, index: int, slot: int, mode: str, rx_id: int
             return 0
         with IPRoute() as ipr:
             on_device = hooks.device_info(ipr, index)["xdp_prog_id"]
-        if on_device and on_device != rx_id:
-            return 0    # someone put another program there since: it stays
-        if not put_back(index, other_id, mode, rx_id if on_device else 0):
+        if on_device != rx_id:
+            clear_slot(chain_fd, slot)
+            return 0    # emptied or taken since, by another tool: left as it is
+        if not put_back(index, other_id, mode, rx_id):
             return 0
-        _slot_clear(chain_fd, slot)
+        clear_slot(chain_fd, slot)
         return other_id
     finally:
         os.close(chain_fd)
@@ -266,7 +269,7 @@ def _slot_update(chain_fd: int, slot: int, prog_fd: int) -> None:
     bpfsys.bpf(bpfsys.BPF_MAP_UPDATE_ELEM, attr)
 
 
-def _slot_clear(chain_fd: int, slot: int) -> None:
+def clear_slot(chain_fd: int, slot: int) -> None:
     key = ctypes.c_uint32(slot)
     attr = bpfsys.MapElemAttr(map_fd=chain_fd, key=ctypes.addressof(key))
     try:

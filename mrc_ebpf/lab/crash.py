@@ -42,9 +42,56 @@ def digest() -> dict:
             if pin.name in MOVING or pin.name.startswith("prog_"):
                 continue
             out[f"{directory.name}/{pin.name}"] = _map_hash(str(pin))
+        out[f"{directory.name}/programs"] = _programs(directory)
     out["routes"] = hashlib.sha256(json.dumps(routes.dump_ours(), sort_keys=True).encode()).hexdigest()
     out["all"] = hashlib.sha256(json.dumps(out, sort_keys=True).encode()).hexdigest()
+    # which programs the pins hold (not part of "all": a replace makes new
+    # ones of the same build, so before and after differ only in these):
+    # says whether a killed replace was rolled back or forward
+    out["prog_ids"] = {f"{d.name}/{p.name}": _prog_id(p) for d in
+                       (sorted(q for q in base.iterdir() if q.is_dir()) if base.is_dir() else [])
+                       for p in sorted(d.iterdir()) if p.name.startswith("prog_")}
     return out
+
+
+def _prog_id(pin: Path) -> int:
+    fd = bpfsys.obj_get(str(pin))
+    try:
+        return bpfsys.prog_info(fd).id
+    finally:
+        os.close(fd)
+
+
+def _programs(directory: Path) -> str:
+    """The programs as a replace leaves them, the same before and after
+    one (a new build of the same sources has the same tag): each pin's
+    program tag and the hooks that run exactly the pinned program, and
+    every prog_ pin there is (a staged one left behind shows)."""
+    from pyroute2 import IPRoute
+    from mrc_ebpf.datapath import hooks, loader
+    ids, out = {}, {"pins": sorted(p.name for p in directory.iterdir() if p.name.startswith("prog_"))}
+    for pin in (loader.PROG_RX, loader.PROG_TX, loader.PROG_FB):
+        try:
+            fd = bpfsys.obj_get(str(directory / pin))
+        except bpfsys.BpfError:
+            continue
+        try:
+            info = bpfsys.prog_info(fd)
+            ids[pin] = info.id
+            out[pin] = {"tag": bytes(info.tag).hex(), "hooked": []}
+        finally:
+            os.close(fd)
+    with IPRoute() as ipr:
+        for member in loader.device_members(directory):
+            xdp = hooks.device_info(ipr, member.ifindex)["xdp_prog_id"]
+            running = {loader.PROG_RX: xdp,
+                       loader.PROG_TX: hooks.tc_egress_prog_ids(member.ifindex).get(hooks.TC_PRIO, 0),
+                       loader.PROG_FB: hooks.tc_egress_prog_ids(member.ifindex, "ingress").get(hooks.TC_PRIO, 0)}
+            for pin, prog_id in running.items():
+                if pin in out:
+                    out[pin]["hooked"].append(member.ifindex if prog_id == ids[pin] else
+                                              f"{member.ifindex}: runs {prog_id or 'nothing'}")
+    return hashlib.sha256(json.dumps(out, sort_keys=True).encode()).hexdigest()
 
 
 def _map_hash(pin: str) -> str:
@@ -171,7 +218,8 @@ def round_(ns: str, args: list[str], log: Path, window: float, rng: random.Rando
         diff = sorted(k for k in middle if middle[k] != before.get(k) and middle[k] != after.get(k))
         raise AssertionError(f"{' '.join(args)} killed ({what}): state is neither before nor "
                              f"after; differs in {diff}")
-    return {**what, "outcome": outcome, "state": after}
+    programs = "old" if middle.get("prog_ids") == before.get("prog_ids") else "new"
+    return {**what, "outcome": outcome, "programs": programs, "state": after}
 
 
 # ---- the verbs killed: round K of each changes something new ----------------
@@ -216,7 +264,15 @@ def apply_args(net, work: Path, k: int) -> list[str]:
     return ["apply", str(f)]
 
 
-VERBS = {"path bulk": bulk_args, "path add": path_add_args, "apply": apply_args}
+def replace_args(net, work: Path, k: int) -> list[str]:
+    """`attach --replace`: a new build of the same sources swapped in (the
+    state after equals the state before: what a kill must not leave is a
+    mix, a hook running a program its pin does not name, or a staged pin)."""
+    return ["attach", "a0", "--replace"]
+
+
+VERBS = {"path bulk": bulk_args, "path add": path_add_args, "apply": apply_args,
+         "replace": replace_args}
 
 
 def run(net, work: Path, verb: str, kills: int, seed: int, anywhere_p: float = 0.1,
@@ -243,7 +299,10 @@ def summary(results: list[dict]) -> dict:
             "with_writes_logged": sum(r["logged_steps"] > 0 for r in results),
             "finished_first": sum(r["finished"] for r in results),
             "before": sum(r["outcome"] == "before" for r in results),
-            "after": sum(r["outcome"] == "after" for r in results)}
+            "after": sum(r["outcome"] == "after" for r in results),
+            # a replace: rolled back (the old programs) or forward (the new)
+            "old_programs": sum(r["programs"] == "old" for r in results),
+            "new_programs": sum(r["programs"] == "new" for r in results)}
 
 
 def main(argv: list[str]) -> int:

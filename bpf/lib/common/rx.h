@@ -36,6 +36,9 @@ struct mrc_rx_path {
 	__u64	seen;
 	__u32	trimmed;	/* packets that arrived trimmed (lib/trim.h): not lost, not delivered */
 	__u32	pad2;
+	/* the sum of what qdelay_hist counts (microseconds): the exporter's
+	 * histogram _sum (the buckets alone cannot give it) */
+	__u64	qdelay_sum_us;
 };
 
 /*
@@ -71,6 +74,7 @@ struct mrc_rx_peer {
 	 * several packets (lib/ports.h); 0: none */
 	__u32	ports_walk;
 	__u32	pad2;
+	__u64	reorder_sum;	/* the sum of what reorder_hist counts (packets) */
 };
 
 #endif /* MRC_COMMON_RX_H */

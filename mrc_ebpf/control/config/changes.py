@@ -55,6 +55,25 @@ class Change:
 # ---- the attach section --------------------------------------------------------
 
 @dataclasses.dataclass
+class Hook(Change, what="hook"):
+    """A hook another tool took our program off (xdp-loader unload, tc
+    filter del), put back (datapath/repair.py) when apply runs."""
+    key: str
+    device: str
+    from_: Any
+    to: Any
+    why: str = ""
+    done: Any = None
+
+    def describe(self) -> str:
+        return f"{self.device} {self.key}: {self.done or 'would put ' + str(self.to) + ' back'}"
+
+    def apply(self, att: Attachment, config: Config) -> None:
+        raise MrcError("a hook is put back by config.apply (hooks_back), not by execute")
+
+
+
+@dataclasses.dataclass
 class Attach(Change, what="attach"):
     """A fresh attach (apply makes it, before the rest of the plan)."""
     key: str = "attach"

@@ -47,6 +47,19 @@ class Applied:
             {"changes": [c.public() for c in self.changes]}
 
 
+def _hooks_back(att, dry_run: bool) -> list[ch.Change]:
+    """The hooks another tool took the programs off (xdp-loader unload,
+    tc filter del): put back (datapath/repair.py), as changes."""
+    from pyroute2 import IPRoute
+    from mrc_ebpf.datapath import repair
+    with IPRoute() as ipr:
+        gone = repair.hook_changes(ipr, att.dir)
+        for c in gone:
+            c["done"] = None if dry_run else repair.restore(ipr, att.dir, c)
+    return [ch.Hook(key=c["hook"], device=c["device"], from_=c["found"], to=c["expected"],
+                    why=c["why"], done=c["done"]) for c in gone]
+
+
 def apply(cfg: Config, reattach: bool = False, dry_run: bool = False) -> Applied:
     """Make the attachment CFG describes equal to it: attach it if it is
     not, change in place what differs, re-attach (with REATTACH) when the
@@ -74,6 +87,7 @@ def apply(cfg: Config, reattach: bool = False, dry_run: bool = False) -> Applied
             changes = plan(cfg.data, current, att, ids)
             if not dry_run:
                 execute(att, cfg, changes)
+            changes += _hooks_back(att, dry_run)
             return Applied(owner, cfg.source, False, False, dry_run, bool(changes), changes)
     if not reattach:
         raise MrcError(f"{owner}: {'; '.join(reasons)}: that needs a re-attach (the programs are "
