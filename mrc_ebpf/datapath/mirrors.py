@@ -17,6 +17,9 @@ How a twin is compared (`kind`):
   member  fields of a named or anonymous member of a C union, by their C
           names under `member` (union bpf_attr, per command); padding
           fields (pad*) stand for C's alignment and are not looked up;
+  libbpf  a struct of libbpf's API (an *_opts struct): its fields' offsets
+          and sizes against the installed libbpf's bpf/bpf.h (libbpf-dev),
+          compiled by the host's C compiler;
   scapy   a scapy layer: field names and sizes in order against a
           registered ctypes twin of the same C type (`of`).
 """
@@ -28,6 +31,7 @@ from pathlib import Path
 from mrc_ebpf.datapath.source import COMMON_HEADER
 
 KERNEL_BPF_H = "uapi/linux/bpf.h"   # an angle-bracket include: the kernel's UAPI
+LIBBPF_BPF_H = "bpf/bpf.h"          # libbpf's API (libbpf-dev), for kind "libbpf"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +45,7 @@ class Mirror:
 
 
 REGISTRY: list[Mirror] = []
-KINDS = ("struct", "prefix", "member", "scapy")
+KINDS = ("struct", "prefix", "member", "libbpf", "scapy")
 
 
 def register(py: type, c_type: str, source: Path | str = COMMON_HEADER, kind: str = "struct",
