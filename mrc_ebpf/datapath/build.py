@@ -280,7 +280,7 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
                     raise ShapeError(m.symbol, running, m.shape)
                 fds[i] = os.dup(maps[m.symbol])
                 inst.tables[m.symbol.encode()] = Table(fds[i])
-        for function in functions or list(build.programs):
+        for function in list(build.programs) if functions is None else functions:
             p = build.programs[function]
             try:
                 insns = relocate(p.insns, fds)
