@@ -76,7 +76,7 @@ def live(text: bytes, cflags: list[str], programs: dict[str, str], what: str,
     made = obtain(text, cflags, programs, what, src_file)
     try:
         return build.instantiate(made, None, attach_types, list(programs))
-    except (bpfsys.BpfError, build.RelocationError, build.ShapeError) as e:
+    except (bpfsys.BpfError, build.RelocationError, build.ShapeError, KeyError) as e:
         if made.origin != "cached":
             raise load_error(what, e)
         drop(text, cflags)
