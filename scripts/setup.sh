@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="python3-bpfcc bpfcc-tools bpftool libbpf1 linux-headers-amd64 iproute2 iputils-ping
+# libbpf-dev: only its bpf/bpf.h, against which tests/test_layout.py checks the loader's
+# libbpf structs (mrc_ebpf/datapath/bpfsys.py)
+APT_PACKAGES="python3-bpfcc bpfcc-tools bpftool libbpf1 libbpf-dev linux-headers-amd64 iproute2 iputils-ping
               iperf3 tcpdump ethtool python3-venv python3-matplotlib python3-jsonschema
               xdp-tools mptcpd"
 missing=""

@@ -1,8 +1,8 @@
 """Every Python mirror of a C layout against the C, as bcc compiles it.
 
 The mirrors are registered in mrc_ebpf/datapath/mirrors.py (ctypes structs
-of the maps, faults' and the ECN marker's pinned maps, the bpf() syscall's
-attributes, the scapy layer of the TLV); this file walks that registry,
+of the maps, faults' and the ECN marker's pinned maps, the kernel's info
+structs, libbpf's *_opts structs, the scapy layer of the TLV); this file walks that registry,
 and fails on a ctypes struct or scapy layer in mrc_ebpf that is not in it.
 bcc derives ctypes Key/Leaf types from the C of a map, so each checked C
 type is the value of a probe map compiled with the file that defines it.
@@ -13,6 +13,8 @@ import ctypes
 import importlib
 import inspect
 import pkgutil
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -127,29 +129,31 @@ def test_struct_mirror_matches_c(m):
     assert py == c
 
 
-@pytest.mark.root
-def test_member_mirrors_match_c():
-    """Members of union bpf_attr have no type of their own to probe: the
-    compiler checks each field's offset and size against the mirror."""
-    from bcc import BPF
-    checks = ["#include <linux/stddef.h>"]
-    members = [m for m in REGISTRY if m.kind == "member"]
-    assert members
-    for m in members:
-        sources = {m.source}
+LIBBPF_HEADER = Path("/usr/include") / mirrors.LIBBPF_BPF_H
+
+
+@pytest.mark.skipif(not LIBBPF_HEADER.is_file() or not shutil.which("cc"),
+                    reason="libbpf's header (apt-get install libbpf-dev) and a C compiler")
+def test_libbpf_mirrors_match_the_installed_header(tmp_path):
+    """The *_opts structs passed to libbpf (bpfsys.py): each field's offset
+    and size against the installed libbpf's bpf/bpf.h, by the host's C
+    compiler (libbpf is host code).  A twin may be shorter than the
+    header's struct (its `sz` says how much is passed), never different."""
+    checks = ["#include <stddef.h>", f"#include <{mirrors.LIBBPF_BPF_H}>"]
+    found = [m for m in REGISTRY if m.kind == "libbpf"]
+    assert len(found) >= 5
+    for m in found:
         base = m.py.__name__
         for name, offset, size in flatten(m.py):
-            if name.startswith("pad"):
-                continue
-            path = f"{m.member}.{name}" if m.member else name
-            access = f"(({m.c_type} *)0)->{path}"
-            checks.append(f'_Static_assert(offsetof({m.c_type}, {path}) == {offset}, '
+            checks.append(f'_Static_assert(offsetof({m.c_type}, {name}) == {offset}, '
                           f'"{base}.{name}: offset {offset}");')
-            checks.append(f'_Static_assert(sizeof({access}) == {size}, "{base}.{name}: size {size}");')
-    (src,) = sources
-    text = "\n".join([f"#include <{src}>", *checks, "int layout_probe(void *ctx) { return 0; }"])
-    module = BPF(text=text.encode())   # a failed _Static_assert names the field
-    module.cleanup()
+            checks.append(f'_Static_assert(sizeof((({m.c_type} *)0)->{name}) == {size}, '
+                          f'"{base}.{name}: size {size}");')
+        checks.append(f'_Static_assert(sizeof({m.c_type}) >= {ctypes.sizeof(m.py)}, "{base}: size");')
+    src = tmp_path / "libbpf_mirrors.c"
+    src.write_text("\n".join(checks) + "\n")
+    r = subprocess.run(["cc", "-fsyntax-only", str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr   # a failed _Static_assert names the field
 
 
 def test_scapy_mirrors_match_their_struct():

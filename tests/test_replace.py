@@ -16,8 +16,7 @@ import pytest
 
 from conftest import MRCCTL, ROOT, XFER, mrcctl
 from mrc_ebpf.bench.flowtool import read_log
-from mrc_ebpf.datapath import layout, replace, source
-from mrc_ebpf.errors import MrcError
+from mrc_ebpf.datapath import build, layout, replace, source
 
 PY = sys.executable
 
@@ -215,10 +214,11 @@ def test_relocate_turns_map_references_only():
                      _insn(0x18, 0, 7), _insn(0, imm=0x18),  # r1 = constant 7 (upper half 0x18)
                      _insn(0x18, 2, 8), _insn(0, imm=16),    # r1 = &map 8's value + 16
                      _insn(0x95)])                           # exit
-    out = replace.relocate(prog, {7: 40, 8: 41})
+    out = build.relocate(prog, {7: 40, 8: 41})
     slots = [out[i:i + 8] for i in range(0, len(out), 8)]
     assert slots[0] == _insn(0x18, 1, 40) and slots[5] == _insn(0x18, 2, 41)
     assert slots[1:5] + slots[6:] == [_insn(0, imm=0), mov, _insn(0x18, 0, 7), _insn(0, imm=0x18),
                                       _insn(0, imm=16), _insn(0x95)]
-    with pytest.raises(MrcError, match="layout changed: detach and attach"):
-        replace.relocate(prog, {7: 40})
+    with pytest.raises(build.RelocationError) as refused:
+        build.relocate(prog, {7: 40})
+    assert refused.value.ref == 8

@@ -188,19 +188,9 @@ def _load_frags_program() -> int:
     """`return XDP_PASS` loaded with BPF_F_XDP_HAS_FRAGS (an xdp.frags,
     multi-buffer program), which mrc_rx (not one) cannot tail-call."""
     from mrc_ebpf.datapath import bpfsys
-
-    class Attr(ctypes.Structure):
-        _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
-                    ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
-                    ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
-                    ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
-                    ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16)]
     # r0 = XDP_PASS (2); exit
-    insns = (ctypes.c_uint64 * 2)(0x00000002000000b7, 0x0000000000000095)
-    license = ctypes.create_string_buffer(b"GPL")
-    attr = Attr(prog_type=6, insn_cnt=2, insns=ctypes.addressof(insns),
-                license=ctypes.addressof(license), prog_flags=1 << 5, prog_name=b"frags_pass")
-    return bpfsys.bpf(5, attr)   # BPF_PROG_LOAD
+    insns = bytes((ctypes.c_uint64 * 2)(0x00000002000000b7, 0x0000000000000095))
+    return bpfsys.prog_load(6, insns, "GPL", "frags_pass", flags=1 << 5)   # BPF_PROG_TYPE_XDP
 
 
 def test_frags_program_cannot_be_chained_one_line_error(interop):

@@ -1,10 +1,15 @@
-"""The bpf(2) calls the loader needs on pinned objects, through ctypes.
+"""The bpf(2) calls of mrc-ebpf, through Debian's libbpf (libbpf.so.1).
 
-bcc compiles and loads; every later command works on pinned maps and
-programs from a new process, without compiling, so it needs only these:
-open a pin, pin, look up / update / delete / iterate a map, and ask the
-kernel an object's id; and to load a kept build without bcc
-(build_cache.py), create a map and load a program.
+bcc compiles; everything after goes through libbpf's low-level API
+(bpf.h): create maps and load programs (build.py instantiates a build
+with these), pin and open pins, look up / update / delete / iterate /
+batch a map, ask the kernel an object's info and test-run a program.
+libbpf keeps union bpf_attr and the syscall's number per architecture,
+so nothing here is x86_64's.  What libbpf takes by pointer is an *_opts
+struct whose first field `sz` says how much of it we pass: a newer
+libbpf reads the rest as zero, so these twins of libbpf 1.1's (the
+oldest this runs on, Debian 12's) stay valid; tests/test_layout.py checks
+them against the installed bpf/bpf.h.
 """
 from __future__ import annotations
 
@@ -12,77 +17,234 @@ import ctypes
 import errno
 import os
 
-from mrc_ebpf.datapath.mirrors import KERNEL_BPF_H, mirror
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_NR_BPF = 321  # x86_64
-
-BPF_MAP_CREATE = 0
-BPF_PROG_LOAD = 5
-BPF_MAP_LOOKUP_ELEM = 1
-BPF_MAP_UPDATE_ELEM = 2
-BPF_MAP_DELETE_ELEM = 3
-BPF_MAP_GET_NEXT_KEY = 4
-BPF_OBJ_PIN = 6
-BPF_OBJ_GET = 7
-BPF_OBJ_GET_INFO_BY_FD = 15
-BPF_PROG_TEST_RUN = 10
-BPF_MAP_LOOKUP_BATCH = 24
-BPF_MAP_UPDATE_BATCH = 26
-BPF_MAP_DELETE_BATCH = 27
+from mrc_ebpf.datapath.mirrors import KERNEL_BPF_H, LIBBPF_BPF_H, mirror
 
 BPF_ANY = 0
 BPF_MAP_TYPE_ARRAY = 2
 BPF_MAP_TYPE_LPM_TRIE = 11
+
+_u32, _u64, _ptr = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
 
 
 class BpfError(OSError):
     pass
 
 
-@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
-class MapElemAttr(ctypes.Structure):
-    _fields_ = [("map_fd", ctypes.c_uint32), ("pad", ctypes.c_uint32),
-                ("key", ctypes.c_uint64), ("value", ctypes.c_uint64),
-                ("flags", ctypes.c_uint64)]
+@mirror("struct bpf_map_create_opts", LIBBPF_BPF_H, kind="libbpf")
+class MapCreateOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("btf_fd", _u32), ("btf_key_type_id", _u32),
+                ("btf_value_type_id", _u32), ("btf_vmlinux_value_type_id", _u32),
+                ("inner_map_fd", _u32), ("map_flags", _u32), ("map_extra", _u64),
+                ("numa_node", _u32), ("map_ifindex", _u32)]
 
 
-@mirror("union bpf_attr", KERNEL_BPF_H, kind="member", member="batch")
-class BatchAttr(ctypes.Structure):
-    _fields_ = [("in_batch", ctypes.c_uint64), ("out_batch", ctypes.c_uint64),
-                ("keys", ctypes.c_uint64), ("values", ctypes.c_uint64),
-                ("count", ctypes.c_uint32), ("map_fd", ctypes.c_uint32),
-                ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+@mirror("struct bpf_prog_load_opts", LIBBPF_BPF_H, kind="libbpf")
+class ProgLoadOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("attempts", ctypes.c_int),
+                ("expected_attach_type", _u32), ("prog_btf_fd", _u32), ("prog_flags", _u32),
+                ("prog_ifindex", _u32), ("kern_version", _u32), ("attach_btf_id", _u32),
+                ("attach_prog_fd", _u32), ("attach_btf_obj_fd", _u32), ("fd_array", _ptr),
+                ("func_info", _ptr), ("func_info_cnt", _u32), ("func_info_rec_size", _u32),
+                ("line_info", _ptr), ("line_info_cnt", _u32), ("line_info_rec_size", _u32),
+                ("log_level", _u32), ("log_size", _u32), ("log_buf", _ptr)]
 
 
-@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
-class _MapCreateAttr(ctypes.Structure):
-    _fields_ = [("map_type", ctypes.c_uint32), ("key_size", ctypes.c_uint32),
-                ("value_size", ctypes.c_uint32), ("max_entries", ctypes.c_uint32),
-                ("map_flags", ctypes.c_uint32), ("inner_map_fd", ctypes.c_uint32),
-                ("numa_node", ctypes.c_uint32), ("map_name", ctypes.c_char * 16)]
+@mirror("struct bpf_btf_load_opts", LIBBPF_BPF_H, kind="libbpf")
+class BtfLoadOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("log_buf", _ptr), ("log_level", _u32), ("log_size", _u32)]
 
 
-@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
-class _ProgLoadAttr(ctypes.Structure):
-    _fields_ = [("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
-                ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
-                ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
-                ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
-                ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16),
-                ("prog_ifindex", ctypes.c_uint32), ("expected_attach_type", ctypes.c_uint32)]
+@mirror("struct bpf_map_batch_opts", LIBBPF_BPF_H, kind="libbpf")
+class BatchOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", _u64), ("flags", _u64)]
 
 
-@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
-class _ObjAttr(ctypes.Structure):
-    _fields_ = [("pathname", ctypes.c_uint64), ("bpf_fd", ctypes.c_uint32),
-                ("file_flags", ctypes.c_uint32)]
+@mirror("struct bpf_test_run_opts", LIBBPF_BPF_H, kind="libbpf")
+class TestRunOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("data_in", _ptr), ("data_out", _ptr),
+                ("data_size_in", _u32), ("data_size_out", _u32), ("ctx_in", _ptr), ("ctx_out", _ptr),
+                ("ctx_size_in", _u32), ("ctx_size_out", _u32), ("retval", _u32),
+                ("repeat", ctypes.c_int), ("duration", _u32), ("flags", _u32), ("cpu", _u32),
+                ("batch_size", _u32)]
 
 
-@mirror("union bpf_attr", KERNEL_BPF_H, kind="member", member="info")
-class _InfoAttr(ctypes.Structure):
-    _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32),
-                ("info", ctypes.c_uint64)]
+def _opts(kind, **fields):
+    return kind(sz=ctypes.sizeof(kind), **fields)
+
+
+def _declare(lib):
+    """libbpf's prototypes (bpf.h, btf.h of 1.1), as ctypes must know them."""
+    i, p, c = ctypes.c_int, _ptr, ctypes.c_char_p
+    pu32 = ctypes.POINTER(_u32)
+    for name, res, args in (
+            ("bpf_map_create", i, [i, c, _u32, _u32, _u32, p]),
+            ("bpf_prog_load", i, [i, c, c, p, ctypes.c_size_t, p]),
+            ("bpf_btf_load", i, [p, ctypes.c_size_t, p]),
+            ("bpf_obj_pin", i, [i, c]),
+            ("bpf_obj_get", i, [c]),
+            ("bpf_obj_get_info_by_fd", i, [i, p, pu32]),
+            ("bpf_prog_get_fd_by_id", i, [_u32]),
+            ("bpf_map_get_fd_by_id", i, [_u32]),
+            ("bpf_map_lookup_elem", i, [i, p, p]),
+            ("bpf_map_update_elem", i, [i, p, p, _u64]),
+            ("bpf_map_delete_elem", i, [i, p]),
+            ("bpf_map_get_next_key", i, [i, p, p]),
+            ("bpf_map_lookup_batch", i, [i, p, p, p, p, pu32, p]),
+            ("bpf_map_update_batch", i, [i, p, p, pu32, p]),
+            ("bpf_map_delete_batch", i, [i, p, pu32, p]),
+            ("bpf_prog_test_run_opts", i, [i, p]),
+            ("btf__load_from_kernel_by_id", p, [_u32]),
+            ("btf__raw_data", p, [p, pu32]),
+            ("btf__free", None, [p])):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+_lib = None
+
+
+def libbpf():
+    """Debian's libbpf1 (bcc's own dependency), loaded on first use."""
+    global _lib
+    if _lib is None:
+        try:
+            _lib = _declare(ctypes.CDLL("libbpf.so.1", use_errno=True))
+        except OSError as e:
+            raise BpfError(errno.ENOENT, f"libbpf.so.1 not found ({e}): apt-get install libbpf1")
+    return _lib
+
+
+def _check(ret: int) -> int:
+    """libbpf 1.x returns -errno on failure (and sets errno)."""
+    if ret < 0:
+        raise BpfError(-ret, os.strerror(-ret))
+    return ret
+
+
+def _ref(obj) -> int | None:
+    return None if obj is None else ctypes.addressof(obj)
+
+
+def obj_get(path: str) -> int:
+    return _check(libbpf().bpf_obj_get(path.encode()))
+
+
+def obj_pin(fd: int, path: str) -> None:
+    _check(libbpf().bpf_obj_pin(fd, path.encode()))
+
+
+def prog_fd_by_id(prog_id: int) -> int:
+    return _check(libbpf().bpf_prog_get_fd_by_id(prog_id))
+
+
+def map_fd_by_id(map_id: int) -> int:
+    return _check(libbpf().bpf_map_get_fd_by_id(map_id))
+
+
+def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str,
+               flags: int = 0, btf_fd: int = 0, btf_key_type_id: int = 0,
+               btf_value_type_id: int = 0) -> int:
+    """A new map (an fd); with BTF_FD and the type ids, bpftool prints its
+    entries by field."""
+    opts = _opts(MapCreateOpts, map_flags=flags, btf_fd=btf_fd, btf_key_type_id=btf_key_type_id,
+                 btf_value_type_id=btf_value_type_id)
+    return _check(libbpf().bpf_map_create(map_type, name.encode()[:15], key_size, value_size,
+                                          max_entries, ctypes.byref(opts)))
+
+
+class VerifierError(BpfError):
+    """A program the kernel refused; .log is the verifier's log (the
+    retry's, with log level 1), maybe cut short."""
+    log = ""
+
+
+LOG_SIZE = 1 << 24
+
+
+def prog_load(prog_type: int, insns: bytes, license: str, name: str,
+              expected_attach_type: int = 0, flags: int = 0, log: bool = True) -> int:
+    """Load ready instructions (map references already fds): a program's
+    fd.  A refusal is loaded again with the verifier's log on (LOG), and
+    raises VerifierError carrying it."""
+    code = ctypes.create_string_buffer(insns, len(insns))
+    args = (prog_type, name.encode()[:15], license.encode(), code, len(insns) // 8)
+    opts = _opts(ProgLoadOpts, expected_attach_type=expected_attach_type, prog_flags=flags)
+    ret = libbpf().bpf_prog_load(*args, ctypes.byref(opts))
+    if ret >= 0:
+        return ret
+    if not log:
+        raise VerifierError(-ret, os.strerror(-ret))
+    buf = ctypes.create_string_buffer(LOG_SIZE)
+    opts = _opts(ProgLoadOpts, expected_attach_type=expected_attach_type, prog_flags=flags,
+                 log_level=1, log_size=LOG_SIZE, log_buf=ctypes.addressof(buf))
+    again = libbpf().bpf_prog_load(*args, ctypes.byref(opts))
+    if again >= 0:          # refused once, accepted with the log on: take it
+        return again
+    err = VerifierError(-ret, os.strerror(-ret))
+    err.log = buf.value.decode(errors="replace")
+    raise err
+
+
+def btf_load(data: bytes) -> int:
+    """Load BTF (types of a build's maps): its fd."""
+    buf = ctypes.create_string_buffer(data, len(data))
+    return _check(libbpf().bpf_btf_load(buf, len(data), None))
+
+
+def btf_raw(btf_id: int) -> bytes:
+    """The BTF object BTF_ID as the kernel holds it, raw (bcc's, say)."""
+    lib = libbpf()
+    btf = lib.btf__load_from_kernel_by_id(btf_id)
+    if not btf:
+        err = ctypes.get_errno() or errno.ENOENT
+        raise BpfError(err, f"BTF {btf_id}: {os.strerror(err)}")
+    try:
+        size = _u32()
+        data = lib.btf__raw_data(btf, ctypes.byref(size))
+        if not data:
+            raise BpfError(errno.ENOMEM, f"BTF {btf_id}: no raw data")
+        return ctypes.string_at(data, size.value)
+    finally:
+        lib.btf__free(btf)
+
+
+def map_lookup(fd: int, key, value) -> bool:
+    """VALUE filled with KEY's; False when there is no such key."""
+    ret = libbpf().bpf_map_lookup_elem(fd, _ref(key), _ref(value))
+    if ret == -errno.ENOENT:
+        return False
+    _check(ret)
+    return True
+
+
+def map_update(fd: int, key, value, flags: int = BPF_ANY) -> None:
+    _check(libbpf().bpf_map_update_elem(fd, _ref(key), _ref(value), flags))
+
+
+def map_delete(fd: int, key) -> bool:
+    """False when KEY was not there."""
+    ret = libbpf().bpf_map_delete_elem(fd, _ref(key))
+    if ret == -errno.ENOENT:
+        return False
+    _check(ret)
+    return True
+
+
+def lookup_batch(fd: int, in_batch, out_batch, keys, values, count: int) -> tuple[int, bool]:
+    """One BPF_MAP_LOOKUP_BATCH into the buffers: (entries read, whether
+    the map is done).  IN_BATCH None starts at the beginning."""
+    n = _u32(count)
+    ret = libbpf().bpf_map_lookup_batch(fd, _ref(in_batch), _ref(out_batch), _ref(keys),
+                                        _ref(values), ctypes.byref(n), None)
+    if ret == -errno.ENOENT:
+        return n.value, True
+    try:
+        _check(ret)
+    except BpfError as e:
+        e.done = n.value
+        raise
+    return n.value, False
 
 
 @mirror("struct bpf_prog_info", KERNEL_BPF_H, kind="prefix")
@@ -98,23 +260,14 @@ class ProgInfo(ctypes.Structure):
 
 @mirror("struct bpf_map_info", KERNEL_BPF_H, kind="prefix")
 class MapInfo(ctypes.Structure):
-    """Head of struct bpf_map_info."""
+    """Head of struct bpf_map_info: the shape, and the BTF it was made with."""
     _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32),
                 ("key_size", ctypes.c_uint32), ("value_size", ctypes.c_uint32),
                 ("max_entries", ctypes.c_uint32), ("map_flags", ctypes.c_uint32),
-                ("name", ctypes.c_char * 16)]
-
-
-@mirror("union bpf_attr", KERNEL_BPF_H, kind="member", member="test")
-class _TestRunAttr(ctypes.Structure):
-    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
-                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
-                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
-                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
-                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
-                ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
-                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32),
-                ("batch_size", ctypes.c_uint32), ("pad", ctypes.c_uint32)]
+                ("name", ctypes.c_char * 16), ("ifindex", ctypes.c_uint32),
+                ("btf_vmlinux_value_type_id", ctypes.c_uint32), ("netns_dev", ctypes.c_uint64),
+                ("netns_ino", ctypes.c_uint64), ("btf_id", ctypes.c_uint32),
+                ("btf_key_type_id", ctypes.c_uint32), ("btf_value_type_id", ctypes.c_uint32)]
 
 
 @mirror("struct __sk_buff", KERNEL_BPF_H, kind="prefix")
@@ -129,61 +282,18 @@ def prog_test_run(prog_fd: int, packet: bytes, repeat: int,
     CTX, if given, is the program's context in (e.g. SkbHead)."""
     data_in = ctypes.create_string_buffer(packet, len(packet))
     data_out = ctypes.create_string_buffer(len(packet) + 512)
-    attr = _TestRunAttr(prog_fd=prog_fd, data_size_in=len(packet), data_size_out=len(data_out),
-                        data_in=ctypes.addressof(data_in), data_out=ctypes.addressof(data_out),
-                        repeat=repeat)
+    opts = _opts(TestRunOpts, data_in=ctypes.addressof(data_in), data_out=ctypes.addressof(data_out),
+                 data_size_in=len(packet), data_size_out=len(data_out), repeat=repeat)
     if ctx is not None:
-        attr.ctx_size_in, attr.ctx_in = ctypes.sizeof(ctx), ctypes.addressof(ctx)
-    bpf(BPF_PROG_TEST_RUN, attr)
-    return attr.retval, attr.duration, data_out.raw[:attr.data_size_out]
-
-
-def bpf(cmd: int, attr: ctypes.Structure) -> int:
-    ret = _libc.syscall(_NR_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise BpfError(err, os.strerror(err))
-    return ret
-
-
-def obj_get(path: str) -> int:
-    raw = path.encode()
-    attr = _ObjAttr(pathname=ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value)
-    return bpf(BPF_OBJ_GET, attr)
-
-
-def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str,
-               flags: int = 0) -> int:
-    """A new map (an fd), without BTF: state Python alone keeps beside the
-    datapath's maps, or a cached build's maps (build_cache.py)."""
-    attr = _MapCreateAttr(map_type=map_type, key_size=key_size, value_size=value_size,
-                          max_entries=max_entries, map_flags=flags, map_name=name.encode()[:15])
-    return bpf(BPF_MAP_CREATE, attr)
-
-
-def prog_load(prog_type: int, insns: bytes, license: str, name: str,
-              expected_attach_type: int = 0, flags: int = 0) -> int:
-    """BPF_PROG_LOAD of ready instructions (map references already fds):
-    a program's fd, or BpfError with the verifier's errno."""
-    code = ctypes.create_string_buffer(insns, len(insns))
-    lic = ctypes.create_string_buffer(license.encode())
-    attr = _ProgLoadAttr(prog_type=prog_type, insn_cnt=len(insns) // 8,
-                         insns=ctypes.addressof(code), license=ctypes.addressof(lic),
-                         prog_flags=flags, prog_name=name.encode()[:15],
-                         expected_attach_type=expected_attach_type)
-    return bpf(BPF_PROG_LOAD, attr)
-
-
-def obj_pin(fd: int, path: str) -> None:
-    raw = path.encode()
-    attr = _ObjAttr(pathname=ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value, bpf_fd=fd)
-    bpf(BPF_OBJ_PIN, attr)
+        opts.ctx_size_in, opts.ctx_in = ctypes.sizeof(ctx), ctypes.addressof(ctx)
+    _check(libbpf().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)))
+    return opts.retval, opts.duration, data_out.raw[:opts.data_size_out]
 
 
 def _info(fd: int, info_type):
     info = info_type()
-    attr = _InfoAttr(bpf_fd=fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
-    bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
+    size = _u32(ctypes.sizeof(info))
+    _check(libbpf().bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(size)))
     return info
 
 
@@ -255,21 +365,9 @@ class PinnedMap:
     def __del__(self):
         self.close()
 
-    def _elem(self, cmd, key, value=None, flags=0):
-        attr = MapElemAttr(map_fd=self.fd, key=ctypes.addressof(key),
-                           value=ctypes.addressof(value) if value is not None else 0,
-                           flags=flags)
-        return bpf(cmd, attr)
-
     def lookup(self, key):
         value = self.value_type()
-        try:
-            self._elem(BPF_MAP_LOOKUP_ELEM, key, value)
-        except BpfError as e:
-            if e.errno == errno.ENOENT:
-                return None
-            raise
-        return value
+        return value if map_lookup(self.fd, key, value) else None
 
     def lookup_exact(self, key):
         """The value stored under exactly KEY (an LPM trie's lookup
@@ -293,7 +391,7 @@ class PinnedMap:
         if self.journal is not None:
             self._journal(key, "update")
         try:
-            self._elem(BPF_MAP_UPDATE_ELEM, key, value, flags)
+            map_update(self.fd, key, value, flags)
         except BpfError as e:
             if e.errno == errno.E2BIG:
                 raise BpfError(e.errno, f"map {self.name} is full ({self.max_entries} entries)")
@@ -306,32 +404,30 @@ class PinnedMap:
             self._journal(key, "delete")
         if self._exact is not None:
             self._exact.discard(bytes(key))
-        try:
-            self._elem(BPF_MAP_DELETE_ELEM, key)
-        except BpfError as e:
-            if e.errno == errno.ENOENT:
-                return False
-            raise
-        return True
+        return map_delete(self.fd, key)
 
     # ---- many elements in one bpf(2) call (hash maps since 5.6, LPM tries
     # since 5.13: both kernels this runs on).  Keys and values are packed
     # bytes, one after the other.  They bypass the journal: callers that
     # need all-or-nothing record their own (cheap) undo (control/bulk.py).
 
-    def _batch(self, cmd: int, keys: bytes, values: bytes | None, count: int, flags=BPF_ANY) -> int:
-        """One batch call; returns how many elements were done before an
-        error (raised as BpfError with `.done` set)."""
+    def _batch(self, keys: bytes, values: bytes | None, count: int, flags=BPF_ANY) -> int:
+        """One batch update (VALUES) or delete (None); returns how many
+        elements were done, or raises BpfError with `.done` set."""
         kbuf = ctypes.create_string_buffer(keys, len(keys))
-        vbuf = ctypes.create_string_buffer(values, len(values)) if values is not None else None
-        attr = BatchAttr(keys=ctypes.addressof(kbuf), values=ctypes.addressof(vbuf) if vbuf else 0,
-                         count=count, map_fd=self.fd, elem_flags=flags)
+        n = _u32(count)
+        opts = _opts(BatchOpts, elem_flags=flags)
+        if values is None:
+            ret = libbpf().bpf_map_delete_batch(self.fd, kbuf, ctypes.byref(n), ctypes.byref(opts))
+        else:
+            vbuf = ctypes.create_string_buffer(values, len(values))
+            ret = libbpf().bpf_map_update_batch(self.fd, kbuf, vbuf, ctypes.byref(n), ctypes.byref(opts))
         try:
-            bpf(cmd, attr)
+            _check(ret)
         except BpfError as e:
-            e.done = attr.count
+            e.done = n.value
             raise
-        return attr.count
+        return n.value
 
     def _update_batch(self, keys: bytes, values: bytes, count: int, flags=BPF_ANY) -> None:
         """Write COUNT packed keys and values; on an error the first
@@ -342,10 +438,10 @@ class PinnedMap:
             return
         ks, vs = ctypes.sizeof(self.key_type), ctypes.sizeof(self.value_type)
         try:
-            self._batch(BPF_MAP_UPDATE_BATCH, keys, values, count, flags)
+            self._batch(keys, values, count, flags)
         except BpfError as e:
             if e.errno in (errno.EINVAL, errno.ENOTSUP, 524) and not e.done:   # 524: ENOTSUPP
-                self._each(BPF_MAP_UPDATE_ELEM, keys, values, count, ks, vs, flags)
+                self._each(keys, values, count, ks, vs, flags)
             elif e.errno == errno.E2BIG:
                 raise self._full(e)
             else:
@@ -393,7 +489,7 @@ class PinnedMap:
         start = 0
         while start < count:
             try:
-                self._batch(BPF_MAP_DELETE_BATCH, keys[start * ks:count * ks], None, count - start)
+                self._batch(keys[start * ks:count * ks], None, count - start)
                 break
             except BpfError as e:
                 if e.errno in (errno.EINVAL, errno.ENOTSUP, 524) and not e.done:
@@ -407,22 +503,17 @@ class PinnedMap:
             self._exact.difference_update(keys[i * ks:(i + 1) * ks] for i in range(count))
 
     def _delete_raw(self, key: bytes, missing_ok: bool) -> None:
-        k = ctypes.create_string_buffer(key, len(key))
-        try:
-            bpf(BPF_MAP_DELETE_ELEM, MapElemAttr(map_fd=self.fd, key=ctypes.addressof(k)))
-        except BpfError as e:
-            if e.errno != errno.ENOENT or not missing_ok:
-                raise
+        if not map_delete(self.fd, ctypes.create_string_buffer(key, len(key))) and not missing_ok:
+            raise BpfError(errno.ENOENT, os.strerror(errno.ENOENT))
 
-    def _each(self, cmd, keys: bytes, values: bytes, count: int, ks: int, vs: int, flags) -> None:
+    def _each(self, keys: bytes, values: bytes, count: int, ks: int, vs: int, flags) -> None:
         kbuf = ctypes.create_string_buffer(keys, len(keys))
         vbuf = ctypes.create_string_buffer(values, len(values))
         k0, v0 = ctypes.addressof(kbuf), ctypes.addressof(vbuf)
-        attr = MapElemAttr(map_fd=self.fd, flags=flags)
+        update = libbpf().bpf_map_update_elem
         for i in range(count):
-            attr.key, attr.value = k0 + i * ks, v0 + i * vs
             try:
-                bpf(cmd, attr)
+                _check(update(self.fd, k0 + i * ks, v0 + i * vs, flags))
             except BpfError as e:
                 e.done = i
                 if e.errno == errno.E2BIG:
@@ -440,20 +531,13 @@ class PinnedMap:
         token_out = ctypes.create_string_buffer(max(ks, 8))
         first = True
         while True:
-            attr = BatchAttr(in_batch=0 if first else ctypes.addressof(token_in),
-                             out_batch=ctypes.addressof(token_out), keys=ctypes.addressof(kbuf),
-                             values=ctypes.addressof(vbuf), count=chunk, map_fd=self.fd)
-            done = False
             try:
-                bpf(BPF_MAP_LOOKUP_BATCH, attr)
+                n, done = lookup_batch(self.fd, None if first else token_in, token_out, kbuf, vbuf,
+                                       chunk)
             except BpfError as e:
-                if e.errno == errno.ENOENT:
-                    done = True
-                elif e.errno in (errno.EINVAL, errno.ENOTSUP, 524) and first:
+                if e.errno in (errno.EINVAL, errno.ENOTSUP, 524) and first:
                     return self._dump_walk()
-                else:
-                    raise
-            n = attr.count
+                raise
             keys.append(kbuf.raw[:n * ks])
             values.append(vbuf.raw[:n * vs])
             total += n
@@ -471,15 +555,12 @@ class PinnedMap:
 
     def keys(self):
         key, nxt = None, self.key_type()
+        next_key = libbpf().bpf_map_get_next_key
         while True:
-            attr = MapElemAttr(map_fd=self.fd, key=ctypes.addressof(key) if key is not None else 0,
-                               value=ctypes.addressof(nxt))
-            try:
-                bpf(BPF_MAP_GET_NEXT_KEY, attr)
-            except BpfError as e:
-                if e.errno == errno.ENOENT:
-                    return
-                raise
+            ret = next_key(self.fd, _ref(key), ctypes.byref(nxt))
+            if ret == -errno.ENOENT:
+                return
+            _check(ret)
             key = self.key_type.from_buffer_copy(nxt)
             yield key
 

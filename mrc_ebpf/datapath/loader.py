@@ -17,7 +17,7 @@ from pathlib import Path
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import bpfsys, build_cache, hooks, layout, lock, offload, pins, source
+from mrc_ebpf.datapath import bpfsys, build, build_cache, hooks, layout, lock, offload, pins, source
 from mrc_ebpf.datapath import journal, routes, xdp_chain
 from mrc_ebpf.datapath.swap import PROG_FB, PROG_RX, PROG_TX  # the pins' names
 from mrc_ebpf.errors import MrcError
@@ -49,47 +49,44 @@ PROGRAM_TYPES = {"mrc_tx": "SCHED_CLS", "mrc_rx": "XDP", "mrc_fb": "SCHED_CLS"}
 
 
 def compile_datapath(rx_attach_type: int = 0, text: bytes | None = None):
-    """Compile and load the programs; returns (bcc module, tx, rx, fb).
-    RX_ATTACH_TYPE: mrc_rx's expected_attach_type, which must be that of
-    the XDP program it tail-calls (xdp_chain.tail_call_profile)."""
+    """Compile bpf/mrc.c (or TEXT) and load the programs on bcc's maps;
+    returns (bcc module, tx, rx, fb): the module for its typed tables
+    (benches, tests), the programs loaded by build.instantiate as every
+    other load.  RX_ATTACH_TYPE: mrc_rx's expected_attach_type, which must
+    be that of the XDP program it tail-calls (xdp_chain.tail_call_profile)."""
     module = build_datapath(text)
-    from bcc import BPF
     try:
-        tx = module.load_func("mrc_tx", BPF.SCHED_CLS)
-        rx = module.load_func("mrc_rx", BPF.XDP, None, rx_attach_type or -1)
-        fb = module.load_func("mrc_fb", BPF.SCHED_CLS)
-    except Exception as e:  # bcc raises bare Exception; the verifier log went to stderr
-        raise MrcError(f"cannot load the datapath: {e}")
-    return module, tx, rx, fb
+        made = build.capture(module, PROGRAM_TYPES)
+        inst = build.instantiate(made, build.module_maps(module), {"mrc_rx": rx_attach_type})
+    except (bpfsys.BpfError, build.RelocationError, build.ShapeError, KeyError) as e:
+        module.cleanup()
+        raise build_cache.load_error("the datapath", e)
+    return module, inst.programs["mrc_tx"], inst.programs["mrc_rx"], inst.programs["mrc_fb"]
 
 
-def load_datapath(rx_attach_type: int = 0):
-    """As compile_datapath, but from the build cache when it holds this
-    build (build_cache.py); the module offers only module[symbol].map_fd."""
-    _require_bcc()
-    text = source.expand().encode()
-
-    def compile():
-        module, tx, rx, fb = compile_datapath(rx_attach_type, text)
-        return module, {"mrc_tx": tx, "mrc_rx": rx, "mrc_fb": fb}
-    module, progs = build_cache.cached(text, CFLAGS, PROGRAM_TYPES, compile,
-                                       {"mrc_rx": rx_attach_type})
-    return module, progs["mrc_tx"], progs["mrc_rx"], progs["mrc_fb"]
-
-
-def _require_bcc() -> None:
-    build_cache.require_bcc()
+def load_datapath(rx_attach_type: int = 0) -> tuple[build.Instance, build.Program, build.Program,
+                                                      build.Program]:
+    """The datapath on fresh maps, from the build cache when it holds this
+    build (build_cache.py), else compiled: (instance, tx, rx, fb)."""
+    inst = build_cache.live(source.expand().encode(), CFLAGS, PROGRAM_TYPES, "the datapath",
+                            {"mrc_rx": rx_attach_type})
+    return inst, inst.programs["mrc_tx"], inst.programs["mrc_rx"], inst.programs["mrc_fb"]
 
 
 def build_datapath(text: bytes | None = None):
-    """Compile bpf/mrc.c: a bcc module whose maps exist, nothing loaded yet."""
-    _require_bcc()
+    """Compile bpf/mrc.c: a bcc module whose maps exist, nothing loaded."""
+    build_cache.require_bcc()
     from bcc import BPF
-    build_cache.require_headers()     # only here: a cached build needs no headers
+    build_cache.require_headers()
     try:
         return BPF(text=text or source.expand().encode(), cflags=CFLAGS)
     except Exception as e:  # bcc raises bare Exception; the compiler's messages went to stderr
         raise MrcError(f"cannot load the datapath: {e}")
+
+
+def datapath_build() -> build.Build:
+    """The build of the installed sources: kept, or compiled now (replace)."""
+    return build_cache.obtain(source.expand().encode(), CFLAGS, PROGRAM_TYPES, "the datapath")
 
 
 def watch_peers(maps: dict) -> None:
@@ -482,7 +479,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
                             for d, (_, o) in zip(devices, found) if o],
             "shared_fate": bool(shared_fate), "skip_rotations": cfg.skip_rotations,
             "probe_budget": cfg.probe_budget,
-            "build": "cached" if isinstance(module, build_cache.CachedBuild) else "compiled"}
+            "build": module.build.origin}
 
 
 def _unhook(ipr: IPRoute, member: layout.Device | None, device: str, ids: tuple[int, int, int],
@@ -573,10 +570,7 @@ def _read_config(directory: Path) -> layout.Config | None:
         if bpfsys.map_info(fd).value_size != ctypes.sizeof(layout.Config):
             return None
         cfg = layout.Config()
-        attr = bpfsys.MapElemAttr(map_fd=fd, key=ctypes.addressof(layout.Index(0)),
-                                  value=ctypes.addressof(cfg))
-        bpfsys.bpf(bpfsys.BPF_MAP_LOOKUP_ELEM, attr)
-        return cfg
+        return cfg if bpfsys.map_lookup(fd, layout.Index(0), cfg) else None
     except bpfsys.BpfError:
         return None
     finally:

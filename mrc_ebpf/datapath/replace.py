@@ -6,12 +6,13 @@ counters, the event ring): the new programs are loaded against the
 running maps, so nothing is copied and nothing starts again from zero.
 
 Order, so traffic never waits on the compiler or the verifier:
-1. compile (bcc creates a throwaway set of maps, used only to compare);
-2. under the writer lock: compare every map's layout with the pinned
-   one (type, key and value size, max entries, flags) and refuse when any
-   differs; load the programs with each map reference pointed at the
-   pinned map instead of the throwaway one (the verifier runs here, while
-   the old programs still carry the traffic);
+1. the build of the installed sources: from the build cache, or compiled
+   (build_cache.py);
+2. under the writer lock: build.instantiate on the pinned maps compares
+   each one's layout with the build's spec (type, key and value size, max
+   entries, flags), refusing when any differs, and loads the programs with
+   each map reference pointed at the pinned map (the verifier runs here,
+   while the old programs still carry the traffic);
 3. swap each hook in place, each one atomic for the packets crossing it:
    XDP by netlink with XDP_FLAGS_REPLACE and the expected old program,
    the TC filters (egress: mrc_tx, ingress: mrc_fb) by changing the
@@ -22,7 +23,6 @@ old programs back on every hook already swapped.
 """
 from __future__ import annotations
 
-import ctypes
 import datetime
 import os
 import time
@@ -31,7 +31,7 @@ from pathlib import Path
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import bpfsys, build_cache, hooks, journal, layout, lock, loader, pins, swap, xdp_chain
+from mrc_ebpf.datapath import bpfsys, build, build_cache, hooks, journal, layout, lock, loader, pins, swap, xdp_chain
 from mrc_ebpf.datapath.swap import swap_tc, swap_xdp  # noqa: F401  (re-exported: attach --replace's API)
 from mrc_ebpf.errors import MrcError
 
@@ -48,84 +48,42 @@ def map_names() -> list[str]:
     return [*layout.MAPS, loader.EVENT_RING, xdp_chain.CHAIN_MAP]
 
 
-def _shape(info: bpfsys.MapInfo) -> tuple:
-    return (info.type, info.key_size, info.value_size, info.max_entries, info.map_flags)
-
-
-def _describe(shape: tuple) -> str:
-    kind, key, value, entries, flags = shape
-    return f"type {kind}, key {key} B, value {value} B, {entries} entries, flags {flags:#x}"
-
-
-def check_layout(module, directory: Path, old_fds: dict[str, int]) -> dict[int, int]:
-    """The new build's map fds -> the running (pinned) maps' fds, after
-    checking each pair has the same layout; MrcError when one differs."""
-    relocation = {}
+def load_programs(made: build.Build, directory: Path, old_fds: dict[str, int],
+                  rx_attach_type: int = 0) -> dict[str, int]:
+    """MADE's programs loaded on the running maps OLD_FDS (pin name -> fd),
+    after checking each has the new build's layout: pin name -> program fd.
+    MrcError, with nothing loaded, when a layout differs or a load fails.
+    RX_ATTACH_TYPE: as compile_datapath's (a chained program's)."""
+    symbols = {m.symbol for m in made.maps}
+    maps = {}
     for name in map_names():
-        try:
-            new_fd = module[layout.symbol(name)].map_fd
-        except KeyError:
+        if layout.symbol(name) not in symbols:
             raise MrcError(f"{LAYOUT_CHANGED} (the new build has no map {name})")
         if name not in old_fds:
             raise MrcError(f"{LAYOUT_CHANGED} (the running datapath has no map {name} pinned "
                            f"in {directory})")
-        new, old = _shape(bpfsys.map_info(new_fd)), _shape(bpfsys.map_info(old_fds[name]))
-        if new != old:
-            raise MrcError(f"{LAYOUT_CHANGED} (map {name}: running {_describe(old)}, "
-                           f"new {_describe(new)})")
-        relocation[new_fd] = old_fds[name]
-    return relocation
-
-
-def relocate(insns: bytes, relocation: dict[int, int]) -> bytes:
-    """INSNS with every map reference turned from the new build's map to
-    the running one; MrcError for a reference to a map the relocation
-    does not know."""
+        maps[layout.symbol(name)] = old_fds[name]
+    for function, _ in PROGRAMS.values():
+        if function not in made.programs:
+            raise MrcError(f"{LAYOUT_CHANGED} (the new build has no program {function})")
     try:
-        return build_cache.relocate(insns, relocation)
-    except build_cache.RelocationError as e:
-        if e.fd is None:
-            raise MrcError(f"cannot relocate the new build: a 64-bit load of kind {e.kind}")
-        name = _map_name(e.fd)
-        raise MrcError(f"{LAYOUT_CHANGED} (the new build uses a map that is not "
-                       f"pinned{': ' + name if name else ''})")
-
-
-def _map_name(fd: int) -> str:
+        inst = build.instantiate(made, maps, {"mrc_rx": rx_attach_type},
+                                 [function for function, _ in PROGRAMS.values()])
+    except build.ShapeError as e:
+        name = layout.logical(e.symbol)
+        if e.running is None:
+            raise MrcError(f"{LAYOUT_CHANGED} (the new build uses a map that is not pinned: {name})")
+        raise MrcError(f"{LAYOUT_CHANGED} (map {name}: running {build.describe_shape(e.running)}, "
+                       f"new {build.describe_shape(e.new)})")
+    except build.RelocationError as e:
+        raise MrcError(f"cannot relocate the new build: a 64-bit load of kind {e.kind}")
+    except bpfsys.BpfError as e:
+        what = f"the new {getattr(e, 'function', 'programs')}"
+        raise MrcError(f"{build_cache.load_error(what, e)}; nothing was changed")
     try:
-        return bpfsys.map_info(fd).name.decode(errors="replace")
-    except (bpfsys.BpfError, UnicodeError):
-        return ""
-
-
-def load_programs(module, relocation: dict[int, int], rx_attach_type: int = 0) -> dict[str, int]:
-    """Load the new build's programs on the running maps: pin name -> fd.
-    RX_ATTACH_TYPE: as compile_datapath's (a chained program's)."""
-    from bcc import BPF, libbcc
-    lib = libbcc.lib
-    fds: dict[str, int] = {}
-    try:
-        for pin, (function, kind) in PROGRAMS.items():
-            name = function.encode()
-            start = lib.bpf_function_start(module.module, name)
-            if not start:
-                raise MrcError(f"{LAYOUT_CHANGED} (the new build has no program {function})")
-            size = lib.bpf_function_size(module.module, name)
-            insns = relocate(ctypes.string_at(start, size), relocation)
-            buf = ctypes.create_string_buffer(insns, len(insns))
-            fd = lib.bcc_func_load(module.module, getattr(BPF, kind), name, buf, size,
-                                   lib.bpf_module_license(module.module),
-                                   lib.bpf_module_kern_version(module.module), 0, None, 0, None,
-                                   (rx_attach_type or -1) if pin == loader.PROG_RX else -1)
-            if fd < 0:   # the verifier's log went to stderr
-                raise MrcError(f"cannot load the new {function}: {os.strerror(ctypes.get_errno())}; "
-                               f"nothing was changed")
-            fds[pin] = fd
-    except BaseException:
-        for fd in fds.values():
-            os.close(fd)
-        raise
-    return fds
+        return {pin: os.dup(inst.programs[function].fd) for pin, (function, _) in PROGRAMS.items()}
+    finally:
+        inst.close()
 
 
 def programs(directory: Path) -> dict[str, dict]:
@@ -196,16 +154,13 @@ def replace(devices: list[str]) -> dict:
     loader.require_root()
     pins.ensure_bpffs()
     first = _attachment(devices)
-    module = loader.build_datapath()     # seconds: the old programs carry the traffic meanwhile
+    made = loader.datapath_build()     # seconds to compile: the old programs carry the traffic meanwhile
     compiled = time.monotonic_ns()
-    try:
-        with lock.writer(), loader.terminate_as_error():
-            if _attachment(devices) != first:
-                raise MrcError(f"{devices[0]} was detached or attached again meanwhile; nothing was changed")
-            result = _replace_locked(module, first)
-    finally:
-        module.cleanup()    # its throwaway maps
-    result.update(compile_s=round((compiled - start) / 1e9, 3),
+    with lock.writer(), loader.terminate_as_error():
+        if _attachment(devices) != first:
+            raise MrcError(f"{devices[0]} was detached or attached again meanwhile; nothing was changed")
+        result = _replace_locked(made, first)
+    result.update(compile_s=round((compiled - start) / 1e9, 3), build=made.origin,
                   to_swap_s=round((result["swap_start_ns"] - start) / 1e9, 3))
     return result
 
@@ -221,15 +176,15 @@ def _attachment(devices: list[str]) -> str:
     return next(iter(owners.values()))
 
 
-def _replace_locked(module, first: str) -> dict:
+def _replace_locked(made: build.Build, first: str) -> dict:
     from pyroute2 import IPRoute
     directory = pins.device_dir(first)
     load_start = time.monotonic_ns()
     old_maps = open_pins(directory, map_names())
     try:
-        relocation = check_layout(module, directory, old_maps)
         n_devices = len(loader.device_members(directory))
-        new_progs = load_programs(module, relocation, xdp_chain.rx_attach_type(directory, n_devices))
+        new_progs = load_programs(made, directory, old_maps,
+                                  xdp_chain.rx_attach_type(directory, n_devices))
     finally:
         for fd in old_maps.values():
             os.close(fd)

@@ -25,7 +25,6 @@ import os
 
 from mrc_ebpf.datapath import bpfsys, hooks, source
 from mrc_ebpf.datapath.bpfsys import BpfError
-from mrc_ebpf.datapath.mirrors import KERNEL_BPF_H, mirror
 from mrc_ebpf.errors import MrcError
 
 CHAIN_MAP = "mrc_xdp_chain"     # the pin of the prog array (bpf/lib/maps.h)
@@ -33,20 +32,13 @@ CFG_XDP_CHAINED = source.C["MRC_DEV_F_XDP_CHAINED"]
 
 XDP_FLAGS_REPLACE = 1 << 4
 MODE_FLAGS = {"native": hooks.XDP_FLAGS_DRV_MODE, "skb": hooks.XDP_FLAGS_SKB_MODE}
-BPF_PROG_GET_FD_BY_ID = 13
 BPF_PROG_TYPE_XDP = 6
 DISPATCHER_NAME = "xdp_dispatcher"   # libxdp's dispatcher program
 MRC_RX_NAME = "mrc_rx"
 
 
-@mirror("union bpf_attr", KERNEL_BPF_H, kind="member")
-class _GetFdAttr(ctypes.Structure):
-    _fields_ = [("prog_id", ctypes.c_uint32), ("next_id", ctypes.c_uint32),
-                ("open_flags", ctypes.c_uint32)]
-
-
 def prog_fd_by_id(prog_id: int) -> int:
-    return bpfsys.bpf(BPF_PROG_GET_FD_BY_ID, _GetFdAttr(prog_id=prog_id))
+    return bpfsys.prog_fd_by_id(prog_id)
 
 
 BPF_MAP_TYPE_PROG_ARRAY = 3
@@ -79,7 +71,8 @@ def tail_call_profile(prog_id: int) -> tuple[int, bool]:
             for attach_type in (0, BPF_XDP):
                 try:
                     os.close(bpfsys.prog_load(BPF_PROG_TYPE_XDP, insns, "GPL", "mrc_chain_probe",
-                                              attach_type, BPF_F_XDP_HAS_FRAGS if frags else 0))
+                                              attach_type, BPF_F_XDP_HAS_FRAGS if frags else 0,
+                                              log=False))
                     return attach_type, frags
                 except BpfError:
                     continue
@@ -195,13 +188,11 @@ def chained_id(chain_fd: int, slot: int) -> int:
     """The program id in SLOT (the kernel answers a prog array lookup with the id), or 0."""
     value = ctypes.c_uint32(0)
     key = ctypes.c_uint32(slot)
-    attr = bpfsys.MapElemAttr(map_fd=chain_fd, key=ctypes.addressof(key),
-                              value=ctypes.addressof(value))
     try:
-        bpfsys.bpf(bpfsys.BPF_MAP_LOOKUP_ELEM, attr)
+        found = bpfsys.map_lookup(chain_fd, key, value)
     except BpfError:
         return 0
-    return value.value
+    return value.value if found else 0
 
 
 def chained(directory, slot: int) -> dict | None:
@@ -264,16 +255,13 @@ def put_back(index: int, other_id: int, mode: str, rx_id: int) -> bool:
 
 def _slot_update(chain_fd: int, slot: int, prog_fd: int) -> None:
     key, value = ctypes.c_uint32(slot), ctypes.c_uint32(prog_fd)
-    attr = bpfsys.MapElemAttr(map_fd=chain_fd, key=ctypes.addressof(key),
-                              value=ctypes.addressof(value))
-    bpfsys.bpf(bpfsys.BPF_MAP_UPDATE_ELEM, attr)
+    bpfsys.map_update(chain_fd, key, value)
 
 
 def clear_slot(chain_fd: int, slot: int) -> None:
     key = ctypes.c_uint32(slot)
-    attr = bpfsys.MapElemAttr(map_fd=chain_fd, key=ctypes.addressof(key))
     try:
-        bpfsys.bpf(bpfsys.BPF_MAP_DELETE_ELEM, attr)
+        bpfsys.map_delete(chain_fd, key)
     except BpfError:
         pass
 

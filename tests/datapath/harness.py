@@ -8,7 +8,6 @@ changed is read back from the counters map.
 from __future__ import annotations
 
 import ctypes
-import errno
 import ipaddress
 import re
 
@@ -131,15 +130,9 @@ class Datapath:
     def counters(self) -> list[int]:
         """All counters summed over CPUs, in one bpf() call."""
         n = len(COUNTERS)
-        attr = bpfsys.BatchAttr(out_batch=ctypes.addressof(self._out_batch),
-                                keys=ctypes.addressof(self._keys), values=ctypes.addressof(self._values),
-                                count=n, map_fd=self.att.maps["counters"].fd)
-        try:
-            bpfsys.bpf(bpfsys.BPF_MAP_LOOKUP_BATCH, attr)
-        except bpfsys.BpfError as e:
-            if e.errno != errno.ENOENT:
-                raise
-        assert attr.count == n, f"batch lookup returned {attr.count} of {n} counters"
+        got, _ = bpfsys.lookup_batch(self.att.maps["counters"].fd, None, self._out_batch,
+                                     self._keys, self._values, n)
+        assert got == n, f"batch lookup returned {got} of {n} counters"
         values, ncpu = self._values, self._ncpu
         return [sum(values[i * ncpu:(i + 1) * ncpu]) for i in range(n)]
 

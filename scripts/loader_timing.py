@@ -1,0 +1,98 @@
+"""Attach (compiled, cached) and replace times of two trees, side by side.
+
+    python scripts/loader_timing.py --before DIR [--after DIR] [--rounds N]
+
+Each tree's mrcctl runs as a user runs it (a new process per command,
+wall time from start to exit) against one veth device in a network
+namespace made here and removed at the end.  Per round and tree, in
+alternating order so that load on the machine falls on both alike:
+attach with an empty build cache (compiles), replace (the tree's own way:
+compiling, or from the cache where it uses it), replace with the cache
+off (compiles), detach, attach again (the cache holds the build), detach.
+Prints one JSON object: per tree and step, the median and every sample,
+in seconds.  Needs root; touches nothing outside its namespace and its
+temporary cache directories.  Results: docs/design/loader.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PY = sys.executable
+SID = "fc00:0:99::1"
+STEPS = ("attach_compiled", "replace", "replace_compiling", "attach_cached")
+
+
+def run(tree: Path, ns: str, cache: str, *args: str) -> tuple[float, dict]:
+    env = {**os.environ, "MRC_EBPF_CACHE": cache, "PYTHONPATH": str(tree)}
+    env.pop("MRC_BPF_DIR", None)
+    start = time.monotonic()
+    r = subprocess.run([PY, "-m", "mrc_ebpf.cli.mrcctl", "--netns", ns, *args], cwd=tree, env=env,
+                       capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - start
+    if r.returncode != 0:
+        raise SystemExit(f"{tree}: mrcctl {' '.join(args)} failed: {r.stderr.strip()}")
+    try:
+        return took, json.loads(r.stdout) if r.stdout.strip() else {}
+    except ValueError:
+        return took, {}
+
+
+def one_round(tree: Path, ns: str, work: Path, out: dict) -> None:
+    cache = tempfile.mkdtemp(dir=work)
+    os.chmod(cache, 0o700)
+    took, result = run(tree, ns, cache, "attach", "lt0", "--sid", SID, "-j")
+    out["attach_compiled"].append(took)
+    out["build"].append(result.get("build"))
+    took, result = run(tree, ns, cache, "attach", "lt0", "--replace", "-j")
+    out["replace"].append(took)
+    out["replace_load_s"].append(result.get("load_s"))
+    took, _ = run(tree, ns, "off", "attach", "lt0", "--replace", "-j")
+    out["replace_compiling"].append(took)
+    run(tree, ns, cache, "detach", "lt0")
+    took, result = run(tree, ns, cache, "attach", "lt0", "--sid", SID, "-j")
+    out["attach_cached"].append(took)
+    out["build"].append(result.get("build"))
+    run(tree, ns, cache, "detach", "lt0")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", type=Path, required=True)
+    parser.add_argument("--after", type=Path, default=Path(__file__).resolve().parent.parent)
+    parser.add_argument("--rounds", type=int, default=3)
+    a = parser.parse_args()
+    trees = {"before": a.before.resolve(), "after": a.after.resolve()}
+    ns = f"lt{os.getpid()}"
+    samples = {name: {k: [] for k in (*STEPS, "build", "replace_load_s")} for name in trees}
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", "lt0", "type", "veth", "peer", "name", "lt1"],
+                       check=True)
+        for dev in ("lt0", "lt1", "lo"):
+            subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
+        with tempfile.TemporaryDirectory(prefix="loader-timing-") as work:
+            for i in range(a.rounds):
+                order = list(trees) if i % 2 == 0 else list(reversed(trees))
+                for name in order:
+                    one_round(trees[name], ns, Path(work), samples[name])
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+    report = {"rounds": a.rounds, "trees": {k: str(v) for k, v in trees.items()}, "seconds": {}}
+    for name, s in samples.items():
+        report["seconds"][name] = {step: {"median": round(statistics.median(s[step]), 3),
+                                          "samples": [round(x, 3) for x in s[step]]} for step in STEPS}
+        report["seconds"][name]["builds"] = s["build"]
+        report["seconds"][name]["replace_load_s"] = s["replace_load_s"]
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
