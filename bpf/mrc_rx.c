@@ -38,6 +38,7 @@
 #include "lib/ecn.h"
 #include "lib/auth.h"
 #include "lib/xdp_chain.h"
+#include "lib/roce.h"
 
 static __always_inline int rx_pass(void)
 {
@@ -257,8 +258,12 @@ int mrc_rx(struct xdp_md *ctx)
 			count(MRC_RX_CONTROL);	/* it carried feedback only */
 			return XDP_DROP;
 		}
-		if (!unfiled)
+		if (!unfiled) {
 			feedback_due(ip6->saddr.s6_addr, cfg, now);
+			/* RoCEv2 inside: ACKs, NAKs, PSN gaps (lib/roce.h) */
+			roce_rx(ip6->saddr.s6_addr, (void *)ip6 + (outer_len & 0xfff), data_end,
+				inner_proto, bpf_ntohs(mrc->path_id));
+		}
 	}
 	reason = ecn_decap(ip6, inner_proto, (void *)ip6 + (outer_len & 0xfff), data_end);
 	if (reason)
