@@ -44,6 +44,15 @@ LOCAL_PREF = 100                       # the local table's rule, moved after our
 HW_COUNTERS = "/sys/class/infiniband/{dev}/ports/1/hw_counters"
 
 
+def note(msg: str) -> None:
+    """A timestamped line to $MRC_ROCE_LOG, if set: under emulation a step
+    can take minutes, and this shows which one a run is in."""
+    path = os.environ.get("MRC_ROCE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
+
+
 def unavailable() -> str | None:
     """Why soft-RoCE cannot run here, or None."""
     for tool in ("rdma", "ib_write_bw", "ibv_rc_pingpong"):
@@ -103,6 +112,7 @@ class RoceFabric:
         self._rules: list[list[str]] = []
         self._links: list[str] = []
         self._rxe: list[str] = []
+        note("building")
         try:
             self._build()
         except BaseException:
@@ -173,26 +183,66 @@ class RoceFabric:
     # ---- mrc-ebpf on the gateways ------------------------------------------------
     def attach(self, policy: str, *options: str) -> None:
         d = self.d
+        note(f"attach A {options}")
         procs.mrcctl(self.A, "attach", "a0", "--sid", d.A_SID, *options)
+        note("attach B")
         procs.mrcctl(self.B, "attach", "b0", "--sid", d.B_SID, *options)
-        for k in range(1, self.n + 1):
-            procs.mrcctl(self.A, "path", "add", PREFIX_B, *d.path_args(k, d.B_SID))
-            procs.mrcctl(self.B, "path", "add", PREFIX_A, *d.path_args(k, d.A_SID))
+        note("paths")
+        # all paths in one call each (--via repeated): a Python start-up
+        # costs tens of seconds under emulation
+        procs.mrcctl(self.A, "path", "add", PREFIX_B,
+                     *[a for k in range(1, self.n + 1) for a in d.path_args(k, d.B_SID)])
+        procs.mrcctl(self.B, "path", "add", PREFIX_A,
+                     *[a for k in range(1, self.n + 1) for a in d.path_args(k, d.A_SID)])
         self.policy(policy)
+        note("attached")
+
+    def set_ack_timeout(self, us: int) -> None:
+        """Both gateways' ack timeout, written into the attached config (a
+        re-attach costs minutes of verifier under emulation).  10 s: the
+        datapath's failover is off for any run of seconds."""
+        from mrc_ebpf.datapath import layout
+
+        def write(att):
+            cfg = att.maps["config"].lookup(layout.Index(0))
+            cfg.ack_timeout_us = us
+            att.maps["config"].update(layout.Index(0), cfg)
+        for ns in (self.A, self.B):
+            self._read(ns, write)
+        note(f"ack timeout {us} us")
 
     def detach(self) -> None:
         procs.mrcctl(self.A, "detach", "a0")
         procs.mrcctl(self.B, "detach", "b0")
 
     def policy(self, name: str) -> None:
-        procs.mrcctl(self.A, "path", "policy", PREFIX_B, name)
-        procs.mrcctl(self.B, "path", "policy", PREFIX_A, name)
+        """`mrcctl path policy` on both gateways, in this process."""
+        from mrc_ebpf.control import paths
+        self._read(self.A, lambda att: paths.set_policy(att, PREFIX_B, name))
+        self._read(self.B, lambda att: paths.set_policy(att, PREFIX_A, name))
+        note(f"policy {name}")
+
+    def _read(self, ns: str, what):
+        """what(attachment) of the gateway NS's attachment, read in this
+        process: what `mrcctl stats` reads, without a Python start-up per
+        read (tens of seconds each under emulation)."""
+        from mrc_ebpf.datapath import loader
+        from mrc_ebpf.lab.enter import inside
+        with inside(ns):
+            att = loader.Attachment.open("a0" if ns == self.A else "b0")
+            try:
+                return what(att)
+            finally:
+                att.close()
 
     def roce_stats(self, ns: str) -> dict:
-        return procs.mrcctl(ns, "stats", "--roce")
+        """As `mrcctl stats --roce -j`: {"qps": [...], "paths": [...]}."""
+        from mrc_ebpf.control import roce
+        return self._read(ns, lambda att: {"qps": roce.qps(att), "paths": roce.paths(att)})
 
     def counters(self, ns: str) -> dict:
-        return procs.mrcctl(ns, "stats")["counters"]
+        """As `mrcctl stats -j`'s counters."""
+        return self._read(ns, lambda att: att.counters())
 
     def blackhole(self, k: int, on: bool = True) -> None:
         """Router Rk drops what it would forward to either host's SID: path k
@@ -210,6 +260,7 @@ class RoceFabric:
 
     # ---- traffic -----------------------------------------------------------------
     def rc_pingpong(self, iters: int = 100, size: int = 4096, timeout: float = 60) -> dict:
+        note(f"rc_pingpong {iters}")
         server = procs.popen(["ibv_rc_pingpong", "-d", RXE_B, "-g", str(self.gid_b), "-n", str(iters),
                               "-s", str(size)], None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
@@ -226,6 +277,7 @@ class RoceFabric:
                  extra: tuple[str, ...] = ()) -> dict:
         """ib_write_bw from A to B: `qps` RC QPs for `seconds`; `during`
         (if given) is called once the client runs.  Its report, parsed."""
+        note(f"write_bw {qps} QPs {seconds} s")
         args = ["-x", None, "-q", str(qps), "-s", str(size), "-D", str(seconds), "-F", *extra]
         srv = [a if a is not None else str(self.gid_b) for a in args]
         cli = [a if a is not None else str(self.gid_a) for a in args]
@@ -245,6 +297,7 @@ class RoceFabric:
                 procs.end(client)
         finally:
             procs.end(server)
+        note(f"write_bw done rc {client.returncode}")
         return {**parse_write_bw(out), "rc": client.returncode, "wall_s": round(wall, 2), "report": out}
 
 
