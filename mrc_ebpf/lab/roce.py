@@ -184,9 +184,11 @@ class RoceFabric:
     def attach(self, policy: str, *options: str) -> None:
         d = self.d
         note(f"attach A {options}")
-        procs.mrcctl(self.A, "attach", "a0", "--sid", d.A_SID, *options)
+        # the verifier's run over mrc_tx took 8.5 min under TCG on a
+        # loaded machine (10 min, procs' default, was too short once)
+        procs.mrcctl(self.A, "attach", "a0", "--sid", d.A_SID, *options, timeout=480)
         note("attach B")
-        procs.mrcctl(self.B, "attach", "b0", "--sid", d.B_SID, *options)
+        procs.mrcctl(self.B, "attach", "b0", "--sid", d.B_SID, *options, timeout=480)
         note("paths")
         # all paths in one call each (--via repeated): a Python start-up
         # costs tens of seconds under emulation
