@@ -41,6 +41,7 @@
 #include "lib/auth.h"
 #include "lib/trim.h"
 #include "lib/xdp_chain.h"
+#include "lib/roce.h"
 
 static __always_inline int rx_pass(void)
 {
@@ -280,6 +281,11 @@ int mrc_rx(struct xdp_md *ctx)
 		}
 		if (!unfiled)
 			feedback_due(ip6->saddr.s6_addr, sender, cfg, now);
+		/* RoCEv2 inside: ACKs, NAKs, PSN gaps (lib/roce.h); a later
+		 * segment of a burst is an inner packet of its own */
+		if (!unfiled || unfiled == MRC_RX_SEGMENT)
+			roce_rx(ip6->saddr.s6_addr, (void *)ip6 + (outer_len & 0xfff), data_end,
+				inner_proto, bpf_ntohs(mrc->path_id));
 	}
 	reason = ecn_decap(ip6, inner_proto, (void *)ip6 + (outer_len & 0xfff), data_end);
 	if (reason)

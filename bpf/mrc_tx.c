@@ -22,6 +22,7 @@
 #include "lib/tcp_steer.h"
 #include "lib/template.h"
 #include "lib/peer_cache.h"
+#include "lib/roce.h"
 
 static __always_inline int tx_pass(void)
 {
@@ -96,8 +97,9 @@ int mrc_tx(struct __sk_buff *skb)
 	struct mrc_path *path;
 	struct mrc_path_state *pstate;
 	struct path_choice choice;
+	struct mrc_roce_pkt *roce;
 	__u32 zero = 0, nseg, encap_len, mark = skb->mark, copy_mark, l4 = 0, l4_len = 0, flow_key = 0;
-	__u8 control = 0, usid, retrans = 0;
+	__u8 control = 0, usid, retrans = 0, tclass;
 
 	count(MRC_TX_SEEN);
 
@@ -121,12 +123,21 @@ int mrc_tx(struct __sk_buff *skb)
 	if (!control && !(mark & MRC_PROBE_MARK_MASK) && cfg->retrans_steer &&
 	    tcp_steer_locate(skb, &l4, &l4_len, &flow_key))
 		retrans = tcp_steer_is_retrans(skb, l4, l4_len, flow_key);
+	tclass = tx_class(inner.tos);
+	roce = mrc_roce_pkt.lookup(&zero);
+	if (!roce)
+		return tx_pass();
+	roce->valid = 0;
+	roce->seq_mul = 1;
+	roce->pos = 0;
+	if (!control && !(mark & MRC_PROBE_MARK_MASK))
+		roce_tx_classify(skb, peer, tclass, roce);
 
 	if ((mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_MARK ?
 	    path_select_pinned(peer, mark, cfg, MRC_TX_PINNED_PROBE, &choice) :
 	    (mark & MRC_PROBE_MARK_MASK) == MRC_PROBE_COPY_MARK ?
 	    path_select_pinned(peer, mark, cfg, MRC_TX_PROBE_COPY, &choice) :
-	    path_select(skb, peer, tx_class(inner.tos), cfg, !control, &choice))
+	    path_select(skb, peer, tclass, cfg, !control, roce, &choice))
 		return tx_drop(MRC_TX_DROP_NO_PATH);
 	if (choice.probe_copy) {
 		/* the copy comes back through this hook (marked), is cut to
@@ -185,6 +196,8 @@ int mrc_tx(struct __sk_buff *skb)
 		tcp_steer_heard(choice.st, choice.path_id);
 	if (control)
 		count(MRC_TX_CONTROL);
+	else
+		roce_tx_sent(roce, peer->peer_id, choice.path_id, choice.pos);
 	/* shared by CPUs, next to the sequence number just taken */
 	__sync_fetch_and_add(&pstate->tx_packets, 1);
 	__sync_fetch_and_add(&pstate->tx_bytes, skb->len);

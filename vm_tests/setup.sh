@@ -5,6 +5,9 @@
 #     modules), linux-image-amd64 (the 6.1
 #     distro kernel booted in the VM, in /boot) and linux-headers-amd64
 #     (bcc inside the VM compiles against /lib/modules/<6.1 ver>/build);
+#     rdma-core, ibverbs-providers (librxe), ibverbs-utils (ibv_rc_pingpong)
+#     and perftest (ib_write_bw): soft-RoCE in the VM (vm_tests/test_roce.py;
+#     the 6.1 image ships the rdma_rxe module, the host kernel has no RDMA);
 #   - PyPI: virtme-ng (the `vng` command) into the project venv.
 # Usage: vm_tests/setup.sh [VENV]   (default: the repo's .venv)
 # Quiet when everything is already in place.
@@ -22,7 +25,8 @@ need_root() {
 
 # --- Debian packages -------------------------------------------------------
 missing=()
-for pkg in qemu-system-x86 busybox-static linux-image-amd64 linux-headers-amd64; do
+for pkg in qemu-system-x86 busybox-static linux-image-amd64 linux-headers-amd64 \
+           rdma-core ibverbs-providers ibverbs-utils perftest; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
         missing+=("$pkg")
     fi

@@ -48,5 +48,11 @@ BPF_PERCPU_ARRAY(mrc_tx_path, struct mrc_path, 1);
  * reads it: a peer entry carries its template's row) */
 BPF_F_TABLE("hash", struct mrc_template_name, struct mrc_peer, mrc_templates, MRC_MAX_PEERS, BPF_F_NO_PREALLOC);
 BPF_ARRAY(mrc_auth_rx_prefix, struct mrc_mac_prefix, MRC_AUTH_RX_SENDERS);
+/* RoCEv2 queue pairs and per-path RoCE counters (lib/roce.h) */
+BPF_TABLE("lru_hash", struct mrc_roce_key, struct mrc_roce_qp, mrc_roce_qps, MRC_ROCE_QPS);
+BPF_TABLE("lru_hash", struct mrc_roce_path_key, struct mrc_roce_path, mrc_roce_paths, MRC_ROCE_PATHS);
+BPF_ARRAY(mrc_roce_turns, __u64, MRC_ROCE_TURNS);	/* the next turn of a peer's new QP */
+BPF_ARRAY(mrc_roce_zero, struct mrc_roce_qp, 1);	/* all zero, never written */
+BPF_PERCPU_ARRAY(mrc_roce_pkt, struct mrc_roce_pkt, 1);
 
 #endif

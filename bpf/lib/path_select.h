@@ -14,6 +14,7 @@
 #include "lib/event_log.h"
 #include "lib/failover.h"
 #include "lib/peer_state.h"
+#include "lib/roce.h"
 
 struct path_choice {
 	__u32	path_index;	/* key into paths */
@@ -23,6 +24,7 @@ struct path_choice {
 	__u8	control;	/* header only: feedback (mrc_fb's clone) or a probe copy */
 	__u8	keep_news;	/* tests a path while others may be up: its report consumes nothing (lib/feedback.h) */
 	__u16	probe_copy;	/* 1 + id of a down path to test with a copy of this packet */
+	__u16	pos;		/* the path's position in the spray list (roce policy: the QP's) */
 	struct mrc_peer_state *st;	/* the peer's learnt state */
 	struct mrc_path_live *live;
 	__u64	peer_seq;
@@ -206,6 +208,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		live = path_select_live_at(list, copy_pos, row, st, &id, &index);
 		if (!live)
 			return -1;
+		pos = copy_pos;
 		copy = 0;
 		use = PATH_USE;		/* counted as a probe above */
 		choice->probe = 1;
@@ -213,6 +216,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		live = path_select_live_at(list, open_pos, row, st, &id, &index);
 		if (!live)
 			return -1;
+		pos = open_pos;
 		use = PATH_PROBE;
 		count(MRC_TX_FAIL_OPEN);
 		if (__sync_bool_compare_and_swap(&ptx->fail_open_ns, 0, now))
@@ -233,6 +237,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		copy = 0;
 	choice->path_id = id;
 	choice->path_index = index;
+	choice->pos = pos;
 	choice->probe |= use == PATH_PROBE;
 	choice->probe_copy = copy;
 	choice->st = st;
@@ -246,7 +251,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
  */
 static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_peer *peer,
 				       __u8 tclass, const struct mrc_config *cfg, int may_copy,
-				       struct path_choice *choice)
+				       const struct mrc_roce_pkt *roce, struct path_choice *choice)
 {
 	__u32 row = peer->template_id;
 	__u32 list_index, n, a, b, at;
@@ -314,8 +319,11 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 							: choice->peer_seq % n;
 		break;
 	}
-	default:	/* MRC_POLICY_RR, MRC_POLICY_WEIGHTED (its list repeats by weight) */
-		at = choice->peer_seq % n;
+	default:
+		/* MRC_POLICY_RR, MRC_POLICY_WEIGHTED (its list repeats by
+		 * weight): seq_mul 1, pos 0; MRC_POLICY_ROCE: a QP's packet
+		 * its position, seq_mul 0 (lib/roce.h), another packet rr */
+		at = (choice->peer_seq * roce->seq_mul + roce->pos) % n;
 	}
 	/* the pick's path skipped for congestion (a CE report): its turn
 	 * is skipped, as a down path's is (lib/failover.h, failover_skip),

@@ -45,6 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "cost",
              "collisions": "collisions", "reorder": "reorder", "shared-fate": "shared_fate",
              "line-rate": "line_rate"}
+# Scenarios that need the VM's kernel (rdma_rxe): named, not in `all`
+VM_SCENARIOS = {"roce": "roce"}
 VERSION = 1
 PY = sys.executable
 MADE: list[str] = []        # fabric / namespace-set names this process made (the JSON lists them)
@@ -226,9 +228,10 @@ def _sigterm(signum, frame):
 
 
 def module(scenario: str):
-    if scenario not in SCENARIOS:
-        raise MrcError(f"no scenario {scenario!r} (one of {', '.join(SCENARIOS)}, all)")
-    return importlib.import_module(f"{__package__}.{SCENARIOS[scenario]}")
+    known = {**SCENARIOS, **VM_SCENARIOS}
+    if scenario not in known:
+        raise MrcError(f"no scenario {scenario!r} (one of {', '.join(known)}, all)")
+    return importlib.import_module(f"{__package__}.{known[scenario]}")
 
 
 def _plt():
@@ -270,6 +273,8 @@ def run_scenario(scenario: str, short: bool = False, out: str | Path = "bench-re
     modes to run (default all it has, contenders the kernel cannot run
     left out with a note).  overrides: scenario parameters by name."""
     mod = module(scenario)
+    if scenario in VM_SCENARIOS:
+        mod.check(mod.params(short))    # before anything is made: one line, exit 1
     if hosts_default and (host_sysctls or congestion is not None):
         raise MrcError("--hosts-default leaves the hosts alone: not with --host-sysctl or -C")
     if congestion is None and not hosts_default:

@@ -7,12 +7,12 @@ import json
 
 import click
 
-from mrc_ebpf.bench.runner import DEFAULT_CC, DEFAULT_HOST_SYSCTLS, SCENARIOS
+from mrc_ebpf.bench.runner import DEFAULT_CC, DEFAULT_HOST_SYSCTLS, SCENARIOS, VM_SCENARIOS
 from mrc_ebpf.cli.progress import Progress, progress_option
 
 
 @click.command()
-@click.argument("scenario", type=click.Choice([*SCENARIOS, "all"]))
+@click.argument("scenario", type=click.Choice([*SCENARIOS, *VM_SCENARIOS, "all"]))
 @click.option("--short", is_flag=True, help="Seconds, small numbers (what the tests run).")
 @click.option("--out", "out", default="bench-results", show_default=True, metavar="DIR",
               help="Where <scenario>.json and <scenario>.png go.")
@@ -49,7 +49,8 @@ from mrc_ebpf.cli.progress import Progress, progress_option
 def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_threshold, hosts_default, modes,
           params, json_, progress):
     """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):
-    JSON + PNG under --out and a table of min/median/max."""
+    JSON + PNG under --out and a table of min/median/max.  roce (soft-RoCE)
+    runs only in the VM (`make vm-test`: its kernel has rdma_rxe); not in all."""
     from mrc_ebpf.bench import runner, steps
     from mrc_ebpf.errors import MrcError
     names = list(SCENARIOS) if scenario == "all" else [scenario]

@@ -393,15 +393,19 @@ def status(ctx):
 @dev_option
 @click.option("--paths", "by_path", is_flag=True, help="Per path: sent, received, loss, delay.")
 @click.option("--events", "show_events", is_flag=True, help="Path state changes, with kernel times.")
+@click.option("--roce", "show_roce", is_flag=True,
+              help="RoCEv2 per queue pair and per path: PSNs, retransmissions, NAK sequence errors.")
 @click.option("--watch", type=click.FloatRange(min=0.1), metavar="N", help="Refresh every N seconds.")
 @json_option
 @click.pass_context
-def stats(ctx, device, by_path, show_events, watch):
-    """Datapath counters (summed over CPUs), per-path measurements, or events."""
+def stats(ctx, device, by_path, show_events, show_roce, watch):
+    """Datapath counters (summed over CPUs), per-path measurements, events, or RoCE."""
     import math
     import time
     from mrc_ebpf.datapath import loader
-    from mrc_ebpf.control import events, paths, stats as rx_stats
+    from mrc_ebpf.control import events, paths, roce, stats as rx_stats
+    if sum((by_path, show_events, show_roce)) > 1:
+        raise MrcError("--paths, --events and --roce: one at a time")
     if watch is not None and not (math.isfinite(watch) and watch <= 86400):
         raise MrcError(f"bad --watch {watch}: seconds between refreshes, 0.1..86400")
     device = loader.resolve_device(device)
@@ -411,6 +415,8 @@ def stats(ctx, device, by_path, show_events, watch):
             if show_events:
                 prefixes = {p["peer_id"]: p["prefix"] for p in paths.peers(att)}
                 return {"device": device, "events": events.read(att, prefixes)}
+            if show_roce:
+                return {"device": device, "qps": roce.qps(att), "paths": roce.paths(att)}
             if by_path:
                 return {"device": device, "sent": paths.list_paths(att),
                         "received": rx_stats.received(att), "reorder": rx_stats.reorder(att)}
@@ -423,6 +429,21 @@ def stats(ctx, device, by_path, show_events, watch):
                                  for e in d["events"]],
                                 headers=["seq", "kernel ns", "ms ago", "event", "state", "peer", "path",
                                          "us after unacked send"]) if d["events"] else "no events")
+            return
+        if show_roce:
+            dash = lambda v: "-" if v is None else v     # noqa: E731
+            click.echo("queue pairs (peer, UDP source port)")
+            click.echo(tabulate([(r["peer"], r["sport"], r["dqpn"], dash(r["path_id"]), r["moves"],
+                                  r["tx_packets"], r["tx_retrans"], r["naks_seq"], dash(r["in_flight"]),
+                                  r["rx_packets"], r["rx_ahead"], r["rx_behind"]) for r in d["qps"]],
+                                headers=["peer", "sport", "dest qp", "path", "moves", "tx pkts", "tx retrans",
+                                         "nak seq", "in flight", "rx pkts", "rx ahead", "rx behind"]))
+            click.echo("\npaths (tx: ours to the peer; rx: the peer's to us)")
+            click.echo(tabulate([(r["peer"], r["side"], r["path_id"], r["tx_packets"], r["tx_retrans"],
+                                  r["naks_seq"], r["rx_packets"], r["rx_ahead"], r["rx_behind"])
+                                 for r in d["paths"]],
+                                headers=["peer", "side", "path", "tx pkts", "tx retrans", "nak seq",
+                                         "rx pkts", "rx ahead", "rx behind"]))
             return
         if not by_path:
             click.echo(tabulate(sorted(d["counters"].items()), headers=["counter", device]))

@@ -32,7 +32,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from mrc_ebpf.control import events, paths, stats
+from mrc_ebpf.control import events, paths, roce, stats
 from mrc_ebpf.datapath import loader, pins
 from mrc_ebpf.errors import MrcError
 
@@ -136,6 +136,7 @@ class MrcCollector:
                     ["dev"]).add_metric([device], value)
         self._sent(device, att, counter, gauge)
         self._received(device, att, counter, histogram)
+        self._roce(device, att, counter)
         self.tally.update(device, events.read(att))
 
     def _sent(self, device, att, counter, gauge):
@@ -234,6 +235,31 @@ class MrcCollector:
                                  "One-way delay above the path's minimum, per packet received",
                                  ["dev", "sid", "path"]), labels, r["qdelay_hist"], 1_000_000,
                        r["qdelay_sum_us"])
+
+
+    def _roce(self, device, att, counter):
+        """RoCEv2 (lib/roce.h): per peer, and per path with per_path."""
+        what = (("tx_packets", "RoCE packets sent"),
+                ("tx_retrans", "RoCE requests sent again (go-back-N retransmissions)"),
+                ("naks_seq", "NAKs (PSN sequence error) received for RoCE QPs"),
+                ("rx_packets", "RoCE requests received"),
+                ("rx_ahead", "RoCE requests that arrived ahead of the PSN expected"),
+                ("rx_behind", "RoCE requests that arrived behind the PSN expected"))
+        rows = roce.paths(att)
+        per_peer: dict[str, dict] = {}
+        for r in rows:
+            a = per_peer.setdefault(r["peer"], dict.fromkeys((f for f, _ in what), 0))
+            for f, _ in what:
+                a[f] += r[f]
+        for peer, a in sorted(per_peer.items()):
+            for f, doc in what:
+                counter(f"mrc_peer_roce_{f}", f"{doc} (all paths)", ["dev", "peer"]).add_metric([device, peer], a[f])
+        if not self.per_path:
+            return
+        for r in rows:
+            labels = [device, r["peer"], str(r["path_id"]), r["side"]]
+            for f, doc in what:
+                counter(f"mrc_path_roce_{f}", doc, ["dev", "peer", "path", "side"]).add_metric(labels, r[f])
 
 
 def registry(per_path: bool = False) -> CollectorRegistry:

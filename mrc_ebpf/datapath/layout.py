@@ -214,6 +214,37 @@ class PathFate(ctypes.Structure):
     _fields_ = [("hop", u32)]
 
 
+@mirror("struct mrc_roce_key")
+class RoceKey(ctypes.Structure):
+    _fields_ = [("peer_id", u32), ("sport", u16), ("pad", u16)]
+
+
+@mirror("struct mrc_roce_qp")
+class RoceQp(ctypes.Structure):
+    _fields_ = [("tx_packets", u64), ("tx_retrans", u64), ("naks_seq", u64), ("acks", u64),
+                ("rx_packets", u64), ("rx_ahead", u64), ("rx_behind", u64),
+                ("dqpn", u32), ("last_psn", u32), ("acked_psn", u32), ("rx_next_psn", u32),
+                ("turn", u32), ("moves", u32), ("path_id", u16), ("pos", u16), ("flags", u8),
+                ("pad", u8 * 3)]
+
+
+@mirror("struct mrc_roce_path_key")
+class RocePathKey(ctypes.Structure):
+    _fields_ = [("peer_id", u32), ("path_id", u16), ("side", u16)]
+
+
+@mirror("struct mrc_roce_path")
+class RocePath(ctypes.Structure):
+    _fields_ = [("tx_packets", u64), ("tx_retrans", u64), ("naks_seq", u64),
+                ("rx_packets", u64), ("rx_ahead", u64), ("rx_behind", u64)]
+
+
+@mirror("struct mrc_roce_pkt")
+class RocePkt(ctypes.Structure):
+    _fields_ = [("psn", u32), ("dqpn", u32), ("sport", u16), ("opcode", u8), ("syndrome", u8),
+                ("valid", u32), ("seq_mul", u32), ("pos", u32)]
+
+
 Index = u32
 
 # name in lib/maps.h -> (key type, value type, per-CPU)
@@ -246,6 +277,11 @@ MAPS = {
     "tx_path": (Index, Path, True),
     "templates": (TemplateName, Peer, False),
     "auth_rx_prefix": (Index, MacPrefix, False),
+    "roce_qps": (RoceKey, RoceQp, False),
+    "roce_paths": (RocePathKey, RocePath, False),
+    "roce_turns": (Index, u64, False),
+    "roce_zero": (Index, RoceQp, False),
+    "roce_pkt": (Index, RocePkt, True),
 }
 
 

@@ -76,6 +76,13 @@ enum mrc_counter {
 	MRC_FB_TRIM_CLONE,		/* RX: feedback cloned at once for a trimmed packet */
 	MRC_RX_PORT_STATUS,		/* a peer's port status changed (lib/ports.h) */
 	MRC_RX_PORT_DOWN_PATHS,		/* paths taken out because the peer's port of their plane is down */
+	/* RoCEv2 (lib/roce.h): not outcomes */
+	MRC_TX_ROCE,			/* a RoCEv2 packet encapsulated */
+	MRC_TX_ROCE_RETRANS,		/* ... a request whose PSN was not new (go-back-N) */
+	MRC_TX_ROCE_MOVE,		/* roce policy: a QP moved to another path */
+	MRC_RX_ROCE,			/* a RoCEv2 packet decapsulated */
+	MRC_RX_ROCE_NAK_SEQ,		/* ... a NAK, PSN sequence error */
+	MRC_RX_ROCE_AHEAD,		/* ... a request ahead of the PSN expected */
 	MRC_RX_SEGMENT,			/* a later wire segment of a burst (its TLV copied by
 					 * segmentation): counted on its path, not filed again */
 	MRC_COUNTER_MAX,

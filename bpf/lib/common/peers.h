@@ -32,6 +32,10 @@ struct mrc_peer_key {
 #define MRC_POLICY_HASH		3	/* per flow (ECMP-like): the baseline MRC replaces */
 #define MRC_POLICY_ADAPTIVE	4	/* best of two random paths by measured health */
 #define MRC_POLICY_BYTES	5	/* round robin by bytes: each turn carries a quantum */
+/* RoCEv2 (lib/roce.h): each queue pair on one path, QPs spread over the
+ * paths by turns; a QP moves only when nothing of it is in flight, or at
+ * once when its path is taken out.  Other packets: round robin. */
+#define MRC_POLICY_ROCE		6
 
 /*
  * A peer's paths are a row of the paths and spray maps (template_id): its

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""How many instructions the verifier processed for each datapath program
+(bpf_prog_info.verified_insns, Linux 5.16+), compiled from this tree on
+the running kernel: mrc_tx is near the 1M limit, so a change to TX says
+its count.  Usage: .venv/bin/python scripts/verified_insns.py"""
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mrc_ebpf.datapath import bpfsys, loader  # noqa: E402
+
+u32, u64 = ctypes.c_uint32, ctypes.c_uint64
+
+
+class _FullProgInfo(ctypes.Structure):
+    # uapi/linux/bpf.h struct bpf_prog_info, up to verified_insns
+    _fields_ = [("type", u32), ("id", u32), ("tag", ctypes.c_uint8 * 8), ("jited_prog_len", u32),
+                ("xlated_prog_len", u32), ("jited_prog_insns", u64), ("xlated_prog_insns", u64),
+                ("load_time", u64), ("created_by_uid", u32), ("nr_map_ids", u32), ("map_ids", u64),
+                ("name", ctypes.c_char * 16), ("ifindex", u32), ("gpl_compatible", u32),
+                ("netns_dev", u64), ("netns_ino", u64), ("nr_jited_ksyms", u32),
+                ("nr_jited_func_lens", u32), ("jited_ksyms", u64), ("jited_func_lens", u64),
+                ("btf_id", u32), ("func_info_rec_size", u32), ("func_info", u64),
+                ("nr_func_info", u32), ("nr_line_info", u32), ("line_info", u64),
+                ("jited_line_info", u64), ("nr_jited_line_info", u32), ("line_info_rec_size", u32),
+                ("jited_line_info_rec_size", u32), ("nr_prog_tags", u32), ("prog_tags", u64),
+                ("run_time_ns", u64), ("run_cnt", u64), ("recursion_misses", u64),
+                ("verified_insns", u32)]
+
+
+class _InfoAttr(ctypes.Structure):
+    # union bpf_attr's info member
+    _fields_ = [("bpf_fd", u32), ("info_len", u32), ("info", u64)]
+
+
+def main() -> None:
+    module, tx, rx, fb = loader.compile_datapath()
+    out = {}
+    for name, fn in (("mrc_tx", tx), ("mrc_rx", rx), ("mrc_fb", fb)):
+        info = _FullProgInfo()
+        attr = _InfoAttr(bpf_fd=fn.fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
+        bpfsys.bpf(bpfsys.BPF_OBJ_GET_INFO_BY_FD, attr)
+        out[name] = info.verified_insns
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
