@@ -30,18 +30,13 @@ class _FullProgInfo(ctypes.Structure):
                 ("verified_insns", u32)]
 
 
-class _InfoAttr(ctypes.Structure):
-    # union bpf_attr's info member
-    _fields_ = [("bpf_fd", u32), ("info_len", u32), ("info", u64)]
-
-
 def main() -> None:
     module, tx, rx, fb = loader.compile_datapath()
     out = {}
     for name, fn in (("mrc_tx", tx), ("mrc_rx", rx), ("mrc_fb", fb)):
-        info = _FullProgInfo()
-        attr = _InfoAttr(bpf_fd=fn.fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
-        bpfsys.bpf(bpfsys.BPF_OBJ_GET_INFO_BY_FD, attr)
+        info, size = _FullProgInfo(), u32(ctypes.sizeof(_FullProgInfo))
+        if bpfsys.libbpf().bpf_obj_get_info_by_fd(fn.fd, ctypes.byref(info), ctypes.byref(size)):
+            raise SystemExit(f"bpf_obj_get_info_by_fd({name}) failed")
         out[name] = info.verified_insns
     print(json.dumps(out))
 
