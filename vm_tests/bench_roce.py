@@ -1,5 +1,5 @@
 """`bench roce` measured in the VM (its kernel has rdma_rxe), on the
-fabric of vm_tests/test_roce.py, whose tests run here first (one attach,
+fabric of vm_tests/roce_vm.py, whose tests run here first (one attach,
 minutes of verifier under emulation, serves both).  Not part of `make
 vm-test` (not test_*.py; it takes many minutes); run on demand:
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_roce import (fab, test_vm_blackhole_under_write_bw_no_qp_errors,  # noqa: E402,F401
+from roce_vm import (fab, test_vm_blackhole_under_write_bw_no_qp_errors,  # noqa: E402,F401
                        test_vm_rc_pingpong_across_mrc_paths, test_vm_write_bw_8_qps_on_4_paths)
 
 ROOT = Path(__file__).resolve().parent.parent

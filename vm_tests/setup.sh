@@ -6,7 +6,7 @@
 #     distro kernel booted in the VM, in /boot) and linux-headers-amd64
 #     (bcc inside the VM compiles against /lib/modules/<6.1 ver>/build);
 #     rdma-core, ibverbs-providers (librxe), ibverbs-utils (ibv_rc_pingpong)
-#     and perftest (ib_write_bw): soft-RoCE in the VM (vm_tests/test_roce.py;
+#     and perftest (ib_write_bw): soft-RoCE in the VM (vm_tests/roce_vm.py;
 #     the 6.1 image ships the rdma_rxe module, the host kernel has no RDMA);
 #   - PyPI: virtme-ng (the `vng` command) into the project venv.
 # Usage: vm_tests/setup.sh [VENV]   (default: the repo's .venv)
