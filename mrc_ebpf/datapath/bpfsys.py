@@ -130,6 +130,18 @@ def obj_get(path: str) -> int:
     return _check(libbpf().bpf_obj_get(path.encode()))
 
 
+def pinned_prog_id(path: str) -> int:
+    """The id of the program pinned at PATH, or 0 when nothing is."""
+    try:
+        fd = obj_get(path)
+    except BpfError:
+        return 0
+    try:
+        return prog_info(fd).id
+    finally:
+        os.close(fd)
+
+
 def obj_pin(fd: int, path: str) -> None:
     _check(libbpf().bpf_obj_pin(fd, path.encode()))
 

@@ -192,14 +192,7 @@ class Attachment:
         return [ifname_of(i) or f"ifindex {i}" for i in self.ifindexes]
 
     def prog_id(self, name: str) -> int:
-        try:
-            fd = bpfsys.obj_get(str(self.dir / name))
-        except bpfsys.BpfError:
-            return 0
-        try:
-            return bpfsys.prog_info(fd).id
-        finally:
-            os.close(fd)
+        return bpfsys.pinned_prog_id(str(self.dir / name))
 
     def counters(self) -> dict[str, int]:
         m = self.maps["counters"]

@@ -24,14 +24,7 @@ TC_PINS = ((PROG_TX, "egress", hooks.TC_EGRESS_PARENT), (PROG_FB, "ingress", hoo
 
 
 def _prog_id(directory, pin: str) -> int:
-    try:
-        fd = bpfsys.obj_get(str(directory / pin))
-    except bpfsys.BpfError:
-        return 0
-    try:
-        return bpfsys.prog_info(fd).id
-    finally:
-        os.close(fd)
+    return bpfsys.pinned_prog_id(str(directory / pin))
 
 
 def hook_changes(ipr: IPRoute, directory) -> list[dict]:

@@ -85,14 +85,7 @@ def undo(step: dict) -> None:
 
 
 def _pinned_id(path: Path) -> int:
-    try:
-        fd = bpfsys.obj_get(str(path))
-    except bpfsys.BpfError:
-        return 0
-    try:
-        return bpfsys.prog_info(fd).id
-    finally:
-        os.close(fd)
+    return bpfsys.pinned_prog_id(str(path))
 
 
 def _members(directory: Path) -> list[int]:

@@ -137,8 +137,14 @@ def install_queues(path: Path, source, function: str, filter_name: str, prio: in
 
 def read(fabric: str) -> dict[str, Queue] | None:
     """mac -> the queue's counters, or None without a marker pinned."""
+    return read_queues(pin_path(fabric), QueueKey, Queue)
+
+
+def read_queues(path: Path, key_type, value_type) -> dict | None:
+    """mac -> the queue pinned at PATH (a map keyed by MAC: this module's,
+    trims.py's), or None without one."""
     try:
-        m = bpfsys.PinnedMap(str(pin_path(fabric)), QueueKey, Queue)
+        m = bpfsys.PinnedMap(str(path), key_type, value_type)
     except (bpfsys.BpfError, FileNotFoundError):
         return None
     try:
@@ -153,15 +159,23 @@ def tune(fabric: str, mac: str, threshold_ns: int | None = None, ns_per_kbyte: i
     path alone this way: ns_per_kbyte 10**9 keeps that queue backlogged,
     so every ECN-capable packet it sends is marked, and nothing else
     changes (the tbf, the real queue, still runs at the link's rate)."""
+    return tune_queue(pin_path(fabric), QueueKey, Queue, mac, threshold_ns, ns_per_kbyte,
+                      f"fabric {fabric} has no ECN marking (fabric up --ecn-threshold)", "marking queue")
+
+
+def tune_queue(path: Path, key_type, value_type, mac: str, threshold_ns: int | None,
+               ns_per_kbyte: int | None, no_map: str, what: str):
+    """One MAC's queue in the map pinned at PATH, changed (tune's work,
+    for trims.py too); NO_MAP is the error when nothing is pinned."""
     try:
-        m = bpfsys.PinnedMap(str(pin_path(fabric)), QueueKey, Queue)
+        m = bpfsys.PinnedMap(str(path), key_type, value_type)
     except (bpfsys.BpfError, FileNotFoundError):
-        raise MrcError(f"fabric {fabric} has no ECN marking (fabric up --ecn-threshold)")
+        raise MrcError(no_map)
     try:
-        key = key_of(mac)
+        key = key_of(mac, key_type)
         q = m.lookup(key)
         if q is None:
-            raise MrcError(f"no marking queue on the device with address {mac}")
+            raise MrcError(f"no {what} on the device with address {mac}")
         if threshold_ns is not None:
             q.threshold_ns = threshold_ns
         if ns_per_kbyte is not None:
@@ -173,7 +187,12 @@ def tune(fabric: str, mac: str, threshold_ns: int | None = None, ns_per_kbyte: i
 
 
 def remove(fabric: str) -> None:
+    remove_pin(pin_path(fabric))
+
+
+def remove_pin(path: Path) -> None:
+    """The pinned map and its folder, if empty (fabric down)."""
     with contextlib.suppress(FileNotFoundError):
-        pin_path(fabric).unlink()
+        path.unlink()
     with contextlib.suppress(OSError):
-        pin_path(fabric).parent.rmdir()
+        path.parent.rmdir()

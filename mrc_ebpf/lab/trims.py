@@ -17,11 +17,10 @@ the namespaces on `fabric down`, which removes the pin.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 from pathlib import Path
 
-from mrc_ebpf.datapath import bpfsys, mirrors, pins
+from mrc_ebpf.datapath import mirrors, pins
 from mrc_ebpf.datapath.source import LAB_BPF_DIR
 from mrc_ebpf.lab import ecn_marks
 
@@ -66,41 +65,16 @@ def install(fabric: str, devices: list[tuple[str, str, int]], threshold_ns: int)
 
 def read(fabric: str) -> dict[str, Queue] | None:
     """mac -> the queue's counters, or None without a trimmer pinned."""
-    try:
-        m = bpfsys.PinnedMap(str(pin_path(fabric)), QueueKey, Queue)
-    except (bpfsys.BpfError, FileNotFoundError):
-        return None
-    try:
-        return {":".join(f"{b:02x}" for b in k.mac): v for k, v in m.items()}
-    finally:
-        m.close()
+    return ecn_marks.read_queues(pin_path(fabric), QueueKey, Queue)
 
 
 def tune(fabric: str, mac: str, threshold_ns: int | None = None, ns_per_kbyte: int | None = None) -> Queue:
     """One device's queue in a running fabric (as ecn_marks.tune): a test
     makes one path trim alone with ns_per_kbyte 10**9 and threshold 1."""
-    from mrc_ebpf.errors import MrcError
-    try:
-        m = bpfsys.PinnedMap(str(pin_path(fabric)), QueueKey, Queue)
-    except (bpfsys.BpfError, FileNotFoundError):
-        raise MrcError(f"fabric {fabric} has no trimming (fabric up --trim-threshold)")
-    try:
-        key = ecn_marks.key_of(mac, QueueKey)
-        q = m.lookup(key)
-        if q is None:
-            raise MrcError(f"no trimming queue on the device with address {mac}")
-        if threshold_ns is not None:
-            q.threshold_ns = threshold_ns
-        if ns_per_kbyte is not None:
-            q.ns_per_kbyte = ns_per_kbyte
-        m.update(key, q)
-        return q
-    finally:
-        m.close()
+    return ecn_marks.tune_queue(pin_path(fabric), QueueKey, Queue, mac, threshold_ns, ns_per_kbyte,
+                                f"fabric {fabric} has no trimming (fabric up --trim-threshold)",
+                                "trimming queue")
 
 
 def remove(fabric: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        pin_path(fabric).unlink()
-    with contextlib.suppress(OSError):
-        pin_path(fabric).parent.rmdir()
+    ecn_marks.remove_pin(pin_path(fabric))
