@@ -17,7 +17,7 @@ import os
 
 from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, pins, xdp_chain
 from mrc_ebpf.datapath.loader import (CFG_CLSACT_OURS, CFG_XDP_SKB, PROG_FB, PROG_RX, PROG_TX,
-                                      build_datapath, device_members, ifname_of, owner)
+                                      datapath_build, device_members, ifname_of, owner)
 from mrc_ebpf.errors import MrcError
 
 TC_PINS = ((PROG_TX, "egress", hooks.TC_EGRESS_PARENT), (PROG_FB, "ingress", hooks.TC_INGRESS_PARENT))
@@ -160,25 +160,21 @@ def _rx_loaded_as(ipr, directory, attach_type: int, slot: int) -> tuple[int, int
     if any(xdp_chain.chained(directory, i) for i in range(len(members)) if i != slot):
         raise MrcError("another device of this attachment chains to a program loaded the other "
                        "way (bcc's or libbpf's attach type): detach and attach")
-    module = build_datapath()
+    made = datapath_build()
+    old_maps = replace.open_pins(directory, replace.map_names())
     try:
-        old_maps = replace.open_pins(directory, replace.map_names())
+        info = bpfsys.map_info(old_maps[xdp_chain.CHAIN_MAP])
+        chain_fd = bpfsys.map_create(xdp_chain.BPF_MAP_TYPE_PROG_ARRAY, 4, 4, info.max_entries,
+                                     xdp_chain.CHAIN_MAP[:15])
         try:
-            relocation = replace.check_layout(module, directory, old_maps)
-            info = bpfsys.map_info(old_maps[xdp_chain.CHAIN_MAP])
-            chain_fd = bpfsys.map_create(xdp_chain.BPF_MAP_TYPE_PROG_ARRAY, 4, 4, info.max_entries,
-                                         xdp_chain.CHAIN_MAP[:15])
-            relocation[module[layout.symbol(xdp_chain.CHAIN_MAP)].map_fd] = chain_fd
-            try:
-                progs = replace.load_programs(module, relocation, attach_type)
-            except BaseException:
-                os.close(chain_fd)
-                raise
-        finally:
-            for fd in old_maps.values():
-                os.close(fd)
+            progs = replace.load_programs(made, directory, {**old_maps, xdp_chain.CHAIN_MAP: chain_fd},
+                                          attach_type)
+        except BaseException:
+            os.close(chain_fd)
+            raise
     finally:
-        module.cleanup()
+        for fd in old_maps.values():
+            os.close(fd)
     rx_fd = progs.pop(PROG_RX)
     for fd in progs.values():
         os.close(fd)
