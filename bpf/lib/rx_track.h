@@ -218,6 +218,13 @@ static __always_inline void rx_track_heard(struct mrc_rx_peer *peer, __u16 path_
 	__sync_fetch_and_or(&peer->heard[block], bit);
 }
 
+/* A CE mark on our path PATH_ID from this sender: told in the next
+ * report that names the path (lib/feedback.h) */
+static __always_inline void rx_track_ce_news(struct mrc_rx_peer *peer, __u16 path_id)
+{
+	peer->ce_news[(path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |= 1ULL << (path_id & 63);
+}
+
 static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct mrc_tlv *tlv, int gap,
 					  int ce)
 {
@@ -229,10 +236,8 @@ static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct
 	if (gap)
 		peer->loss_news[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
 			1ULL << (peer->last_path_id & 63);
-	/* a CE mark: told in the next report that names the path (lib/feedback.h) */
 	if (ce)
-		peer->ce_news[(peer->last_path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |=
-			1ULL << (peer->last_path_id & 63);
+		rx_track_ce_news(peer, peer->last_path_id);
 	/* the newest send, not the latest arrival: a packet overtaken on
 	 * its path (two CPUs) must not make the acknowledgement go back */
 	tx = &peer->latest_tx[peer->last_path_id & (MRC_MAX_PATHS - 1)];
@@ -274,10 +279,8 @@ static __always_inline __u32 rx_track(const __u8 *src_sid, const struct mrc_tlv 
 		return MRC_RX_AUTH_REPLAY;
 	if (segment) {
 		/* its burst's first segment was filed; a CE mark is news */
-		__u16 path_id = bpf_ntohs(tlv->path_id);
-
 		if (ce && peer)
-			peer->ce_news[(path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |= 1ULL << (path_id & 63);
+			rx_track_ce_news(peer, bpf_ntohs(tlv->path_id));
 		return MRC_RX_SEGMENT;
 	}
 	if (peer) {
