@@ -163,7 +163,10 @@ with attached(None, change=True) as att:
     def down(state):
         now = time.monotonic_ns()     # bpf_ktime_get_ns()'s clock
         live = state.paths[path_id].live
-        live.down_ns = live.down_after_ns = now
+        # only news of a packet sent 3 ms on counts: the datapath keeps
+        # sending on the path until this write lands (ms on a loaded host)
+        live.down_ns = now
+        live.down_after_ns = now + 3_000_000
         live.next_probe_ns = now + 5_000_000
         live.downs += 1
     peer_table.change_learnt(att, peer.peer_id, down)
