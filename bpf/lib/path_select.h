@@ -26,6 +26,7 @@ struct path_choice {
 	__u16	probe_copy;	/* 1 + id of a down path to test with a copy of this packet */
 	__u16	pos;		/* the path's position in the spray list (roce policy: the QP's) */
 	struct mrc_peer_state *st;	/* the peer's learnt state */
+	struct mrc_row_state *rs;	/* its row's: the paths' */
 	struct mrc_path_live *live;
 	__u64	peer_seq;
 	__u64	path_seq;
@@ -40,10 +41,10 @@ struct path_choice {
  * forgotten (score 0): a path we stopped using gets no fresh reports, so
  * without this it could never win again; this way it is tried again.
  */
-static __always_inline __u64 path_select_health_score(struct mrc_peer_state *st, __u16 path_id,
+static __always_inline __u64 path_select_health_score(struct mrc_row_state *rs, __u16 path_id,
 					  __u64 now, __u64 hold_ns)
 {
-	struct mrc_path_health *h = peer_path_health(st, path_id);
+	struct mrc_path_health *h = row_path_health(rs, path_id);
 
 	if (now - h->updated_ns > hold_ns)
 		return 0;
@@ -71,14 +72,14 @@ static __always_inline __u16 path_select_pick(const struct mrc_spray *list, __u3
 
 /* The path at list position `at`: its id, index and live state. */
 static __always_inline struct mrc_path_live *path_select_live_at(const struct mrc_spray *list, __u32 at,
-						     __u32 row, struct mrc_peer_state *st,
+						     __u32 row, struct mrc_row_state *rs,
 						     __u16 *id, __u32 *index)
 {
 	*id = path_select_pick(list, at);
 	if (*id >= MRC_MAX_PATHS)
 		return NULL;
 	*index = row * MRC_MAX_PATHS + *id;
-	return peer_path_live(st, *id);
+	return row_path_live(rs, *id);
 }
 
 /* The policies whose pick is a turn handed out by a counter, which a
@@ -148,7 +149,8 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
  * a second down path due a probe among its tries waits for the next.
  */
 static __always_inline int path_select_live(const struct mrc_spray *list, __u32 n, __u32 at,
-				       const struct mrc_peer *peer, struct mrc_peer_state *st, __u8 policy,
+				       const struct mrc_peer *peer, struct mrc_peer_state *st,
+				       struct mrc_row_state *rs, __u8 policy,
 				       const struct mrc_config *cfg, __u64 now, int may_copy,
 				       struct path_choice *choice)
 {
@@ -162,11 +164,11 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	__u64 acked, open_acked = 0;
 
 	for (t = 0, pos = at; t <= MRC_REROUTE_TRIES; t++) {
-		live = path_select_live_at(list, pos, row, st, &id, &index);
+		live = path_select_live_at(list, pos, row, rs, &id, &index);
 		if (!live)
 			return -1;
 		/* shared fate's hook: the policy's pick only (verifier budget) */
-		use = failover_path_check(live, cfg, st, peer, id, now, t == 0);
+		use = failover_path_check(live, cfg, st, rs, peer, id, now, t == 0);
 		if (use == PATH_PROBE && may_copy) {
 			if (!copy) {
 				count(MRC_TX_PROBE);
@@ -205,7 +207,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	choice->keep_news = use == PATH_PROBE;
 	if (use == PATH_SKIP && copy) {
 		/* nothing else is up: the packet is the probe itself */
-		live = path_select_live_at(list, copy_pos, row, st, &id, &index);
+		live = path_select_live_at(list, copy_pos, row, rs, &id, &index);
 		if (!live)
 			return -1;
 		pos = copy_pos;
@@ -213,7 +215,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		use = PATH_USE;		/* counted as a probe above */
 		choice->probe = 1;
 	} else if (use == PATH_SKIP) {
-		live = path_select_live_at(list, open_pos, row, st, &id, &index);
+		live = path_select_live_at(list, open_pos, row, rs, &id, &index);
 		if (!live)
 			return -1;
 		pos = open_pos;
@@ -233,7 +235,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		live->probes++;
 	}
 	/* the probe budget (lib/failover.h): a copy it holds back is not sent */
-	if (copy && !failover_probe_budget(cfg, st, row * MRC_MAX_PATHS + copy - 1, copy - 1, now))
+	if (copy && !failover_probe_budget(cfg, rs, row * MRC_MAX_PATHS + copy - 1, copy - 1, now))
 		copy = 0;
 	choice->path_id = id;
 	choice->path_index = index;
@@ -241,6 +243,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	choice->probe |= use == PATH_PROBE;
 	choice->probe_copy = copy;
 	choice->st = st;
+	choice->rs = rs;
 	choice->live = live;
 	return 0;
 }
@@ -257,6 +260,7 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	__u32 list_index, n, a, b, at;
 	__u64 now = bpf_ktime_get_ns();
 	struct mrc_peer_state *st;
+	struct mrc_row_state *rs;
 	struct mrc_peer_tx *ptx;
 	struct mrc_spray *list;
 
@@ -264,7 +268,8 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 		return -1;
 	list_index = row * MRC_MAX_CLASSES + tclass;
 	list = mrc_spray.lookup(&list_index);
-	if (!list)
+	rs = row_state_get(row);
+	if (!list || !rs)
 		return -1;
 	st = peer_state_get(peer->peer_id);
 	if (!st) {
@@ -302,8 +307,8 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 		a = path_select_turns_of_bytes(peer->policy, list) ? path_select_byte_turn(list, n, ptx, skb->len)
 						       : choice->peer_seq % n;
 		b = (a + 1 + bpf_get_prandom_u32() % (n > 1 ? n - 1 : 1)) % n;
-		score_a = path_select_health_score(st, path_select_pick(list, a), now, hold);
-		score_b = path_select_health_score(st, path_select_pick(list, b), now, hold);
+		score_a = path_select_health_score(rs, path_select_pick(list, a), now, hold);
+		score_b = path_select_health_score(rs, path_select_pick(list, b), now, hold);
 		at = 2 * score_b + ADAPTIVE_MARGIN_US < score_a ? b : a;
 		break;
 	}
@@ -332,12 +337,12 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	 * the loop's (a third skipped path in a row is used).  Not only
 	 * while skip_rotations is set: a skip running when it is set to 0
 	 * runs out (and gives its floor place back). */
-	if (failover_skip(cfg, st, peer, path_select_pick(list, at), now)) {
+	if (failover_skip(cfg, rs, peer, path_select_pick(list, at), now)) {
 		at = path_select_skip_turn(list, n, ptx, peer->policy, at);
-		if (failover_skip(cfg, st, peer, path_select_pick(list, at), now))
+		if (failover_skip(cfg, rs, peer, path_select_pick(list, at), now))
 			at = path_select_skip_turn(list, n, ptx, peer->policy, at);
 	}
-	return path_select_live(list, n, at, peer, st, peer->policy, cfg, now, may_copy, choice);
+	return path_select_live(list, n, at, peer, st, rs, peer->policy, cfg, now, may_copy, choice);
 }
 
 /*
@@ -355,20 +360,23 @@ static __always_inline int path_select_pinned(const struct mrc_peer *peer, __u32
 	__u32 row = peer->template_id;
 	__u16 id = mark & ~MRC_PROBE_MARK_MASK;
 	struct mrc_peer_state *st;
+	struct mrc_row_state *rs;
 
 	if (row >= MRC_MAX_PEERS || id >= peer->n_paths || id >= MRC_MAX_PATHS)
 		return -1;
 	st = peer_state_get(peer->peer_id);
-	if (!st)
+	rs = row_state_get(row);
+	if (!st || !rs)
 		return -1;
 	choice->path_id = id;
 	choice->path_index = row * MRC_MAX_PATHS + id;
 	choice->st = st;
-	choice->live = peer_path_live(st, id);
+	choice->rs = rs;
+	choice->live = row_path_live(rs, id);
 	/* sent whatever the verdict, but the check applies what feedback
 	 * said: an acknowledged probe brings the path up, an overdue one
 	 * takes it down */
-	failover_path_check(choice->live, cfg, st, peer, id, bpf_ktime_get_ns(), 0);
+	failover_path_check(choice->live, cfg, st, rs, peer, id, bpf_ktime_get_ns(), 0);
 	/* It takes no turn: it shares the number the next packet gets.
 	 * Taking one moved rr's turns on by one at each probe, and the path
 	 * after the probed one lost a turn per probe interval (3%). */
