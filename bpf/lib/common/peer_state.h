@@ -56,7 +56,11 @@ struct mrc_peer_tx {
  * by CPUs (next to the sequence number the packet takes anyway), not
  * per-CPU copies of every path.
  */
-#define MRC_MAX_ACTIVE_PEERS	16384	/* peers with learnt state at once */
+/* 16,384 active peers at once, and room for the kernel's LRU: it evicts
+ * in batches and parks free entries per CPU (up to 128 each), so an LRU
+ * of exactly 16,384 thrashed under 16,384 peers sent to in turn (a new
+ * state for almost every packet; bench active-peers) */
+#define MRC_MAX_ACTIVE_PEERS	18432	/* entries of learnt state */
 
 /*
  * A peer without learnt state (never sent to, or evicted from the LRU)
