@@ -72,6 +72,7 @@ def main() -> None:
     trees = {"before": a.before.resolve(), "after": a.after.resolve()}
     ns = f"lt{os.getpid()}"
     samples = {name: {k: [] for k in (*STEPS, "build", "replace_load_s")} for name in trees}
+    load = []  # the 1-minute load average before each tree's round: the conditions, beside the samples
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         subprocess.run(["ip", "-n", ns, "link", "add", "lt0", "type", "veth", "peer", "name", "lt1"],
@@ -82,10 +83,12 @@ def main() -> None:
             for i in range(a.rounds):
                 order = list(trees) if i % 2 == 0 else list(reversed(trees))
                 for name in order:
+                    load.append(round(os.getloadavg()[0], 2))
                     one_round(trees[name], ns, Path(work), samples[name])
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
-    report = {"rounds": a.rounds, "trees": {k: str(v) for k, v in trees.items()}, "seconds": {}}
+    report = {"rounds": a.rounds, "trees": {k: str(v) for k, v in trees.items()}, "load_1min": load,
+              "seconds": {}}
     for name, s in samples.items():
         report["seconds"][name] = {step: {"median": round(statistics.median(s[step]), 3),
                                           "samples": [round(x, 3) for x in s[step]]} for step in STEPS}
