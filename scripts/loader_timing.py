@@ -1,6 +1,7 @@
 """Attach (compiled, cached) and replace times of two trees, side by side.
 
     python scripts/loader_timing.py --before DIR [--after DIR] [--rounds N]
+                                    [--cached-only | --compiled-only]
 
 Each tree's mrcctl runs as a user runs it (a new process per command,
 wall time from start to exit) against one veth device in a network
