@@ -46,43 +46,43 @@ def run(tree: Path, ns: str, cache: str, *args: str) -> tuple[float, dict]:
         return took, {}
 
 
+def attach(tree: Path, ns: str, cache: str, out: dict, step: str) -> None:
+    """attach, timed as STEP; which build it used noted."""
+    took, result = run(tree, ns, cache, "attach", "lt0", "--sid", SID, "-j")
+    out[step].append(took)
+    out["build"].append(result.get("build"))
+
+
+def replace(tree: Path, ns: str, cache: str, out: dict, step: str) -> None:
+    """attach --replace, timed as STEP; its own load time noted."""
+    took, result = run(tree, ns, cache, "attach", "lt0", "--replace", "-j")
+    out[step].append(took)
+    out["replace_load_s"].append(result.get("load_s"))
+
+
 def one_round(tree: Path, ns: str, work: Path, out: dict) -> None:
     cache = tempfile.mkdtemp(dir=work)
     os.chmod(cache, 0o700)
-    took, result = run(tree, ns, cache, "attach", "lt0", "--sid", SID, "-j")
-    out["attach_compiled"].append(took)
-    out["build"].append(result.get("build"))
-    took, result = run(tree, ns, cache, "attach", "lt0", "--replace", "-j")
-    out["replace"].append(took)
-    out["replace_load_s"].append(result.get("load_s"))
+    attach(tree, ns, cache, out, "attach_compiled")
+    replace(tree, ns, cache, out, "replace")
     took, _ = run(tree, ns, "off", "attach", "lt0", "--replace", "-j")
     out["replace_compiling"].append(took)
     run(tree, ns, cache, "detach", "lt0")
-    took, result = run(tree, ns, cache, "attach", "lt0", "--sid", SID, "-j")
-    out["attach_cached"].append(took)
-    out["build"].append(result.get("build"))
+    attach(tree, ns, cache, out, "attach_cached")
     run(tree, ns, cache, "detach", "lt0")
 
 
 def cached_round(tree: Path, ns: str, cache: str, out: dict) -> None:
     """--cached-only: attach from the primed cache, replace from it, detach."""
-    took, result = run(tree, ns, cache, "attach", "lt0", "--sid", SID, "-j")
-    out["attach_cached"].append(took)
-    out["build"].append(result.get("build"))
-    took, result = run(tree, ns, cache, "attach", "lt0", "--replace", "-j")
-    out["replace"].append(took)
-    out["replace_load_s"].append(result.get("load_s"))
+    attach(tree, ns, cache, out, "attach_cached")
+    replace(tree, ns, cache, out, "replace")
     run(tree, ns, cache, "detach", "lt0")
 
 
 def compiling_round(tree: Path, ns: str, out: dict) -> None:
     """--compiled-only: attach and replace with the cache off (both compile), detach."""
-    took, result = run(tree, ns, "off", "attach", "lt0", "--sid", SID, "-j")
-    out["attach_compiled"].append(took)
-    out["build"].append(result.get("build"))
-    took, result = run(tree, ns, "off", "attach", "lt0", "--replace", "-j")
-    out["replace_compiling"].append(took)
-    out["replace_load_s"].append(result.get("load_s"))
+    attach(tree, ns, "off", out, "attach_compiled")
+    replace(tree, ns, "off", out, "replace_compiling")
     run(tree, ns, "off", "detach", "lt0")
 
 
