@@ -34,10 +34,15 @@ through mrc-ebpf needs its RX to carry the outer mark inwards.  In mrc mode, pat
 out of the spray during the kind's rounds (`mrcctl stats --events`), and
 how each came back: nothing fails here, so each down is a queue's delay
 ("late": its packets arrived after all) or loss taken for a dead path.
+
+Each mode's measurement (ModeMeasured: its Rounds' completion times and
+counters) is kept apart from its analysis (rounds_result, summarize), a
+pure function of it.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -168,29 +173,66 @@ def _path_events(env, fab, hosts, t_from: int, t_to: int) -> dict | None:
 
 
 
+# --------------------------------------------------------------------------- what a run measured
+
+@dataclasses.dataclass
+class Rounds:
+    """One mode's rounds of one kind, as measured."""
+    kind: str
+    per_dir: int                    # messages one leaf sends the other per round
+    messages_per_round: int
+    message_ms: list[float]         # every message's completion time, from its round's start
+    round_ms: list[float]           # every round's (its slowest message)
+    tcp_before: dict[str, int]      # TCP_KEYS summed over the hosts, around the rounds
+    tcp_after: dict[str, int]
+    path_events: dict | None = None     # mrc: _path_events over the rounds (None: unreadable)
+
+
+@dataclasses.dataclass
+class ModeMeasured:
+    mode: str
+    rounds: list[Rounds]
+    setup: dict                     # contenders.mode's record
+    spines: dict | None = None      # contenders: spines_used over the mode's rounds
+    counters: dict | None = None    # contenders: TCP_KEYS deltas over the mode's rounds
+
+
+@dataclasses.dataclass
+class Measured:
+    capacity_bps: int
+    size: int                       # bytes a message
+    modes: list[ModeMeasured]
+
+
 def steps(p: dict) -> int:
     """Rounds run(p) makes (the progress line's total)."""
     return len(p["modes"]) * p["repeat"] * sum(p["rounds"].values())
 
+
 def run(p: dict, env) -> dict:
+    """Measure (measure()), then analyse (summarize)."""
+    return summarize(p, measure(p, env))
+
+
+def measure(p: dict, env) -> Measured:
     from mrc_ebpf.lab import fabric as fab_mod
     from mrc_ebpf.lab.fabric import parse_rate
     from mrc_ebpf.bench.runner import fabric
     H = p["hosts_per_leaf"]
-    cap = p["spines"] * parse_rate(p["rate"])
+    measured = Measured(p["spines"] * parse_rate(p["rate"]), p["size"], [])
     left, right = list(range(1, H + 1)), list(range(H + 1, 2 * H + 1))
     pairs = [(a, b) for a in left for b in right] + [(b, a) for a in left for b in right]
-    results = {}
     with fabric("col", spines=p["spines"], leaves=2, hosts_per_leaf=H, rate=p["rate"], mtu=p["mtu"],
                 host_sysctls=p["host_sysctls"], ecn_threshold=p["ecn_threshold"]) as fab:
-        setups, proofs = {}, {}
         for mi, mode in enumerate(p["modes"]):
             if mode == "mrc":
                 log(f"collisions: attaching MRC on every host ({p['mrc_policy']})")
                 fab_mod.attach(fab.name, None, p["mrc_policy"], [])
                 time.sleep(0.5)
             with contextlib.ExitStack() as stack:
-                rec = setups[mode] = stack.enter_context(contenders.mode(env, fab, mode, left + right))
+                rec = stack.enter_context(contenders.mode(env, fab, mode, left + right))
+                m = ModeMeasured(mode, [], rec)
+                measured.modes.append(m)
                 time.sleep(0.2 if mode == "mptcp" else 0)
                 c0 = _tcp_counters(env, fab, left + right)
                 u0 = contenders.uplinks(env, fab)
@@ -204,7 +246,6 @@ def run(p: dict, env) -> dict:
                     _round(conns, pairs, 4096)
                     time.sleep(0.3)
                     rec["subflows"] = _subflows(conns)
-                per = {}
                 for kind, n_rounds in p["rounds"].items():
                     n_rounds *= p["repeat"]
                     msgs, rounds = [], []
@@ -225,32 +266,13 @@ def run(p: dict, env) -> dict:
                         rounds.append(max(times))
                     t_to = time.monotonic_ns()
                     after = _tcp_counters(env, fab, left + right)
-                    ideal = per_dir * p["size"] * 8 / cap * 1e3
-                    per[kind] = {"ideal_ms": ideal, "messages_per_round": len(tr),
-                                 "message_ms": {"p50": percentile(msgs, 0.5), "p99": percentile(msgs, 0.99),
-                                                "max": max(msgs)},
-                                 "round_ms": spread(rounds), "round_p99_ms": percentile(rounds, 0.99),
-                                 "round_p99_over_ideal": percentile(rounds, 0.99) / ideal,
-                                 "retransmits": after["TcpRetransSegs"] - before["TcpRetransSegs"],
-                                 "rtos": after["TcpExtTCPTimeouts"] - before["TcpExtTCPTimeouts"],
-                                 "ce_delivered": after["TcpExtTCPDeliveredCE"] - before["TcpExtTCPDeliveredCE"],
-                                 "message_times_ms": [round(x, 3) for x in msgs], "round_times_ms": rounds}
-                    if mode == "mrc":
-                        ev = _path_events(env, fab, left + right, t_from, t_to)
-                        per[kind]["path_downs"] = ev and ev["down"]
-                        per[kind]["path_events"] = ev
-                results[mode] = per
+                    m.rounds.append(Rounds(kind, per_dir, len(tr), msgs, rounds, before, after,
+                                           _path_events(env, fab, left + right, t_from, t_to)
+                                           if mode == "mrc" else None))
                 if mode in contenders.CONTENDERS:
-                    used = contenders.spines_used(u0, contenders.uplinks(env, fab))
-                    proofs[mode] = contenders.proof(mode, rec, used,
-                                                    contenders.delta_of(c0, _tcp_counters(env, fab, left + right)),
-                                                    rec.get("subflows"))
-    notes = [f"{k}: round p99 / ideal = " + ", ".join(
-        f"{m} {results[m][k]['round_p99_over_ideal']:.2f}" for m in results) for k in p["rounds"]]
-    notes += [f"{m} proof: {'ok' if pr.get('ok') else 'NOT SHOWN'} (hash {pr['hash']}"
-              + (f"; joins {pr['mp_join_ack_rx']}, spines {pr['spines']['carrying']}" if m == "mptcp" else "")
-              + (f"; PLB rehashes {pr['plb_rehash']}" if m == "plb" else "") + ")" for m, pr in proofs.items()]
-    return {"capacity_bps": cap, "modes": results, "notes": notes, "mode_setup": setups, "proof": proofs}
+                    m.spines = contenders.spines_used(u0, contenders.uplinks(env, fab))
+                    m.counters = contenders.delta_of(c0, _tcp_counters(env, fab, left + right))
+    return measured
 
 
 def _close_all(conns):
@@ -262,6 +284,42 @@ def _close_all(conns):
 def _subflows(conns) -> list:
     from mrc_ebpf.perf.control import mptcp_subflows
     return [mptcp_subflows(c) for c, _ in conns.values()]
+
+
+# --------------------------------------------------------------------------- analysis
+
+def rounds_result(r: Rounds, capacity: int, size: int, mrc: bool) -> dict:
+    """One kind's rounds: message and round completion against the ideal, TCP's counters."""
+    msgs, rounds = r.message_ms, r.round_ms
+    ideal = r.per_dir * size * 8 / capacity * 1e3
+    out = {"ideal_ms": ideal, "messages_per_round": r.messages_per_round,
+           "message_ms": {"p50": percentile(msgs, 0.5), "p99": percentile(msgs, 0.99), "max": max(msgs)},
+           "round_ms": spread(rounds), "round_p99_ms": percentile(rounds, 0.99),
+           "round_p99_over_ideal": percentile(rounds, 0.99) / ideal,
+           "retransmits": r.tcp_after["TcpRetransSegs"] - r.tcp_before["TcpRetransSegs"],
+           "rtos": r.tcp_after["TcpExtTCPTimeouts"] - r.tcp_before["TcpExtTCPTimeouts"],
+           "ce_delivered": r.tcp_after["TcpExtTCPDeliveredCE"] - r.tcp_before["TcpExtTCPDeliveredCE"],
+           "message_times_ms": [round(x, 3) for x in msgs], "round_times_ms": rounds}
+    if mrc:
+        ev = r.path_events
+        out["path_downs"] = ev and ev["down"]
+        out["path_events"] = ev
+    return out
+
+
+def summarize(p: dict, measured: Measured) -> dict:
+    results = {m.mode: {r.kind: rounds_result(r, measured.capacity_bps, measured.size, m.mode == "mrc")
+                        for r in m.rounds} for m in measured.modes}
+    setups = {m.mode: m.setup for m in measured.modes}
+    proofs = {m.mode: contenders.proof(m.mode, m.setup, m.spines, m.counters, m.setup.get("subflows"))
+              for m in measured.modes if m.counters is not None}
+    notes = [f"{k}: round p99 / ideal = " + ", ".join(
+        f"{m} {results[m][k]['round_p99_over_ideal']:.2f}" for m in results) for k in p["rounds"]]
+    notes += [f"{m} proof: {'ok' if pr.get('ok') else 'NOT SHOWN'} (hash {pr['hash']}"
+              + (f"; joins {pr['mp_join_ack_rx']}, spines {pr['spines']['carrying']}" if m == "mptcp" else "")
+              + (f"; PLB rehashes {pr['plb_rehash']}" if m == "plb" else "") + ")" for m, pr in proofs.items()]
+    return {"capacity_bps": measured.capacity_bps, "modes": results, "notes": notes, "mode_setup": setups,
+            "proof": proofs}
 
 
 def table(results: dict):

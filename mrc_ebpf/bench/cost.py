@@ -32,11 +32,16 @@ out start and end) for three set-ups doing the same job:
 Ratios are against `none` in the same repetition.  The sender is one
 iperf3 thread, so the figure is the sender-side cost per packet as much
 as the receiver's.
+
+The scenario's measurement (measure_all -> Measured: the test runs'
+rows, the key's batches, every Flood's counts) is kept apart from its
+analysis (flood_result, summarize), a pure function of it.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import ipaddress
 import json
 import statistics
@@ -465,6 +470,23 @@ def params(short: bool) -> dict:
             "counted_at": "receiver interface rx_packets, middle of the run (0.5 s trimmed each end)"}
 
 
+@dataclasses.dataclass
+class Flood:
+    """One 64-byte UDP flood, as B's interface counted it over the middle of the run."""
+    rx_packets: int
+    rx_bytes: int
+    seconds: float
+
+
+@dataclasses.dataclass
+class Measured:
+    """The whole scenario as measured."""
+    prog_test_run: list[list[dict]]     # measure(): per repetition, every (policy, paths) point
+    peers: list[list[dict]]             # measure_peers(): per repetition, every point ([]: not run)
+    key_batches: list[dict]             # measure_key_cost()'s rows, every repetition's
+    floods: dict[str, list[Flood]]      # setup -> its floods, in repetition order
+
+
 def _setup(env, ns, mode: str, undo: bool = False) -> None:
     A, B = ns["A"], ns["B"]
     if mode == "kernel":
@@ -508,7 +530,7 @@ def _pair(env, ns) -> None:
         env.run(None, ["tc", "-n", n, "qdisc", "replace", "dev", dev, "root", "pfifo", "limit", "1000"])
 
 
-def _flood(env, ns, seconds: float, port: int) -> dict:
+def _flood(env, ns, seconds: float, port: int) -> Flood:
     A, B = ns["A"], ns["B"]
     srv = env.popen(B, ["iperf3", "-s", "-1", "-B", B_DATA, "-p", str(port)])
     try:
@@ -529,14 +551,9 @@ def _flood(env, ns, seconds: float, port: int) -> dict:
         env.end(cli)
     finally:
         env.wait(srv, timeout=2)
-    dt = t2 - t1
-    pps = (s2["rx_packets"] - s1["rx_packets"]) / dt
-    if pps <= 0:
+    if s2["rx_packets"] <= s1["rx_packets"]:
         raise MrcError("cost: nothing reached the receiver during the flood")
-    return {"pps": pps, "payload_gbps": pps * 64 * 8 / 1e9,
-            "wire_gbps": (s2["rx_bytes"] - s1["rx_bytes"]) * 8 / dt / 1e9,
-            "frame_bytes": (s2["rx_bytes"] - s1["rx_bytes"]) / max(1, s2["rx_packets"] - s1["rx_packets"]),
-            "seconds": dt}
+    return Flood(s2["rx_packets"] - s1["rx_packets"], s2["rx_bytes"] - s1["rx_bytes"], t2 - t1)
 
 
 
@@ -545,36 +562,21 @@ def steps(p: dict) -> int:
     return p["repeat"] * len(p["setups"])
 
 def run(p: dict, env) -> dict:
-    from mrc_ebpf.bench.runner import log, spread, namespaces
+    """Measure (measure_all()), then analyse (summarize)."""
+    return summarize(p, measure_all(p, env))
+
+
+def measure_all(p: dict, env) -> Measured:
+    from mrc_ebpf.bench.runner import log, namespaces
     log(f"cost: BPF_PROG_TEST_RUN, {p['runs']} runs per point")
     progs = measure(p["runs"], tuple(p["policies"]), p["repeat"])
-    prog_rows = []
-    for i, row in enumerate(progs[0]):
-        tx = [rep[i]["tx_ns"]["median"] for rep in progs]
-        rx = [rep[i]["rx_ns"]["median"] for rep in progs]
-        prog_rows.append({"policy": row["policy"], "paths": row["paths"], "key": row["key"],
-                          "tx_ns_median": spread(tx),
-                          "rx_ns_median": spread(rx), "runs": [{"tx_ns": rep[i]["tx_ns"], "rx_ns": rep[i]["rx_ns"]}
-                                                             for rep in progs]})
-    peer_rows = []
+    reps = []
     if p.get("peers"):
         log(f"cost: {', '.join(map(str, p['peers']))} peers in the maps")
         reps = measure_peers(p["runs"], tuple(p["peers"]), repeat=p["repeat"],
                              trie_alone=p.get("trie_alone", True))
-        for i, row in enumerate(reps[0]):
-            peer_rows.append({k: row[k] for k in ("layout", "lookup", "peers", "paths", "memlock",
-                                                    "memlock_128_cpus", "maps")}
-                             | {"tx_ns_median": spread([rep[i]["tx_ns"]["median"] for rep in reps]),
-                                "rx_ns_median": spread([rep[i]["rx_ns"]["median"] for rep in reps])})
-    flat = {}
-    for pol in p["policies"]:
-        rows = [r for r in prog_rows if r["policy"] == pol]
-        for d in ("tx", "rx"):
-            med = [r[f"{d}_ns_median"]["median"] for r in rows]
-            flat[f"{pol}_{d}_256_over_1"] = med[-1] / med[0]
     log(f"cost: a key's cost, {p['key_batches']} pairs of {p['key_per']}-packet batches per point")
     key_batches = [row for _ in range(p["repeat"]) for row in measure_key_cost(p["key_batches"], p["key_per"])]
-    key_cost = key_cost_ratios(key_batches)
     runs = {s: [] for s in p["setups"]}
     with namespaces("c", ["A", "B"]) as ns:
         _pair(env, ns)
@@ -605,6 +607,43 @@ def run(p: dict, env) -> dict:
             finally:
                 if group[0] in attached:
                     _setup(env, ns, "mrc", undo=True)
+    return Measured(progs, reps, key_batches, runs)
+
+
+# --------------------------------------------------------------------------- analysis
+
+def flood_result(f: Flood) -> dict:
+    pps = f.rx_packets / f.seconds
+    return {"pps": pps, "payload_gbps": pps * 64 * 8 / 1e9, "wire_gbps": f.rx_bytes * 8 / f.seconds / 1e9,
+            "frame_bytes": f.rx_bytes / max(1, f.rx_packets), "seconds": f.seconds}
+
+
+def summarize(p: dict, measured: Measured) -> dict:
+    from mrc_ebpf.bench.runner import spread
+    progs, reps, key_batches = measured.prog_test_run, measured.peers, measured.key_batches
+    runs = {s: [flood_result(f) for f in fs] for s, fs in measured.floods.items()}
+    key_cost = key_cost_ratios(key_batches)
+    prog_rows = []
+    for i, row in enumerate(progs[0]):
+        tx = [rep[i]["tx_ns"]["median"] for rep in progs]
+        rx = [rep[i]["rx_ns"]["median"] for rep in progs]
+        prog_rows.append({"policy": row["policy"], "paths": row["paths"], "key": row["key"],
+                          "tx_ns_median": spread(tx),
+                          "rx_ns_median": spread(rx), "runs": [{"tx_ns": rep[i]["tx_ns"], "rx_ns": rep[i]["rx_ns"]}
+                                                             for rep in progs]})
+    peer_rows = []
+    if reps:
+        for i, row in enumerate(reps[0]):
+            peer_rows.append({k: row[k] for k in ("layout", "lookup", "peers", "paths", "memlock",
+                                                    "memlock_128_cpus", "maps")}
+                             | {"tx_ns_median": spread([rep[i]["tx_ns"]["median"] for rep in reps]),
+                                "rx_ns_median": spread([rep[i]["rx_ns"]["median"] for rep in reps])})
+    flat = {}
+    for pol in p["policies"]:
+        rows = [r for r in prog_rows if r["policy"] == pol]
+        for d in ("tx", "rx"):
+            med = [r[f"{d}_ns_median"]["median"] for r in rows]
+            flat[f"{pol}_{d}_256_over_1"] = med[-1] / med[0]
     through = {}
     for setup in p["setups"]:
         ratios = [r["pps"] / base["pps"] for r, base in zip(runs[setup], runs["none"])]

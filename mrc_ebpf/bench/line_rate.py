@@ -19,10 +19,15 @@ from /proc/stat over the run, per Gbit moved: the machine carries both
 ends and the fabric), and for mrc the share of bytes each path carried
 (its tx_bytes) and the spines' shares (the leaf's uplink byte counters).
 The hosts run the datacenter profile unless --hosts-default.
+
+Each run's measurement (Iperf: iperf3's summary, the CPU time, the byte
+counters around it) is kept apart from its analysis (iperf_result,
+summarize), a pure function of it.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 
@@ -61,6 +66,28 @@ def steps(p: dict) -> int:
     return len(p["places"]) * len(p["mtus"]) * len(p["modes"]) * len(p["loads"]) * p["repeat"]
 
 
+# --------------------------------------------------------------------------- what a run measured
+
+@dataclasses.dataclass
+class Iperf:
+    """One iperf3 run, as measured."""
+    load: str                       # tcp1, tcp4, udp
+    seconds: int
+    end: dict                       # iperf3 -J's "end" section
+    busy_s: float                   # the machine's busy CPU seconds over it
+    spines_before: dict | None = None   # the fabric: l1's uplink tx bytes per spine around it
+    spines_after: dict | None = None
+    paths_before: dict | None = None    # mrc: the sender's tx bytes per path around it
+    paths_after: dict | None = None
+
+
+@dataclasses.dataclass
+class Measured:
+    runs: dict          # place -> MTU (str) -> mode -> load -> [Iperf]
+    status: dict        # "place mode" -> the sender's `mrcctl status -j`
+    notes: list[str]
+
+
 # --------------------------------------------------------------------------- measuring
 
 def cpu_busy_s() -> float:
@@ -72,7 +99,7 @@ def cpu_busy_s() -> float:
 
 
 def _iperf(env, client_ns: str, server_ns: str, dst: str, port: int, load: str, seconds: int,
-           mtu: int, mptcp: bool = False) -> dict:
+           mtu: int, mptcp: bool = False) -> Iperf:
     wrap = ["mptcpize", "run"] if mptcp else []
     srv = env.popen(server_ns, [*wrap, "iperf3", "-s", "-1", "-p", str(port), "-J"])
     try:
@@ -95,15 +122,7 @@ def _iperf(env, client_ns: str, server_ns: str, dst: str, port: int, load: str, 
         raise MrcError(f"iperf3 failed: {r.stderr.strip()[-200:]}")
     if doc.get("error"):
         raise MrcError(f"iperf3: {doc['error']}")
-    end = doc["end"]
-    if load == "udp":
-        bps = end["sum"]["bits_per_second"] * (1 - end["sum"].get("lost_percent", 0) / 100)
-        retrans = None
-    else:
-        bps = end["sum_received"]["bits_per_second"]
-        retrans = end["sum_sent"].get("retransmits")
-    return {"gbps": bps / 1e9, "cpu_s_per_gbit": busy / max(bps / 1e9 * seconds, 1e-9),
-            "retransmits": retrans}
+    return Iperf(load, seconds, doc["end"], busy)
 
 
 def _shares(before: dict, after: dict) -> list[float]:
@@ -173,11 +192,11 @@ def _pair_mode(env, A: str, B: str, mode: str):
 
 
 def _measure(p: dict, env, place: str, mtu: int, mode: str, src: str, dst_ns: str, dst: str,
-             port: int, out: dict, spines=None) -> int:
+             port: int, out: Measured, spines=None) -> int:
     """Every load of MODE, repeated: iperf3 from SRC to DST, with the
     paths' (mrc) and spines' (SPINES(): byte counters) shares; the next port."""
     if mode.startswith("mrc"):
-        out.setdefault("status", {})[f"{place} {mode}"] = json.loads(env.mrcctl(src, "status", "-j").stdout)
+        out.status[f"{place} {mode}"] = json.loads(env.mrcctl(src, "status", "-j").stdout)
     for load in p["loads"]:
         for rep in range(p["repeat"]):
             port += 1
@@ -186,14 +205,14 @@ def _measure(p: dict, env, place: str, mtu: int, mode: str, src: str, dst_ns: st
             b0 = _path_bytes(env, src) if mode.startswith("mrc") else None
             rec = _iperf(env, src, dst_ns, dst, port, load, p["seconds"], mtu, mptcp=mode == "mptcp")
             if u0 is not None:
-                rec["spine_shares"] = _shares(u0, spines())
+                rec.spines_before, rec.spines_after = u0, spines()
             if b0 is not None:
-                rec["path_shares"] = _shares(b0, _path_bytes(env, src))
-            out[place][str(mtu)][mode][load].append(rec)
+                rec.paths_before, rec.paths_after = b0, _path_bytes(env, src)
+            out.runs[place][str(mtu)][mode][load].append(rec)
     return port
 
 
-def _run_pair(p: dict, env, mtu: int, out: dict) -> None:
+def _run_pair(p: dict, env, mtu: int, out: Measured) -> None:
     port = 5600
     with _pair(env, mtu, p["host_sysctls"]) as (A, B):
         for mode in p["modes"]:
@@ -208,7 +227,7 @@ def _run_pair(p: dict, env, mtu: int, out: dict) -> None:
 
 # --------------------------------------------------------------------------- the fabric
 
-def _run_fabric(p: dict, env, mtu: int, out: dict) -> None:
+def _run_fabric(p: dict, env, mtu: int, out: Measured) -> None:
     from mrc_ebpf.bench import contenders
     from mrc_ebpf.bench.runner import fabric
     from mrc_ebpf.lab import fabric as fab_mod
@@ -218,7 +237,7 @@ def _run_fabric(p: dict, env, mtu: int, out: dict) -> None:
         dt6 = fab.host_sid(2).rstrip(":") + "::d76"
         for mode in p["modes"]:
             if mode == "mptcp" and not _has_mptcpize(env):
-                out.setdefault("notes", []).append("mptcp left out: mptcpize (Debian's mptcpd) is not installed")
+                out.notes.append("mptcp left out: mptcpize (Debian's mptcpd) is not installed")
                 continue
             undo = lambda: None
             if mode == "seg6":
@@ -256,28 +275,58 @@ def _has_mptcpize(env) -> bool:
 # --------------------------------------------------------------------------- the scenario
 
 def run(p: dict, env) -> dict:
+    """Measure (measure()), then analyse (summarize)."""
+    return summarize(p, measure(p, env))
+
+
+def measure(p: dict, env) -> Measured:
     check(p)
-    raw: dict = {"pair": {}, "fabric": {}}
+    out = Measured({}, {}, [])
     for place in ("pair", "fabric"):
         for mtu in p["mtus"]:
-            raw[place][str(mtu)] = {m: {load: [] for load in p["loads"]} for m in p["modes"]}
+            out.runs.setdefault(place, {})[str(mtu)] = {m: {load: [] for load in p["loads"]} for m in p["modes"]}
     for mtu in p["mtus"]:
         if "pair" in p["places"]:
-            _run_pair(p, env, mtu, raw)
+            _run_pair(p, env, mtu, out)
         if "fabric" in p["places"]:
-            _run_fabric(p, env, mtu, raw)
+            _run_fabric(p, env, mtu, out)
+    return out
+
+
+# --------------------------------------------------------------------------- analysis
+
+def iperf_result(r: Iperf) -> dict:
+    """One run's Gbit/s (UDP: what arrived), CPU per Gbit, and the paths' or spines' byte shares."""
+    end = r.end
+    if r.load == "udp":
+        bps = end["sum"]["bits_per_second"] * (1 - end["sum"].get("lost_percent", 0) / 100)
+        retrans = None
+    else:
+        bps = end["sum_received"]["bits_per_second"]
+        retrans = end["sum_sent"].get("retransmits")
+    rec = {"gbps": bps / 1e9, "cpu_s_per_gbit": r.busy_s / max(bps / 1e9 * r.seconds, 1e-9),
+           "retransmits": retrans}
+    if r.spines_before is not None:
+        rec["spine_shares"] = _shares(r.spines_before, r.spines_after)
+    if r.paths_before is not None:
+        rec["path_shares"] = _shares(r.paths_before, r.paths_after)
+    return rec
+
+
+def summarize(p: dict, measured: Measured) -> dict:
     summary: dict = {}
     for place in p["places"]:
         for mtu in p["mtus"]:
-            for mode, by_load in raw[place][str(mtu)].items():
+            for mode, by_load in measured.runs[place][str(mtu)].items():
                 for load, runs in by_load.items():
                     if not runs:
                         continue
+                    runs = [iperf_result(r) for r in runs]
                     summary.setdefault(place, {}).setdefault(str(mtu), {}).setdefault(mode, {})[load] = {
                         "gbps": spread([r["gbps"] for r in runs]),
                         "cpu_s_per_gbit": spread([r["cpu_s_per_gbit"] for r in runs]),
                         "runs": runs}
-    notes = list(raw.get("notes", []))
+    notes = list(measured.notes)
     for place, by_mtu in summary.items():
         for mtu, by_mode in by_mtu.items():
             ref = by_mode.get("seg6", {}).get("tcp1")
@@ -286,7 +335,7 @@ def run(p: dict, env) -> dict:
                 notes.append(f"{place}, MTU {mtu}, one TCP flow: mrc {mine['gbps']['median']:.2f} Gbit/s = "
                              f"{mine['gbps']['median'] / ref['gbps']['median']:.2f} of the kernel's SRv6 "
                              f"({ref['gbps']['median']:.2f})")
-    return {"summary": summary, "status": raw.get("status", {}), "notes": notes}
+    return {"summary": summary, "status": measured.status, "notes": notes}
 
 
 def table(results: dict):

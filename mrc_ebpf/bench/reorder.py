@@ -63,9 +63,14 @@ spurious retransmissions).  Per path the share of packets and how often
 h1's datapath took it down (`path list` downs): with the default
 ack-timeout of 1 ms a path a few ms slower than the others is overdue by
 construction, so MRC keeps taking it down and probing it.
+
+Each transfer's measurement (Level: pings' output, the hosts' counters
+and views before and after, the goodput) is kept apart from its analysis
+(level_result, summarize), a pure function of it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -170,11 +175,6 @@ def _parse(out, since=None, until=None):
     return v
 
 
-def _rtts(env, proc, timeout):
-    out, _ = env.wait(proc, timeout=timeout)
-    return _parse(out)
-
-
 def _stop(env, proc):
     """End a ping with SIGINT (it prints what it has) and return its output."""
     try:
@@ -228,6 +228,42 @@ def _bg_up(env, fab, bgns):
                    "dev", "s1"])
 
 
+# --------------------------------------------------------------------------- what a run measured
+
+@dataclasses.dataclass
+class Level:
+    """One transfer at one extra delay on path 0 (MRC or a contender), as measured."""
+    delay_ms: int
+    window_clamp: int               # the background's window clamp (bytes; 0: no background)
+    seconds: float                  # the transfer's length
+    goodput_bps: float              # the receiver's (mrc-perf)
+    mptcp_subflows: int | None
+    ping_idle: dict[str, str]       # spine -> `ping -D` output before the transfer (background only)
+    ping_during: dict[str, str]     # spine -> `ping -D` output around the transfer
+    t_done: float                   # epoch s the transfer ended: it is the `seconds` before
+    sender_sid: str                 # h1's, as h2 files what it receives
+    rx_before: dict                 # h2's `stats --paths -j` (received, reorder) around it
+    rx_after: dict
+    tx_before: dict[int, dict]      # h1's sent rows to h2's prefix, by path id, around it
+    tx_after: dict[int, dict]
+    nstat_before: dict[str, int]    # h1's TCP counters around it
+    nstat_after: dict[str, int]
+    tbf_before: dict[str, int]      # the slow link's tbf (packets, drops) around it
+    tbf_after: dict[str, int]
+    spines: dict                    # contenders.spines_used over the transfer
+
+
+@dataclasses.dataclass
+class Measured:
+    """The whole scenario as measured."""
+    capacity_bps: int
+    cc: str                                         # the transfers' TCP congestion control
+    policies: dict[str, dict[str, list[Level]]]     # MRC policy -> delay (ms, str) -> transfers
+    contenders: dict[str, dict[str, list[Level]]]   # contender -> delay (ms, str) -> transfers
+    mode_setup: dict[str, dict]                     # contenders.mode's record per mode
+    counters: dict[str, dict] = dataclasses.field(default_factory=dict)  # contender -> counter deltas
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -235,7 +271,13 @@ def steps(p: dict) -> int:
     """Measurements run(p) makes (the progress line's total): every mode at every delay."""
     return len(p["modes"]) * p["repeat"] * len(p["delays_ms"])
 
+
 def run(p: dict, env) -> dict:
+    """Measure (measure()), then analyse (summarize)."""
+    return summarize(p, measure(p, env))
+
+
+def measure(p: dict, env) -> Measured:
     from mrc_ebpf.lab import fabric as fab_mod
     from mrc_ebpf.lab.fabric import parse_rate
     from mrc_ebpf.bench.runner import fabric
@@ -243,23 +285,24 @@ def run(p: dict, env) -> dict:
     cap = p["spines"] * rate
     p["policies"] = [m for m in p["modes"] if m in MRC_POLICIES]
     others = [m for m in p["modes"] if m not in MRC_POLICIES]
-    levels = {pol: {str(d): [] for d in p["delays_ms"]} for pol in p["policies"]}
-    clevels = {m: {str(d): [] for d in p["delays_ms"]} for m in others}
-    setups, proofs = {}, {}
+    measured = Measured(cap, "", {pol: {str(d): [] for d in p["delays_ms"]} for pol in p["policies"]},
+                        {m: {str(d): [] for d in p["delays_ms"]} for m in others}, {})
+    levels, clevels = measured.policies, measured.contenders
     ctx = {"port": 5700, "bg_port": 9100, "rate": rate, "cap": cap, "burst": max(rate // 8 // 1000, 3200)}
     K = p["spines"]
     plb = "plb" in others
     with fabric("ro", spines=K, leaves=2, hosts_per_leaf=1, rate=p["rate"], mtu=p["mtu"],
                 host_sysctls=p["host_sysctls"], ecn_threshold=contenders.PLB_ECN_THRESHOLD if plb else None,
                 ask_ecn=False) as fab:
-        cc = env.cc or env.run(fab.ns("h1"), ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
+        measured.cc = env.cc or env.run(fab.ns("h1"),
+                                        ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
         ctx["link_addr"] = {f"s{k}": f"{fab.link_net(0, k, 2)}2" for k in range(1, K + 1)}
         ctx["bgns"] = f"{fab.name}-bg"
         try:
             _bg_up(env, fab, ctx["bgns"])
             for m in others:
                 with contenders.mode(env, fab, m, [1, 2]) as rec:
-                    setups[m] = rec
+                    measured.mode_setup[m] = rec
                     c0 = contenders.counters(env, fab, [1, 2], contenders.MPTCP_KEYS + contenders.PLB_KEYS)
                     for rep in range(p["repeat"]):
                         for d in p["delays_ms"]:
@@ -267,9 +310,7 @@ def run(p: dict, env) -> dict:
                             clevels[m][str(d)].append(_level(env, fab, p, ctx, d))
                     if m in contenders.CONTENDERS:
                         c1 = contenders.counters(env, fab, [1, 2], contenders.MPTCP_KEYS + contenders.PLB_KEYS)
-                        first = clevels[m][str(p["delays_ms"][0])][0]
-                        proofs[m] = contenders.proof(m, rec, first["spines"], contenders.delta_of(c0, c1),
-                                                     first.get("mptcp_subflows"))
+                        measured.counters[m] = contenders.delta_of(c0, c1)
             if p["policies"]:
                 log("reorder: attaching MRC on h1, h2")
                 fab_mod.attach(fab.name, "h1,h2", p["policies"][0], [])
@@ -281,24 +322,15 @@ def run(p: dict, env) -> dict:
                     levels[pol][str(d)].append(_level(env, fab, p, ctx, d))
         finally:
             subprocess.run(["ip", "netns", "del", ctx["bgns"]], capture_output=True)
-    return {"capacity_bps": cap, "tcp_congestion_control": cc,
-            "policies": {pol: _summary(by_delay) for pol, by_delay in levels.items()},
-            "contenders": {m: _summary(by_delay) for m, by_delay in clevels.items()},
-            "mode_setup": setups, "proof": proofs,
-            "notes": ["path 0 crosses s1 (the slowed link s1->l2); 'ping extra' = s1's median RTT on its "
-                      "link to l2 minus the others' (idle: background only; during: with our transfer)",
-                      "MRC qdelay is the receiver's one-way delay above each path's minimum since attach "
-                      "(log2 histogram; mean from bucket midpoints)",
-                      "contenders (no MRC): path 0's share is s1's share of l1's uplink packets",
-                      f"TCP congestion control of the transfer: {cc}"]}
+    return measured
 
 
-def _level(env, fab, p, ctx, d):
-    """One transfer at extra delay d on path 0 (MRC or not): its record."""
+def _level(env, fab, p, ctx, d) -> Level:
+    """One transfer at extra delay d on path 0 (MRC or not)."""
     from mrc_ebpf.lab.fabric import QUEUE_LATENCY
     ctx["port"] += 1
     ctx["bg_port"] += 1
-    port, bg_port, rate, cap, burst = ctx["port"], ctx["bg_port"], ctx["rate"], ctx["cap"], ctx["burst"]
+    port, bg_port, rate, burst = ctx["port"], ctx["bg_port"], ctx["rate"], ctx["burst"]
     link_addr, bgns = ctx["link_addr"], ctx["bgns"]
     s1, l2 = fab.ns("s1"), fab.ns("l2")
     u0 = contenders.uplinks(env, fab)
@@ -320,7 +352,7 @@ def _level(env, fab, p, ctx, d):
             time.sleep(p["warmup_s"])
         # the delay as made (background only), on s1's link and on s2's
         idle = {k: _ping(env, fab.ns(k), link_addr[k], p["idle_pings"], 0.01) for k in ("s1", "s2")}
-        idle = {k: _summ(_rtts(env, pr, 15)) for k, pr in idle.items()}
+        idle = {k: env.wait(pr, timeout=15)[0] for k, pr in idle.items()}
         # during the transfer, on every spine's link to l2
         n_ping = int((p["seconds"] + 60) * 1000 / p["ping_interval_ms"])
         pings = {k: _ping(env, fab.ns(k), addr, n_ping, p["ping_interval_ms"] / 1000)
@@ -334,34 +366,68 @@ def _level(env, fab, p, ctx, d):
         outs = {k: _stop(env, pr) for k, pr in pings.items()}
         b, tb, n_b = _rx_view(env, fab), _tx_view(env, fab), env.nstat(fab.ns("h1"))
         q_b = _tbf(env, s1, "l2")
-        during = {k: _summ(_parse(o, t_done - p["seconds"], t_done - 0.1))
-                  for k, o in outs.items()}
     finally:
         for pr in ([bg, sink] + (list(pings.values()) if isinstance(pings, dict) else [])):
             if pr is not None:
                 env.end(pr)
         env.run(None, ["tc", "-n", s1, "qdisc", "replace", "dev", "l2", "root", "tbf", "rate",
                        f"{rate}bit", "burst", str(burst), "latency", QUEUE_LATENCY])
-    rx = read_result(doc)["received_bps"]
-    view = _diff(a, b, fab.host_sid(1))
+    return Level(d, clamp if d else 0, p["seconds"], read_result(doc)["received_bps"],
+                 doc["mrc"]["local"].get("mptcp_subflows"), idle, outs, t_done, fab.host_sid(1),
+                 a, b, ta, tb, n_a, n_b, q_a, q_b, contenders.spines_used(u0, contenders.uplinks(env, fab)))
+
+
+# --------------------------------------------------------------------------- analysis
+
+def level_result(m: Level, cap: int) -> dict:
+    """One transfer's record: goodput, the delay made (ping), reordering
+    (MRC's and TCP's), and per path its share, queueing delay and downs."""
+    idle = {k: _summ(_parse(o)) for k, o in m.ping_idle.items()}
+    during = {k: _summ(_parse(o, m.t_done - m.seconds, m.t_done - 0.1)) for k, o in m.ping_during.items()}
+    view = _diff(m.rx_before, m.rx_after, m.sender_sid)
     total_pk = sum(x["packets"] for x in view["paths"]) or 1
     for x in view["paths"]:
         x["share"] = round(x["packets"] / total_pk, 3)
-        t0, t1 = ta.get(x["path_id"], {}), tb.get(x["path_id"], {})
+        t0, t1 = m.tx_before.get(x["path_id"], {}), m.tx_after.get(x["path_id"], {})
         x["downs"] = t1.get("downs", 0) - t0.get("downs", 0)
+    rx = m.goodput_bps
     return _with_spines({
-        "goodput_bps": rx, "fraction": rx / cap, "bg_window_clamp_bytes": clamp if d else 0,
+        "goodput_bps": rx, "fraction": rx / cap, "bg_window_clamp_bytes": m.window_clamp,
         "ping_idle": idle, "ping_idle_extra_ms": (round(idle["s1"]["median_ms"] -
                                                         idle["s2"]["median_ms"], 3)
-                                                  if idle["s1"] and idle["s2"] else None),
+                                                  if idle.get("s1") and idle.get("s2") else None),
         "ping_during": during, "ping_during_extra_ms": _extra(during),
-        "slow_link_tbf": {k: q_b[k] - q_a[k] for k in q_a},
-        "nstat": {k: n_b.get(k, 0) - n_a.get(k, 0) for k in NSTAT_KEYS},
+        "slow_link_tbf": {k: m.tbf_after[k] - m.tbf_before[k] for k in m.tbf_before},
+        "nstat": {k: m.nstat_after.get(k, 0) - m.nstat_before.get(k, 0) for k in NSTAT_KEYS},
         "mrc_reordered": view["reordered"], "mrc_packets": view["packets"],
         "mrc_reorder_fraction": view["reordered"] / max(1, view["packets"]),
         "mrc_reorder_hist": view["reorder_hist"], "paths": view["paths"],
-        "mptcp_subflows": doc["mrc"]["local"].get("mptcp_subflows")},
-        contenders.spines_used(u0, contenders.uplinks(env, fab)))
+        "mptcp_subflows": m.mptcp_subflows},
+        m.spines)
+
+
+def summarize(p: dict, measured: Measured) -> dict:
+    """The results: every transfer's record, per mode and delay their spread, the contenders' proofs."""
+    cap, cc = measured.capacity_bps, measured.cc
+    levels = {pol: {d: [level_result(x, cap) for x in xs] for d, xs in by_d.items()}
+              for pol, by_d in measured.policies.items()}
+    clevels = {m: {d: [level_result(x, cap) for x in xs] for d, xs in by_d.items()}
+               for m, by_d in measured.contenders.items()}
+    proofs = {}
+    for m, delta in measured.counters.items():
+        first = clevels[m][str(p["delays_ms"][0])][0]
+        proofs[m] = contenders.proof(m, measured.mode_setup[m], first["spines"], delta,
+                                     first.get("mptcp_subflows"))
+    return {"capacity_bps": cap, "tcp_congestion_control": cc,
+            "policies": {pol: _summary(by_delay) for pol, by_delay in levels.items()},
+            "contenders": {m: _summary(by_delay) for m, by_delay in clevels.items()},
+            "mode_setup": measured.mode_setup, "proof": proofs,
+            "notes": ["path 0 crosses s1 (the slowed link s1->l2); 'ping extra' = s1's median RTT on its "
+                      "link to l2 minus the others' (idle: background only; during: with our transfer)",
+                      "MRC qdelay is the receiver's one-way delay above each path's minimum since attach "
+                      "(log2 histogram; mean from bucket midpoints)",
+                      "contenders (no MRC): path 0's share is s1's share of l1's uplink packets",
+                      f"TCP congestion control of the transfer: {cc}"]}
 
 
 def _with_spines(rec, used):

@@ -34,9 +34,14 @@ full-size segment over the bytes it takes on a link (tbf counts the
 Ethernet header), (advmss - 12 for timestamps) / (link MTU + 14), from
 the routes h1 uses: the plain one for ECMP, MRC's (MTU reduced by the
 SRv6 encapsulation) for the others.  `of_ceiling` is fraction / ceiling.
+
+What a fabric measured (MtuMeasured: every run's Transfer, the modes'
+records and counters, the route's MSS) is kept apart from its analysis
+(mtu_result, summarize), a pure function of it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from mrc_ebpf.bench import contenders
@@ -112,18 +117,39 @@ def _events_since(env, fab, mark: dict) -> dict:
     return counts
 
 
-def _ceilings(env, fab, modes) -> dict:
-    """mode -> the goodput fraction headers leave when every link is busy
-    (the MRC modes' route exists only while MRC is attached)."""
-    h1 = fab.ns("h1")
-    link_mtu = json.loads(env.run(h1, ["ip", "-j", "link", "show", "eth0"]).stdout)[0]["mtu"]
-    route = json.loads(env.run(h1, ["ip", "-j", "-6", "route", "show", fab.prefix6(2)]).stdout)
-    metrics = {k: v for m in (route[0].get("metrics", []) if route else []) for k, v in m.items()}
-    mrc_mss = metrics.get("advmss", metrics.get("mtu", link_mtu) - 60)
-    payload = {"ecmp": link_mtu - 60 - 12, "mrc": mrc_mss - 12}
-    plain = ("ecmp", *contenders.CONTENDERS)
-    return {m: round(payload["ecmp" if m in plain else "mrc"] / (link_mtu + 14), 4) for m in modes}
+# --------------------------------------------------------------------------- what a run measured
 
+@dataclasses.dataclass
+class Transfer:
+    """One mrc-perf run of `flows` TCP flows h1 -> h2, as measured."""
+    flows: int
+    goodput_bps: float              # the receiver's
+    sender_bps: float
+    retransmits: int | None
+    spines: dict                    # contenders.spines_used over the run
+    mptcp_subflows: int | None
+    path_events: dict | None = None     # encoding ev: h1's path events during the run, by type
+    tcp_h1: dict | None = None          # encoding ev: h1's TCP_KEYS deltas
+
+
+@dataclasses.dataclass
+class MtuMeasured:
+    """Every mode's runs on one fabric of one link MTU."""
+    mtu: int
+    runs: dict[str, dict[str, list[Transfer]]]     # mode -> flows (str) -> runs
+    mode_setup: dict[str, dict]                     # contenders.mode's record per mode
+    counters: dict[str, dict]                       # contender -> counter deltas over its runs
+    link_mtu: int                                   # h1's eth0
+    mrc_mss: int                                    # the advmss of MRC's route to h2 (or its MTU - 60)
+
+
+@dataclasses.dataclass
+class Measured:
+    capacity_bps: int
+    mtus: list[MtuMeasured]
+
+
+# --------------------------------------------------------------------------- run
 
 def steps(p: dict) -> int:
     """Measurements run(p) makes (the progress line's total)."""
@@ -143,27 +169,23 @@ def check(p: dict) -> None:
 
 
 def run(p: dict, env) -> dict:
+    """Measure (measure()), then analyse (summarize)."""
+    return summarize(p, measure(p, env))
+
+
+def measure(p: dict, env) -> Measured:
     from mrc_ebpf.lab.fabric import parse_rate
     check(p)
     capacity = p["spines"] * parse_rate(p["rate"])
-    by_mtu = {str(mtu): _run_mtu(p, env, mtu, capacity) for mtu in p["mtus"]}
-    notes = []
-    for mtu, r in by_mtu.items():
-        one = str(p["flows"][mtu][0])
-        notes.append(f"MTU {mtu}, {one} flow: "
-                     + ", ".join(f"{m} {r['modes'][m][one]['fraction']['median']:.2f}" for m in p["modes"])
-                     + " of capacity (median); header ceiling "
-                     + ", ".join(f"{m} {c:.3f}" for m, c in r["ceiling"].items() if c))
-    return {"capacity_bps": capacity, "mtus": by_mtu, "notes": notes}
+    return Measured(capacity, [_run_mtu(p, env, mtu) for mtu in p["mtus"]])
 
 
-def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
+def _run_mtu(p: dict, env, mtu: int) -> MtuMeasured:
     from mrc_ebpf.lab import fabric as fab_mod
     from mrc_ebpf.bench.runner import fabric
     flows = p["flows"][str(mtu)]
-    raw = {m: {str(n): [] for n in flows} for m in p["modes"]}
+    out = MtuMeasured(mtu, {m: {str(n): [] for n in flows} for m in p["modes"]}, {}, {}, 0, 0)
     port = 5400 + mtu % 1000
-    records, proofs = {}, {}
     plb = "plb" in p["modes"]
     ev = p["encoding"] == "ev"
     with fabric("sve", spines=p["spines"], leaves=2, hosts_per_leaf=1, rate=p["rate"],
@@ -191,7 +213,7 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
                                                json.loads(env.mrcctl(fab.ns(h), "path", "trace", "--order",
                                                                      "-j").stdout)]
                                            for h in ("h1", "h2")}
-                records[mode] = rec
+                out.mode_setup[mode] = rec
                 keys = contenders.MPTCP_KEYS + contenders.PLB_KEYS
                 c0 = contenders.counters(env, fab, [1, 2], keys)
                 for rep in range(p["repeat"]):
@@ -205,34 +227,75 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
                                        ["-t", str(p["seconds"]), "-P", str(n)], p["seconds"])
                         used = contenders.spines_used(u0, contenders.uplinks(env, fab))
                         result = read_result(doc)
-                        rx = result["received_bps"]
-                        raw[mode][str(n)].append({"goodput_bps": rx, "fraction": rx / capacity,
-                                                  "path_events": (_events_since(env, fab, events0)
-                                                                  if ev else None),
-                                                  "retransmits": result["retransmits"],
-                                                  "tcp_h1": (contenders.delta_of(
-                                                      t0, contenders.counters(env, fab, [1], TCP_KEYS))
-                                                      if ev else None),
-                                                  "sender_bps": result["sent_bps"],
-                                                  "spines": used,
-                                                  "mptcp_subflows": doc["mrc"]["local"].get("mptcp_subflows")})
-                c1 = contenders.counters(env, fab, [1, 2], keys)
+                        out.runs[mode][str(n)].append(Transfer(
+                            n, result["received_bps"], result["sent_bps"], result["retransmits"], used,
+                            doc["mrc"]["local"].get("mptcp_subflows"),
+                            _events_since(env, fab, events0) if ev else None,
+                            contenders.delta_of(t0, contenders.counters(env, fab, [1], TCP_KEYS)) if ev else None))
                 if mode in contenders.CONTENDERS:
-                    # the run whose packets crossed the most spines (MPTCP's subflows
-                    # hash at random: now and then all onto one)
-                    best = max((r for by_n in raw[mode].values() for r in by_n),
-                               key=lambda r: len(r["spines"]["carrying"]))
-                    proofs[mode] = contenders.proof(mode, rec, best["spines"], contenders.delta_of(c0, c1),
-                                                    best["mptcp_subflows"])
-        ceiling = _ceilings(env, fab, p["modes"])
-    summary = {m: {n: {"fraction": spread([r["fraction"] for r in runs]),
-                       "spines_carrying": spread([len(r["spines"]["carrying"]) for r in runs]),
-                       "of_ceiling": (spread([r["fraction"] / ceiling[m] for r in runs])
-                                      if ceiling.get(m) else None),
-                       "goodput_bps": spread([r["goodput_bps"] for r in runs]),
-                       "retransmits": spread([r["retransmits"] for r in runs]),
-                       "runs": runs} for n, runs in by_n.items()} for m, by_n in raw.items()}
-    return {"ceiling": ceiling, "modes": summary, "mode_setup": records, "proof": proofs}
+                    out.counters[mode] = contenders.delta_of(c0, contenders.counters(env, fab, [1, 2], keys))
+        out.link_mtu, out.mrc_mss = _route_mss(env, fab)
+    return out
+
+
+def _route_mss(env, fab) -> tuple[int, int]:
+    """h1's link MTU, and the MSS of its route to h2 (MRC's while MRC is attached)."""
+    h1 = fab.ns("h1")
+    link_mtu = json.loads(env.run(h1, ["ip", "-j", "link", "show", "eth0"]).stdout)[0]["mtu"]
+    route = json.loads(env.run(h1, ["ip", "-j", "-6", "route", "show", fab.prefix6(2)]).stdout)
+    metrics = {k: v for m in (route[0].get("metrics", []) if route else []) for k, v in m.items()}
+    return link_mtu, metrics.get("advmss", metrics.get("mtu", link_mtu) - 60)
+
+
+# --------------------------------------------------------------------------- analysis
+
+def ceilings(link_mtu: int, mrc_mss: int, modes) -> dict:
+    """mode -> the goodput fraction headers leave when every link is busy
+    (the MRC modes' route exists only while MRC is attached)."""
+    payload = {"ecmp": link_mtu - 60 - 12, "mrc": mrc_mss - 12}
+    plain = ("ecmp", *contenders.CONTENDERS)
+    return {m: round(payload["ecmp" if m in plain else "mrc"] / (link_mtu + 14), 4) for m in modes}
+
+
+def transfer_result(t: Transfer, capacity: int) -> dict:
+    return {"goodput_bps": t.goodput_bps, "fraction": t.goodput_bps / capacity, "path_events": t.path_events,
+            "retransmits": t.retransmits, "tcp_h1": t.tcp_h1, "sender_bps": t.sender_bps, "spines": t.spines,
+            "mptcp_subflows": t.mptcp_subflows}
+
+
+def mtu_result(p: dict, m: MtuMeasured, capacity: int) -> dict:
+    """One fabric's results: per mode and flow count the spread, the header ceilings, the proofs."""
+    raw = {mode: {n: [transfer_result(t, capacity) for t in ts] for n, ts in by_n.items()}
+           for mode, by_n in m.runs.items()}
+    proofs = {}
+    for mode, delta in m.counters.items():
+        # the run whose packets crossed the most spines (MPTCP's subflows
+        # hash at random: now and then all onto one)
+        best = max((r for by_n in raw[mode].values() for r in by_n),
+                   key=lambda r: len(r["spines"]["carrying"]))
+        proofs[mode] = contenders.proof(mode, m.mode_setup[mode], best["spines"], delta, best["mptcp_subflows"])
+    ceiling = ceilings(m.link_mtu, m.mrc_mss, p["modes"])
+    summary = {mode: {n: {"fraction": spread([r["fraction"] for r in runs]),
+                          "spines_carrying": spread([len(r["spines"]["carrying"]) for r in runs]),
+                          "of_ceiling": (spread([r["fraction"] / ceiling[mode] for r in runs])
+                                         if ceiling.get(mode) else None),
+                          "goodput_bps": spread([r["goodput_bps"] for r in runs]),
+                          "retransmits": spread([r["retransmits"] for r in runs]),
+                          "runs": runs} for n, runs in by_n.items()} for mode, by_n in raw.items()}
+    return {"ceiling": ceiling, "modes": summary, "mode_setup": m.mode_setup, "proof": proofs}
+
+
+def summarize(p: dict, measured: Measured) -> dict:
+    capacity = measured.capacity_bps
+    by_mtu = {str(m.mtu): mtu_result(p, m, capacity) for m in measured.mtus}
+    notes = []
+    for mtu, r in by_mtu.items():
+        one = str(p["flows"][mtu][0])
+        notes.append(f"MTU {mtu}, {one} flow: "
+                     + ", ".join(f"{m} {r['modes'][m][one]['fraction']['median']:.2f}" for m in p["modes"])
+                     + " of capacity (median); header ceiling "
+                     + ", ".join(f"{m} {c:.3f}" for m, c in r["ceiling"].items() if c))
+    return {"capacity_bps": capacity, "mtus": by_mtu, "notes": notes}
 
 
 def _mtus(results: dict) -> list[str]:

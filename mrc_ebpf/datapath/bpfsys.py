@@ -461,33 +461,25 @@ class PinnedMap:
         if self._exact is not None:
             self._exact.update(keys[i * ks:(i + 1) * ks] for i in range(count))
 
-    def update(self, *args, **kw):
+    def _written(self, op, *args, **kw):
+        """Run a write, then after_write whatever became of it."""
         try:
-            return self._update(*args, **kw)
+            return op(*args, **kw)
         finally:
             if self.after_write is not None:
                 self.after_write()
+
+    def update(self, *args, **kw):
+        return self._written(self._update, *args, **kw)
 
     def delete(self, *args, **kw):
-        try:
-            return self._delete(*args, **kw)
-        finally:
-            if self.after_write is not None:
-                self.after_write()
+        return self._written(self._delete, *args, **kw)
 
     def update_batch(self, *args, **kw):
-        try:
-            return self._update_batch(*args, **kw)
-        finally:
-            if self.after_write is not None:
-                self.after_write()
+        return self._written(self._update_batch, *args, **kw)
 
     def delete_batch(self, *args, **kw):
-        try:
-            return self._delete_batch(*args, **kw)
-        finally:
-            if self.after_write is not None:
-                self.after_write()
+        return self._written(self._delete_batch, *args, **kw)
 
     def _full(self, e: BpfError) -> BpfError:
         full = BpfError(e.errno, f"map {self.name} is full ({self.max_entries} entries)")
