@@ -69,16 +69,53 @@ static __always_inline __u16 path_select_pick(const struct mrc_spray *list, __u3
 	return list->ids[at];
 }
 
-/* The path at list position `at`: its id, index and live state. */
-static __always_inline struct mrc_path_live *path_select_live_at(const struct mrc_spray *list, __u32 at,
-						     __u32 row, struct mrc_peer_state *st,
-						     __u16 *id, __u32 *index)
+/* Path `id` of row `row`: its index and live state. */
+static __always_inline struct mrc_path_live *path_select_live_id(__u32 row, struct mrc_peer_state *st,
+						     __u16 id, __u32 *index)
 {
-	*id = path_select_pick(list, at);
-	if (*id >= MRC_MAX_PATHS)
+	if (id >= MRC_MAX_PATHS)
 		return NULL;
-	*index = row * MRC_MAX_PATHS + *id;
-	return peer_path_live(st, *id);
+	*index = row * MRC_MAX_PATHS + id;
+	return peer_path_live(st, id);
+}
+
+/*
+ * Spare EVs (issue 29): the path that takes the turn of the pick `id`:
+ * the pick itself unless it is out (down_ns: assumed bad; one the check
+ * takes out now gets its spare from the next packet on) and has a spare
+ * that is not: its spare (struct mrc_spares: the loader's, of the same
+ * plane), unless that is out too.  One spare a path: a second, tried
+ * when the first is out, took mrc_tx past 960k processed instructions.
+ * A spare is in no spray list, so it carries only the turns of a path
+ * that is out, and is held back again once that path is back.  The pick is left to the reroute loop's
+ * check when the check would change it: news of it (an acknowledgement
+ * past its down: it comes back) or a probe due (the copy of that packet
+ * tests it, and the packet takes the next turn, as before spares; one
+ * turn a probe interval).  Here, before the loop, so that the loop is as
+ * before (every way out gives an id of the same range; a probe copy
+ * made here, or a spare tried inside the loop, took mrc_tx past 1M or
+ * its stack past 512 bytes); the key is the caller's (the stack is
+ * full).  O(1): one word read for a pick that is up, one lookup for one
+ * that is out.
+ */
+static __always_inline __u32 path_select_spare(__u32 *row_key, struct mrc_peer_state *st, __u32 id,
+					       __u64 now)
+{
+	struct mrc_path_live *live;
+	struct mrc_spares *s;
+	__u32 c;
+
+	id &= MRC_MAX_PATHS - 1;
+	live = peer_path_live(st, id);
+	if (!live->down_ns || *peer_path_acked(st, id) >= live->down_after_ns || now >= live->next_probe_ns)
+		return id;
+	s = mrc_spares.lookup(row_key);
+	if (!s)
+		return id;
+	c = s->of[id];
+	if (!c || peer_path_live(st, c - 1)->down_ns)
+		return id;
+	return (c - 1) & (MRC_MAX_PATHS - 1);
 }
 
 /* The policies whose pick is a turn handed out by a counter, which a
@@ -126,7 +163,8 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
 
 /*
  * From the policy's pick at list position `at`: the first path that is
- * up among it and MRC_REROUTE_TRIES more entries.  Under the turn-taking
+ * up among it and MRC_REROUTE_TRIES more entries (the first try: the
+ * pick's spare if the pick is out, path_select_spare).  Under the turn-taking
  * policies (rr, weighted, bytes) the first of them is the next turn
  * (path_select_skip_turn): a down path's turn is skipped, as if it were not in the
  * list, and the others carry exactly equal shares.
@@ -149,7 +187,7 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
  */
 static __always_inline int path_select_live(const struct mrc_spray *list, __u32 n, __u32 at,
 				       const struct mrc_peer *peer, struct mrc_peer_state *st, __u8 policy,
-				       const struct mrc_config *cfg, __u64 now, int may_copy,
+				       const struct mrc_config *cfg, __u64 now, int may_copy, __u32 first,
 				       struct path_choice *choice)
 {
 	int turns = path_select_takes_turns(policy);
@@ -158,11 +196,12 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	enum path_use use = PATH_SKIP;
 	struct mrc_path_live *live = NULL;
 	__u32 t, pos, copy_pos = 0, open_pos = at, index = 0;
-	__u16 id = 0, copy = 0;
+	/* the pick, or the spare that takes its turn (path_select_spare) */
+	__u16 id = first, copy = 0;
 	__u64 acked, open_acked = 0;
 
 	for (t = 0, pos = at; t <= MRC_REROUTE_TRIES; t++) {
-		live = path_select_live_at(list, pos, row, st, &id, &index);
+		live = path_select_live_id(row, st, id, &index);
 		if (!live)
 			return -1;
 		/* shared fate's hook: the policy's pick only (verifier budget) */
@@ -198,6 +237,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 			pos = (pos + 1 + bpf_get_prandom_u32() % (n - 1)) % n;
 		else
 			pos = (pos + 1) % n;
+		id = path_select_pick(list, pos);
 	}
 	/* a probe while a path may be up (a control packet that found its
 	 * path due) leaves its report's news for the next packet; a packet
@@ -205,7 +245,8 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	choice->keep_news = use == PATH_PROBE;
 	if (use == PATH_SKIP && copy) {
 		/* nothing else is up: the packet is the probe itself */
-		live = path_select_live_at(list, copy_pos, row, st, &id, &index);
+		id = copy - 1;
+		live = path_select_live_id(row, st, id, &index);
 		if (!live)
 			return -1;
 		pos = copy_pos;
@@ -213,7 +254,8 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		use = PATH_USE;		/* counted as a probe above */
 		choice->probe = 1;
 	} else if (use == PATH_SKIP) {
-		live = path_select_live_at(list, open_pos, row, st, &id, &index);
+		id = path_select_pick(list, open_pos);
+		live = path_select_live_id(row, st, id, &index);
 		if (!live)
 			return -1;
 		pos = open_pos;
@@ -337,7 +379,13 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 		if (failover_skip(cfg, st, peer, path_select_pick(list, at), now))
 			at = path_select_skip_turn(list, n, ptx, peer->policy, at);
 	}
-	return path_select_live(list, n, at, peer, st, peer->policy, cfg, now, may_copy, choice);
+	/* the pick, or its spare if it is out (the key: the list's, no
+	 * longer needed) */
+	if (path_select_pick(list, at) >= MRC_MAX_PATHS)
+		return -1;
+	list_index = row;
+	return path_select_live(list, n, at, peer, st, peer->policy, cfg, now, may_copy,
+				path_select_spare(&list_index, st, path_select_pick(list, at), now), choice);
 }
 
 /*
