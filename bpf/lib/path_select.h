@@ -112,10 +112,16 @@ static __always_inline __u32 path_select_spare(__u32 *row_key, struct mrc_peer_s
 	s = mrc_spares.lookup(row_key);
 	if (!s)
 		return id;
-	c = s->of[id];
-	if (!c || peer_path_live(st, c - 1)->down_ns)
+	c = (s->of[id] - 1) & (MRC_MAX_PATHS - 1);
+	if (!s->of[id])
 		return id;
-	return (c - 1) & (MRC_MAX_PATHS - 1);
+	/* a spare out itself is left to the check too when it is due a
+	 * probe or has news (else nothing would ever bring it back: it is in
+	 * no list); meanwhile the pick's turn is skipped, as without spares */
+	live = peer_path_live(st, c);
+	if (live->down_ns && *peer_path_acked(st, c) < live->down_after_ns && now < live->next_probe_ns)
+		return id;
+	return c;
 }
 
 /* The policies whose pick is a turn handed out by a counter, which a

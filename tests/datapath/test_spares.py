@@ -181,3 +181,23 @@ def test_evs_without_a_traced_hop_use_any_spare_of_their_device(fresh):
     take_out(dp, 2)
     at_turn(dp, 0)
     assert [send(dp)[0] for _ in range(4)] == [0, 5, 4, 3]
+
+
+def test_a_spare_out_and_due_a_probe_is_probed_while_its_ev_is_out(evs):
+    """A spare is in no list: it is tested (a copy, the packet taking the
+    next turn) when a turn it would take finds it due, and comes back on
+    the news; else nothing would ever bring it back."""
+    dp = evs
+    send(dp)
+    take_out(dp, 2)
+    take_out(dp, 5, due_in_ns=-1)
+    at_turn(dp, 1)
+    took, _, delta = send(dp)
+    assert took == 1 and delta.get("tx_probe") == 1, delta
+    assert state(dp).paths[5].live.probes == 1
+    st = state(dp)                      # the probe's acknowledgement
+    st.acks.ns[5] = st.paths[5].live.last_sent_ns or st.paths[5].live.down_after_ns + 1
+    put(dp, st)
+    at_turn(dp, 1)
+    assert send(dp)[0] == 5
+    assert state(dp).paths[5].live.down_ns == 0
