@@ -462,6 +462,7 @@ def configured(att: Attachment) -> list[dict]:
                     "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                     "route_metrics": routes.tcp_metrics_of(route) if route is not None else {},
                     "paths": [{"path_id": i, "encoding": encoding_of(p), "segments": segments_of(p),
+                               "spare": bool(p.flags & SPARE),
                                "peer_sid": addr_text(p.peer_sid), "weight": p.weight,
                                "class": names.get(p.tclass, str(p.tclass)), "denied": p.state == DENIED}
                               for i, p in used_paths(att, peer)]})
