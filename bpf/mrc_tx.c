@@ -95,7 +95,6 @@ int mrc_tx(struct __sk_buff *skb)
 	struct mrc_config *cfg;
 	struct mrc_peer *peer;
 	struct mrc_path *path;
-	struct mrc_path_state *pstate;
 	struct path_choice choice;
 	struct mrc_roce_pkt *roce;
 	__u32 zero = 0, nseg, encap_len, mark = skb->mark, copy_mark, l4 = 0, l4_len = 0, flow_key = 0;
@@ -180,8 +179,7 @@ int mrc_tx(struct __sk_buff *skb)
 	 * in the path's sequence (a gap is how the receiver sees loss). */
 	if (!choice.st)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
-	pstate = peer_path(choice.st, choice.path_id);
-	choice.path_seq = __sync_fetch_and_add(&pstate->seq, 1);
+	choice.path_seq = peer_path_seq_take(choice.st, choice.path_id);
 	choice.tx_ns = bpf_ktime_get_ns();
 
 	if (usid ? usid_write_encap(skb, cfg, path, inner.proto, inner.tos, &choice)
@@ -189,9 +187,9 @@ int mrc_tx(struct __sk_buff *skb)
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
 	/* before failover_path_sent(), which overwrites the last send */
-	shared_fate_sent(cfg, choice.path_index, choice.st, peer->peer_id, choice.path_id, choice.probe,
+	shared_fate_sent(cfg, choice.path_index, choice.st, choice.rs, peer->peer_id, choice.path_id, choice.probe,
 			 choice.live->last_sent_ns, choice.tx_ns);
-	failover_path_sent(choice.live, choice.st, choice.tx_ns);
+	failover_path_sent(choice.live, peer_path_clock(choice.st, choice.path_id), choice.st, choice.tx_ns);
 	if (cfg->retrans_steer && !control)
 		tcp_steer_heard(choice.st, choice.path_id);
 	if (control)
@@ -199,8 +197,8 @@ int mrc_tx(struct __sk_buff *skb)
 	else
 		roce_tx_sent(roce, peer->peer_id, choice.path_id, choice.pos);
 	/* shared by CPUs, next to the sequence number just taken */
-	__sync_fetch_and_add(&pstate->tx_packets, 1);
-	__sync_fetch_and_add(&pstate->tx_bytes, skb->len);
+	__sync_fetch_and_add(&row_path(choice.rs, choice.path_id)->tx_packets, 1);
+	__sync_fetch_and_add(&row_path(choice.rs, choice.path_id)->tx_bytes, skb->len);
 	count(MRC_TX_ENCAP);
 	count_add(MRC_TX_ENCAP_BYTES, skb->len);
 

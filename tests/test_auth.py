@@ -107,11 +107,7 @@ def run_rx(module, rx, frame):
 
 
 def health_qdelay(module, path_id=3):
-    try:
-        state = module["mrc_peer_state"][ctypes.c_uint32(0)]
-    except KeyError:
-        return 0        # no learnt state yet: nothing filed
-    return state.paths[path_id].health.qdelay_us
+    return module["mrc_row_state"][ctypes.c_uint32(0)].paths[path_id].health.qdelay_us
 
 
 @pytest.mark.root
@@ -270,9 +266,12 @@ def test_sender_kept_state_signs_as_python_does(dp, usid):
             # (a probe carries no feedback): no acknowledgement clock
             if module["mrc_peer_state"].get(ctypes.c_uint32(0)) is not None:
                 state = peer_state(module)
-                state.acks, state.paths[0].live = layout.PeerAcks(), layout.PathLive()
+                state.acks = layout.PeerAcks()
                 module["mrc_peer_state"][ctypes.c_uint32(0)] = \
                     module["mrc_peer_state"].Leaf.from_buffer_copy(bytes(state))
+                row = module["mrc_row_state"][ctypes.c_uint32(0)]
+                row.paths[0].live = module["mrc_row_state"].Leaf().paths[0].live
+                module["mrc_row_state"][ctypes.c_uint32(0)] = row
             ret, _, out = bpfsys.prog_test_run(tx.fd, tx_frame(), 1)
             assert ret == 0
             tlv = wire.mrc_tlv(Ether(out))

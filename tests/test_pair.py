@@ -169,7 +169,7 @@ with attached(None, change=True) as att:
         live.down_after_ns = now + 3_000_000
         live.next_probe_ns = now + 5_000_000
         live.downs += 1
-    peer_table.change_learnt(att, peer.peer_id, down)
+    peer_table.change_row(att, peer.template_id, down)
 """
 
 

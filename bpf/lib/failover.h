@@ -73,10 +73,10 @@ static __always_inline void failover_ack_window_widen(struct mrc_peer_acks *acks
  * compare per turn, a compare-and-swap of one word (live.skip: the
  * reports acted on << 32 | turns left) while it skips.
  */
-static __always_inline int failover_skip(const struct mrc_config *cfg, struct mrc_peer_state *st,
+static __always_inline int failover_skip(const struct mrc_config *cfg, struct mrc_row_state *rs,
 				    const struct mrc_peer *peer, __u32 path_id, __u64 now)
 {
-	struct mrc_path_live *live = peer_path_live(st, path_id);
+	struct mrc_path_live *live = row_path_live(rs, path_id);
 	__u64 reports = live->ce_reports, w = live->skip, n = cfg->skip_rotations, left = (__u32)w, want;
 
 	if (reports != w >> 32 && n) {
@@ -84,11 +84,11 @@ static __always_inline int failover_skip(const struct mrc_config *cfg, struct mr
 		if (left) {
 			/* skipping already: a new report restarts the count */
 			__sync_bool_compare_and_swap(&live->skip, w, want);
-		} else if (floor_take_out_min(cfg, peer->template_id, st, cfg->min_active ? cfg->min_active : 1)) {
+		} else if (floor_take_out_min(cfg, peer->template_id, rs, cfg->min_active ? cfg->min_active : 1)) {
 			if (__sync_bool_compare_and_swap(&live->skip, w, want))
 				failover_event_log(peer->peer_id, path_id, MRC_EV_SKIP, now, 0);
 			else
-				floor_release(st);
+				floor_release(rs);
 		} else {
 			__sync_bool_compare_and_swap(&live->skip, w, reports << 32);	/* refused */
 		}
@@ -99,7 +99,7 @@ static __always_inline int failover_skip(const struct mrc_config *cfg, struct mr
 		return 0;
 	/* this turn is skipped; the last one gives its floor place back */
 	if (__sync_bool_compare_and_swap(&live->skip, w, w - 1) && left == 1)
-		floor_release(st);
+		floor_release(rs);
 	count(MRC_TX_SKIP);
 	return 1;
 }
@@ -115,7 +115,7 @@ static __always_inline int failover_skip(const struct mrc_config *cfg, struct mr
  * not doubled), and tried by a later packet.  Once a packet, after the
  * reroute loop (the verifier's budget is the loop's).
  */
-static __always_inline int failover_probe_budget(const struct mrc_config *cfg, struct mrc_peer_state *st,
+static __always_inline int failover_probe_budget(const struct mrc_config *cfg, struct mrc_row_state *rs,
 						 __u32 row_index, __u16 path_id, __u64 now)
 {
 	struct mrc_path_live *live;
@@ -135,7 +135,7 @@ static __always_inline int failover_probe_budget(const struct mrc_config *cfg, s
 		return 1;
 	__sync_fetch_and_add(&h->probes_held, 1);
 	count(MRC_TX_PROBE_HELD);
-	live = peer_path_live(st, path_id);
+	live = row_path_live(rs, path_id);
 	live->probes--;		/* not sent after all */
 	live->next_probe_ns = now;
 	live->probe_gap_us >>= 1;
@@ -177,30 +177,36 @@ static __always_inline __u64 failover_probe_gap(const struct mrc_path_live *live
  */
 static __always_inline enum path_use failover_path_check(struct mrc_path_live *live,
 						const struct mrc_config *cfg, struct mrc_peer_state *st,
-						const struct mrc_peer *peer, __u16 path_id, __u64 now,
-						int fate)
+						struct mrc_row_state *rs, const struct mrc_peer *peer,
+						__u16 path_id, __u64 now, int fate)
 {
 	__u32 peer_id = peer->peer_id;
 	/* the path's row (its template's, or the peer's own): its hop */
 	__u32 row_index = peer->template_id * MRC_MAX_PATHS + path_id;
 	struct mrc_peer_acks *acks = &st->acks;
+	struct mrc_path_clock *clock = peer_path_clock(st, path_id);
 	__u64 probe_ns = (__u64)cfg->probe_us * 1000;
-	__u64 since = live->unacked_since_ns;
+	__u64 since = clock->unacked_since_ns;
 	__u64 down = live->down_ns;
-	__u64 acked, window, probe, gap;
+	__u64 acked, heard, window, probe, gap;
 
 	if (!acks->last_ns)
 		return PATH_USE;
-	acked = *peer_path_acked(st, path_id);
-	if (since && acked > live->clock_after_ns) {
-		live->unacked_since_ns = 0;
+	acked = clock->acked_ns;
+	if (since && acked > clock->clock_after_ns) {
+		clock->unacked_since_ns = 0;
 		since = 0;
 	}
-	/* back up on news of the last packet before the down, or a later one;
-	 * late if that came first (feedback_late) */
-	if (down && acked >= live->down_after_ns &&
+	/* back up on news of the last packet before the down, or a later one,
+	 * from this peer or (exactly) from any of the row's: one probe
+	 * answered brings the path back for all; late if that came first
+	 * (feedback_late).  max(acked, heard) without a branch (a branch
+	 * here doubles the reroute loop's states): both < 2^63 */
+	heard = ((struct mrc_path_state *)live)->heard_ns - acked;	/* live is its state's first member */
+	heard = acked + (heard & ~((__s64)heard >> 63));
+	if (down && heard >= live->down_after_ns &&
 	    __sync_bool_compare_and_swap(&live->down_ns, down, 0)) {
-		floor_release(st);
+		floor_release(rs);
 		if (live->late_ns > down) {
 			/* sent before the down: the path was late, not dead */
 			failover_ack_window_widen(acks, cfg, now);
@@ -223,7 +229,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 	}
 	/* shared fate (lib/shared_fate.h): while its hop is suspect the path
 	 * is skipped, tested by a probe copy and judged by that probe */
-	probe = fate ? shared_fate_check(cfg, row_index, &peer_path(st, path_id)->fate_probe_ns,
+	probe = fate ? shared_fate_check(cfg, row_index, &((struct mrc_path_state *)live)->fate_probe_ns,
 					 acked, now) : 0;
 	if (probe == FATE_PROBE_NOW)
 		return PATH_PROBE;
@@ -231,11 +237,11 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 		since = probe;
 	if (!since)
 		return PATH_USE;
-	window = failover_ack_window(acks, cfg, now) + peer_path_queue_allowance(cfg, st, path_id);
+	window = failover_ack_window(acks, cfg, now) + peer_path_queue_allowance(cfg, rs, path_id);
 	if (acks->max_ns > since + window || acks->last_ns > since + window * MRC_SILENCE_FACTOR) {
 		/* the floor (min_active) may keep it in use: logged once per
 		 * overdue send */
-		if (!floor_take_out(cfg, peer->template_id, st)) {
+		if (!floor_take_out(cfg, peer->template_id, rs)) {
 			if (live->kept_since_ns != since) {
 				live->kept_since_ns = since;
 				failover_event_log(peer_id, path_id, MRC_EV_KEPT, now, since);
@@ -252,7 +258,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 					   now, since);
 			shared_fate_path_down(cfg, row_index, (__u64)peer_id << 16 | path_id, since == probe, now);
 		} else {
-			floor_release(st);
+			floor_release(rs);
 		}
 		return PATH_SKIP;
 	}
@@ -262,17 +268,17 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 /* After a packet left on the path: start its acknowledgement clock, if
  * the peer has ever acknowledged anything (else there is no clock: a
  * clock started before the peer's first feedback would run out on it). */
-static __always_inline void failover_path_sent(struct mrc_path_live *live, struct mrc_peer_state *st,
-					      __u64 now)
+static __always_inline void failover_path_sent(struct mrc_path_live *live, struct mrc_path_clock *clock,
+					      struct mrc_peer_state *st, __u64 now)
 {
 	__u64 before = live->last_sent_ns;
 
 	live->last_sent_ns = now;
-	if (live->unacked_since_ns)
+	if (clock->unacked_since_ns)
 		return;
 	if (st->acks.last_ns) {
-		live->clock_after_ns = before;
-		live->unacked_since_ns = now;
+		clock->clock_after_ns = before;
+		clock->unacked_since_ns = now;
 	}
 }
 

@@ -207,18 +207,22 @@ static __always_inline __u64 feedback_widen_ns(__u32 low, __u64 now)
  * exact send time is known (a probe's acknowledgement would hide it),
  * and acted on by the next failover_path_check.
  */
-static __always_inline void feedback_late(struct mrc_peer_state *st, __u16 path_id, __u64 exact,
+static __always_inline void feedback_late(struct mrc_row_state *rs, __u16 path_id, __u64 exact,
 					  __u64 now)
 {
-	struct mrc_path_live *live = peer_path_live(st, path_id);
+	struct mrc_path_state *ps = row_path(rs, path_id);
+	struct mrc_path_live *live = &ps->live;
 	__u64 down;
 
+	if (exact > ps->heard_ns)
+		ps->heard_ns = exact;
 	down = live->down_ns;
 	if (down && exact >= live->down_after_ns && exact < down)
 		live->late_ns = now;
 }
 
-static __always_inline void feedback_ack(struct mrc_peer_state *st, __u32 block, __u64 heard,
+static __always_inline void feedback_ack(struct mrc_peer_state *st, struct mrc_row_state *rs,
+					 __u32 block, __u64 heard,
 					 __u32 since32, __u16 path_id, __u32 path_tx32, __u64 now)
 {
 	struct mrc_peer_acks *acks = &st->acks;
@@ -234,8 +238,8 @@ static __always_inline void feedback_ack(struct mrc_peer_state *st, __u32 block,
 	ns = peer_path_acked(st, path_id);
 	if (path_tx32 && *ns < exact)
 		*ns = exact;
-	if (path_tx32)
-		feedback_late(st, path_id, exact, now);
+	if (path_tx32 && rs)
+		feedback_late(rs, path_id, exact, now);
 	if (exact > acks->max_ns && path_tx32)
 		acks->max_ns = exact;
 	if (!heard)
@@ -244,7 +248,7 @@ static __always_inline void feedback_ack(struct mrc_peer_state *st, __u32 block,
 		acks->max_ns = since;
 #pragma unroll
 	for (bit = 0; bit < 64; bit++) {
-		ns = &acks->ns[(base + bit) & (MRC_MAX_PATHS - 1)];
+		ns = &st->clocks[(base + bit) & (MRC_MAX_PATHS - 1)].acked_ns;
 		if ((heard & (1ULL << bit)) && *ns < since)
 			*ns = since;
 	}
@@ -255,6 +259,7 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 {
 	struct mrc_path_health *health;
 	struct mrc_peer_state *st;
+	struct mrc_row_state *rs;
 	struct mrc_sid sid;
 	__u32 *peer_id, lost;
 	__u16 path_id;
@@ -269,19 +274,25 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 	st = peer_state_get(*peer_id);
 	if (!st)
 		return;
-	health = peer_path_health(st, path_id);
-	lost = bpf_ntohl(tlv->fb_lost);
-	if ((__s32)(lost - health->lost) > 0)
-		health->loss_ns = now;
-	health->lost = lost;
-	health->qdelay_us = bpf_ntohs(tlv->fb_qdelay_us);
-	health->updated_ns = now;
-	/* congestion on the path: TX skips it (lib/failover.h, failover_skip) */
-	if (tlv->flags & MRC_F_FB_CE) {
-		peer_path_live(st, path_id)->ce_reports++;
-		count(MRC_RX_FB_CE);
+	/* the row's part (health, CE) is the paths', shared by the row's
+	 * peers; a state RX made before TX ever sent names no row of a
+	 * template's peer: that report's part is not filed */
+	rs = peer_row_state(st, *peer_id);
+	if (rs) {
+		health = row_path_health(rs, path_id);
+		lost = bpf_ntohl(tlv->fb_lost);
+		if ((__s32)(lost - health->lost) > 0)
+			health->loss_ns = now;
+		health->lost = lost;
+		health->qdelay_us = bpf_ntohs(tlv->fb_qdelay_us);
+		health->updated_ns = now;
+		/* congestion on the path: TX skips it (lib/failover.h, failover_skip) */
+		if (tlv->flags & MRC_F_FB_CE) {
+			row_path_live(rs, path_id)->ce_reports++;
+			count(MRC_RX_FB_CE);
+		}
 	}
-	feedback_ack(st, tlv->fb_block, mrc_ntohll(tlv->fb_heard),
+	feedback_ack(st, rs, tlv->fb_block, mrc_ntohll(tlv->fb_heard),
 		     bpf_ntohl(tlv->fb_since_ns32), path_id, bpf_ntohl(tlv->fb_path_tx32), now);
 	count(MRC_RX_FEEDBACK);
 }

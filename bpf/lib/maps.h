@@ -14,6 +14,7 @@ BPF_LPM_TRIE(mrc_peers, struct mrc_peer_key, struct mrc_peer, MRC_MAX_PEER_PREFI
 BPF_ARRAY(mrc_paths, struct mrc_path, MRC_MAX_PEERS * MRC_MAX_PATHS);
 BPF_TABLE("lru_hash", __u32, struct mrc_peer_state, mrc_peer_state, MRC_MAX_ACTIVE_PEERS);
 BPF_ARRAY(mrc_peer_state_zero, struct mrc_peer_state, 1);	/* all zero, never written */
+BPF_ARRAY(mrc_row_state, struct mrc_row_state, MRC_MAX_PEERS);
 /* how often each peer's state started: its first turn when new (lib/peer_state.h) */
 BPF_ARRAY(mrc_peer_starts, __u64, MRC_PEER_STARTS / 4);
 /* destination -> peer, before the trie (lib/peer_cache.h) */

@@ -26,6 +26,7 @@ struct path_choice {
 	__u16	probe_copy;	/* 1 + id of a down path to test with a copy of this packet */
 	__u16	pos;		/* the path's position in the spray list (roce policy: the QP's) */
 	struct mrc_peer_state *st;	/* the peer's learnt state */
+	struct mrc_row_state *rs;	/* its row's: the paths' */
 	struct mrc_path_live *live;
 	__u64	peer_seq;
 	__u64	path_seq;
@@ -40,10 +41,10 @@ struct path_choice {
  * forgotten (score 0): a path we stopped using gets no fresh reports, so
  * without this it could never win again; this way it is tried again.
  */
-static __always_inline __u64 path_select_health_score(struct mrc_peer_state *st, __u16 path_id,
+static __always_inline __u64 path_select_health_score(struct mrc_row_state *rs, __u16 path_id,
 					  __u64 now, __u64 hold_ns)
 {
-	struct mrc_path_health *h = peer_path_health(st, path_id);
+	struct mrc_path_health *h = row_path_health(rs, path_id);
 
 	if (now - h->updated_ns > hold_ns)
 		return 0;
@@ -70,13 +71,22 @@ static __always_inline __u16 path_select_pick(const struct mrc_spray *list, __u3
 }
 
 /* Path `id` of row `row`: its index and live state. */
-static __always_inline struct mrc_path_live *path_select_live_id(__u32 row, struct mrc_peer_state *st,
+static __always_inline struct mrc_path_live *path_select_live_id(__u32 row, struct mrc_row_state *rs,
 						     __u16 id, __u32 *index)
 {
 	if (id >= MRC_MAX_PATHS)
 		return NULL;
 	*index = row * MRC_MAX_PATHS + id;
-	return peer_path_live(st, id);
+	return row_path_live(rs, id);
+}
+
+/* Is there news of path `id` past its down (what failover_path_check
+ * brings it back on): the peer's acknowledgement, or the row's exact
+ * one, of a send at or after down_after_ns. */
+static __always_inline int path_select_news(struct mrc_peer_state *st, struct mrc_row_state *rs, __u32 id,
+					    const struct mrc_path_live *live)
+{
+	return *peer_path_acked(st, id) >= live->down_after_ns || row_path(rs, id)->heard_ns >= live->down_after_ns;
 }
 
 /*
@@ -87,27 +97,29 @@ static __always_inline struct mrc_path_live *path_select_live_id(__u32 row, stru
  * plane), unless that is out too.  One spare a path: a second, tried
  * when the first is out, took mrc_tx past 960k processed instructions.
  * A spare is in no spray list, so it carries only the turns of a path
- * that is out, and is held back again once that path is back.  The pick is left to the reroute loop's
- * check when the check would change it: news of it (an acknowledgement
- * past its down: it comes back) or a probe due (the copy of that packet
+ * that is out, and is held back again once that path is back.  The pick
+ * is left to the reroute loop's check when the check would change it:
+ * news of it (it comes back) or a probe due (the copy of that packet
  * tests it, and the packet takes the next turn, as before spares; one
- * turn a probe interval).  Here, before the loop, so that the loop is as
- * before (every way out gives an id of the same range; a probe copy
- * made here, or a spare tried inside the loop, took mrc_tx past 1M or
- * its stack past 512 bytes); the key is the caller's (the stack is
- * full).  O(1): one word read for a pick that is up, one lookup for one
- * that is out.
+ * turn a probe interval).  A spare out itself is left to the check too
+ * when it is due a probe or has news (else nothing would ever bring it
+ * back: it is in no list); meanwhile the pick's turn is skipped, as
+ * without spares.  Here, before the loop, so that the loop is as before
+ * (every way out gives an id of the same range; a probe copy made here,
+ * or a spare tried inside the loop, took mrc_tx past 1M or its stack
+ * past 512 bytes); the key is the caller's (the stack is full).  O(1):
+ * one word read for a pick that is up, one lookup for one that is out.
  */
-static __always_inline __u32 path_select_spare(__u32 *row_key, struct mrc_peer_state *st, __u32 id,
-					       __u64 now)
+static __always_inline __u32 path_select_spare(__u32 *row_key, struct mrc_peer_state *st,
+					       struct mrc_row_state *rs, __u32 id, __u64 now)
 {
 	struct mrc_path_live *live;
 	struct mrc_spares *s;
 	__u32 c;
 
 	id &= MRC_MAX_PATHS - 1;
-	live = peer_path_live(st, id);
-	if (!live->down_ns || *peer_path_acked(st, id) >= live->down_after_ns || now >= live->next_probe_ns)
+	live = row_path_live(rs, id);
+	if (!live->down_ns || now >= live->next_probe_ns || path_select_news(st, rs, id, live))
 		return id;
 	s = mrc_spares.lookup(row_key);
 	if (!s)
@@ -115,11 +127,8 @@ static __always_inline __u32 path_select_spare(__u32 *row_key, struct mrc_peer_s
 	c = (s->of[id] - 1) & (MRC_MAX_PATHS - 1);
 	if (!s->of[id])
 		return id;
-	/* a spare out itself is left to the check too when it is due a
-	 * probe or has news (else nothing would ever bring it back: it is in
-	 * no list); meanwhile the pick's turn is skipped, as without spares */
-	live = peer_path_live(st, c);
-	if (live->down_ns && *peer_path_acked(st, c) < live->down_after_ns && now < live->next_probe_ns)
+	live = row_path_live(rs, c);
+	if (live->down_ns && now < live->next_probe_ns && !path_select_news(st, rs, c, live))
 		return id;
 	return c;
 }
@@ -192,7 +201,8 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
  * a second down path due a probe among its tries waits for the next.
  */
 static __always_inline int path_select_live(const struct mrc_spray *list, __u32 n, __u32 at,
-				       const struct mrc_peer *peer, struct mrc_peer_state *st, __u8 policy,
+				       const struct mrc_peer *peer, struct mrc_peer_state *st,
+				       struct mrc_row_state *rs, __u8 policy,
 				       const struct mrc_config *cfg, __u64 now, int may_copy, __u32 first,
 				       struct path_choice *choice)
 {
@@ -207,11 +217,11 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	__u64 acked, open_acked = 0;
 
 	for (t = 0, pos = at; t <= MRC_REROUTE_TRIES; t++) {
-		live = path_select_live_id(row, st, id, &index);
+		live = path_select_live_id(row, rs, id, &index);
 		if (!live)
 			return -1;
 		/* shared fate's hook: the policy's pick only (verifier budget) */
-		use = failover_path_check(live, cfg, st, peer, id, now, t == 0);
+		use = failover_path_check(live, cfg, st, rs, peer, id, now, t == 0);
 		if (use == PATH_PROBE && may_copy) {
 			if (!copy) {
 				count(MRC_TX_PROBE);
@@ -252,7 +262,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	if (use == PATH_SKIP && copy) {
 		/* nothing else is up: the packet is the probe itself */
 		id = copy - 1;
-		live = path_select_live_id(row, st, id, &index);
+		live = path_select_live_id(row, rs, id, &index);
 		if (!live)
 			return -1;
 		pos = copy_pos;
@@ -261,7 +271,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		choice->probe = 1;
 	} else if (use == PATH_SKIP) {
 		id = path_select_pick(list, open_pos);
-		live = path_select_live_id(row, st, id, &index);
+		live = path_select_live_id(row, rs, id, &index);
 		if (!live)
 			return -1;
 		pos = open_pos;
@@ -281,7 +291,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		live->probes++;
 	}
 	/* the probe budget (lib/failover.h): a copy it holds back is not sent */
-	if (copy && !failover_probe_budget(cfg, st, row * MRC_MAX_PATHS + copy - 1, copy - 1, now))
+	if (copy && !failover_probe_budget(cfg, rs, row * MRC_MAX_PATHS + copy - 1, copy - 1, now))
 		copy = 0;
 	choice->path_id = id;
 	choice->path_index = index;
@@ -289,6 +299,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	choice->probe |= use == PATH_PROBE;
 	choice->probe_copy = copy;
 	choice->st = st;
+	choice->rs = rs;
 	choice->live = live;
 	return 0;
 }
@@ -305,6 +316,7 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	__u32 list_index, n, a, b, at;
 	__u64 now = bpf_ktime_get_ns();
 	struct mrc_peer_state *st;
+	struct mrc_row_state *rs;
 	struct mrc_peer_tx *ptx;
 	struct mrc_spray *list;
 
@@ -312,7 +324,8 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 		return -1;
 	list_index = row * MRC_MAX_CLASSES + tclass;
 	list = mrc_spray.lookup(&list_index);
-	if (!list)
+	rs = row_state_get(row);
+	if (!list || !rs)
 		return -1;
 	st = peer_state_get(peer->peer_id);
 	if (!st) {
@@ -350,8 +363,8 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 		a = path_select_turns_of_bytes(peer->policy, list) ? path_select_byte_turn(list, n, ptx, skb->len)
 						       : choice->peer_seq % n;
 		b = (a + 1 + bpf_get_prandom_u32() % (n > 1 ? n - 1 : 1)) % n;
-		score_a = path_select_health_score(st, path_select_pick(list, a), now, hold);
-		score_b = path_select_health_score(st, path_select_pick(list, b), now, hold);
+		score_a = path_select_health_score(rs, path_select_pick(list, a), now, hold);
+		score_b = path_select_health_score(rs, path_select_pick(list, b), now, hold);
 		at = 2 * score_b + ADAPTIVE_MARGIN_US < score_a ? b : a;
 		break;
 	}
@@ -380,9 +393,9 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	 * the loop's (a third skipped path in a row is used).  Not only
 	 * while skip_rotations is set: a skip running when it is set to 0
 	 * runs out (and gives its floor place back). */
-	if (failover_skip(cfg, st, peer, path_select_pick(list, at), now)) {
+	if (failover_skip(cfg, rs, peer, path_select_pick(list, at), now)) {
 		at = path_select_skip_turn(list, n, ptx, peer->policy, at);
-		if (failover_skip(cfg, st, peer, path_select_pick(list, at), now))
+		if (failover_skip(cfg, rs, peer, path_select_pick(list, at), now))
 			at = path_select_skip_turn(list, n, ptx, peer->policy, at);
 	}
 	/* the pick, or its spare if it is out (the key: the list's, no
@@ -390,8 +403,8 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	if (path_select_pick(list, at) >= MRC_MAX_PATHS)
 		return -1;
 	list_index = row;
-	return path_select_live(list, n, at, peer, st, peer->policy, cfg, now, may_copy,
-				path_select_spare(&list_index, st, path_select_pick(list, at), now), choice);
+	return path_select_live(list, n, at, peer, st, rs, peer->policy, cfg, now, may_copy,
+				path_select_spare(&list_index, st, rs, path_select_pick(list, at), now), choice);
 }
 
 /*
@@ -409,20 +422,23 @@ static __always_inline int path_select_pinned(const struct mrc_peer *peer, __u32
 	__u32 row = peer->template_id;
 	__u16 id = mark & ~MRC_PROBE_MARK_MASK;
 	struct mrc_peer_state *st;
+	struct mrc_row_state *rs;
 
 	if (row >= MRC_MAX_PEERS || id >= peer->n_paths || id >= MRC_MAX_PATHS)
 		return -1;
 	st = peer_state_get(peer->peer_id);
-	if (!st)
+	rs = row_state_get(row);
+	if (!st || !rs)
 		return -1;
 	choice->path_id = id;
 	choice->path_index = row * MRC_MAX_PATHS + id;
 	choice->st = st;
-	choice->live = peer_path_live(st, id);
+	choice->rs = rs;
+	choice->live = row_path_live(rs, id);
 	/* sent whatever the verdict, but the check applies what feedback
 	 * said: an acknowledged probe brings the path up, an overdue one
 	 * takes it down */
-	failover_path_check(choice->live, cfg, st, peer, id, bpf_ktime_get_ns(), 0);
+	failover_path_check(choice->live, cfg, st, rs, peer, id, bpf_ktime_get_ns(), 0);
 	/* It takes no turn: it shares the number the next packet gets.
 	 * Taking one moved rr's turns on by one at each probe, and the path
 	 * after the probed one lost a turn per probe interval (3%). */

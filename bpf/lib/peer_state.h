@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * A peer's learnt state (struct mrc_peer_state in the peer_state LRU):
- * one lookup per packet, then each path's part by a masked index.  Every
- * access to learnt state goes through these, so the layout can change in
- * one place.
+ * Learnt state: a peer's (struct mrc_peer_state in the peer_state LRU)
+ * and its row's (struct mrc_row_state, an array): one lookup of each per
+ * packet, then each path's part by a masked index.  Every access to
+ * learnt state goes through these, so the layout can change in one
+ * place.
  */
 #ifndef MRC_LIB_PEER_STATE_H
 #define MRC_LIB_PEER_STATE_H
@@ -78,28 +79,59 @@ static __always_inline __u64 peer_state_turn(struct mrc_peer_state *st, __u64 se
 	return first;
 }
 
-static __always_inline struct mrc_path_state *peer_path(struct mrc_peer_state *st, __u32 path_id)
+/* The learnt state of a row's paths (a template's, or an own-path
+ * peer's): an array entry, never missing for a row in range. */
+static __always_inline struct mrc_row_state *row_state_get(__u32 row)
+{
+	return mrc_row_state.lookup(&row);
+}
+
+/* The row of a peer's state as TX last saw it (RX: where its feedback is
+ * filed); its own row (peer_id) if TX never sent since the state was made. */
+static __always_inline struct mrc_row_state *peer_row_state(const struct mrc_peer_state *st, __u32 peer_id)
+{
+	return row_state_get(st->row1 ? st->row1 - 1 : peer_id);
+}
+
+static __always_inline struct mrc_path_state *row_path(struct mrc_row_state *rs, __u32 path_id)
 {
 	barrier_var(path_id);
-	return &st->paths[path_id & (MRC_MAX_PATHS - 1)];
+	return &rs->paths[path_id & (MRC_MAX_PATHS - 1)];
 }
 
-static __always_inline struct mrc_path_live *peer_path_live(struct mrc_peer_state *st, __u32 path_id)
+static __always_inline struct mrc_path_live *row_path_live(struct mrc_row_state *rs, __u32 path_id)
 {
-	return &peer_path(st, path_id)->live;
+	return &row_path(rs, path_id)->live;
 }
 
-static __always_inline struct mrc_path_health *peer_path_health(struct mrc_peer_state *st,
-								 __u32 path_id)
+static __always_inline struct mrc_path_health *row_path_health(struct mrc_row_state *rs, __u32 path_id)
 {
-	return &peer_path(st, path_id)->health;
+	return &row_path(rs, path_id)->health;
 }
 
-/* The send time from which on the peer has heard path_id (peer_acks.ns) */
+/* The peer's acknowledgement clock of our sends on path_id */
+static __always_inline struct mrc_path_clock *peer_path_clock(struct mrc_peer_state *st, __u32 path_id)
+{
+	barrier_var(path_id);
+	return &st->clocks[path_id & (MRC_MAX_PATHS - 1)];
+}
+
+/* Takes the next sequence number of our sends to the peer on path_id.
+ * Two paths a word: the wrap of the low one carries into the high one,
+ * one gap (a loss counted) in 2^32 packets of a path. */
+static __always_inline __u32 peer_path_seq_take(struct mrc_peer_state *st, __u32 path_id)
+{
+	__u32 shift = (path_id & 1) * 32;
+
+	barrier_var(path_id);
+	return __sync_fetch_and_add(&st->path_seq[(path_id / 2) & (MRC_MAX_PATHS / 2 - 1)],
+				    1ULL << shift) >> shift;
+}
+
+/* The send time from which on the peer has heard path_id */
 static __always_inline __u64 *peer_path_acked(struct mrc_peer_state *st, __u32 path_id)
 {
-	barrier_var(path_id);
-	return &st->acks.ns[path_id & (MRC_MAX_PATHS - 1)];
+	return &peer_path_clock(st, path_id)->acked_ns;
 }
 
 /* The peer's acknowledgement window as it stands: ack_timeout, or the
@@ -123,10 +155,10 @@ static __always_inline __u64 peer_ack_window(const struct mrc_peer_acks *acks,
  * docs/design/failover.md.
  */
 static __always_inline __u64 peer_path_queue_allowance(const struct mrc_config *cfg,
-						       struct mrc_peer_state *st, __u32 path_id)
+						       struct mrc_row_state *rs, __u32 path_id)
 {
 	__u64 max = (__u64)cfg->reorder_max_us * 1000;
-	__u64 queue = (__u64)peer_path_health(st, path_id)->qdelay_us * 1000;
+	__u64 queue = (__u64)row_path_health(rs, path_id)->qdelay_us * 1000;
 
 	return queue < max ? queue : max;
 }

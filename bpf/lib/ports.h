@@ -84,6 +84,7 @@ static __always_inline int ports_walk(const __u8 *src_sid, __u32 walk, __u64 now
 	int down = (walk >> 8) & 1;
 	struct mrc_config *cfg;
 	struct mrc_peer_state *st;
+	struct mrc_row_state *rs;
 	struct mrc_peer_floor *f;
 	struct mrc_path_live *live;
 	struct mrc_sid sid;
@@ -99,7 +100,8 @@ static __always_inline int ports_walk(const __u8 *src_sid, __u32 walk, __u64 now
 		return 1;	/* never sent to: nothing to stop */
 	row = st->row1 ? st->row1 - 1 : *peer_id;
 	f = mrc_peer_floor.lookup(&row);
-	if (!f)
+	rs = row_state_get(row);
+	if (!f || !rs)
 		return 1;
 	/* the chunk of the first path from where the last packet stopped */
 	first = ports_next(f, plane, (walk >> 16) & 0x1ff);
@@ -117,7 +119,7 @@ static __always_inline int ports_walk(const __u8 *src_sid, __u32 walk, __u64 now
 	for (j = 0; j < PORTS_CHUNK; j++) {
 		i = chunk * PORTS_CHUNK + j;
 		bit = (bits >> j) & 1;
-		live = peer_path_live(st, i);
+		live = row_path_live(rs, i);
 		if (down) {
 			bit &= ports_is_zero(live->down_ns);	/* up ones only */
 			m = -bit;
@@ -135,7 +137,7 @@ static __always_inline int ports_walk(const __u8 *src_sid, __u32 walk, __u64 now
 		}
 	}
 	if (taken) {
-		__sync_fetch_and_add(&st->floor_out, taken);
+		__sync_fetch_and_add(&rs->floor_out, taken);
 		count_add(MRC_RX_PORT_DOWN_PATHS, taken);
 		failover_event_log(*peer_id, MRC_EV_PLANE + plane, MRC_EV_PORT_DOWN, now, 0);
 	}

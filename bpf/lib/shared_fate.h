@@ -19,6 +19,17 @@
 #include "lib/compiler.h"
 #include "lib/peer_state.h"
 
+
+/*
+ * A watch's `who`: the watched send's peer and path, and the queue
+ * allowance its path had then (us, 16 bits): the watch is judged by the
+ * window failover judges that path by, without a lookup of its row's
+ * state at each judging (that lookup cost mrc_tx a third of the
+ * verifier's budget).
+ */
+#define FATE_WHO_PEER(who)	((__u32)((who) >> 16))
+#define FATE_WHO_ALLOW_NS(who)	(((who) >> 48) * 1000)
+
 /* shared_fate_check(): this packet's turn tests the path with a probe copy */
 #define FATE_PROBE_NOW	1
 /* mrc_hop.watch_ns while one CPU rewrites the watch (a send time is never 1) */
@@ -116,13 +127,13 @@ static __always_inline void shared_fate_watch_one(const struct mrc_config *cfg, 
 	barrier_var(who);
 	if (*wns != w)	/* rewritten meanwhile: who may be the new one's */
 		return;
-	peer_id = who >> 16;
+	peer_id = FATE_WHO_PEER(who);
 	path_id = who & 0xffff;
 	ws = mrc_peer_state.lookup(&peer_id);
 	if (!ws || *peer_path_acked(ws, path_id) > after)
 		return;
 	/* the window failover judges the path by, read without halving it */
-	window = peer_ack_window(&ws->acks, cfg) + peer_path_queue_allowance(cfg, ws, path_id);
+	window = peer_ack_window(&ws->acks, cfg) + FATE_WHO_ALLOW_NS(who);
 	if (ws->acks.max_ns <= w + window)
 		return;
 	/* one CPU judges it; the next send through the hop is watched */
@@ -160,7 +171,7 @@ static __always_inline int shared_fate_watch_free(__u64 w, __u64 who, __u64 afte
 		return 0;
 	if (!w || now >= w + hold)
 		return 1;
-	wpeer = who >> 16;
+	wpeer = FATE_WHO_PEER(who);
 	ws = wpeer == peer_id ? st : mrc_peer_state.lookup(&wpeer);
 	return !ws || *peer_path_acked(ws, who & 0xffff) > after;
 }
@@ -178,10 +189,12 @@ static __always_inline int shared_fate_watch_free(__u64 w, __u64 who, __u64 afte
  * verdict is possible).  At most two peer_state lookups.
  */
 static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32 index,
-					     struct mrc_peer_state *st, __u32 peer_id, __u16 path_id,
+					     struct mrc_peer_state *st, struct mrc_row_state *rs,
+					     __u32 peer_id, __u16 path_id,
 					     int probe, __u64 before, __u64 now)
 {
 	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
+	__u64 allow_us = peer_path_queue_allowance(cfg, rs, path_id) / 1000;
 	struct mrc_path_fate *pf;
 	struct mrc_hop *h;
 	__u64 w, who, *wns, *wwho, *wafter;
@@ -198,7 +211,7 @@ static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32
 	wwho = &h->watch_who;
 	wafter = &h->watch_after_ns;
 	if (!shared_fate_watch_free(w, who, h->watch_after_ns, st, peer_id, hold, now)) {
-		if (w == FATE_WATCH_BUSY || who >> 16 == peer_id)
+		if (w == FATE_WATCH_BUSY || FATE_WHO_PEER(who) == peer_id)
 			return;
 		w = h->watch2_ns;
 		if (!shared_fate_watch_free(w, h->watch2_who, h->watch2_after_ns, st, peer_id, hold, now))
@@ -211,7 +224,9 @@ static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32
 	 * time with another's peer */
 	if (!__sync_bool_compare_and_swap(wns, w, FATE_WATCH_BUSY))
 		return;
-	*wwho = (__u64)peer_id << 16 | path_id;
+	if (allow_us > 0xffff)
+		allow_us = 0xffff;	/* 65 ms: the window is the longer anyway */
+	*wwho = allow_us << 48 | (__u64)peer_id << 16 | path_id;
 	*wafter = before;
 	asm volatile("" ::: "memory");	/* who before its time (x86 keeps store order) */
 	*wns = now;

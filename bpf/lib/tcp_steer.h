@@ -165,7 +165,8 @@ static __always_inline void tcp_steer_heard(struct mrc_peer_state *st, __u16 pat
  * since it was heard), not down, and heard from lately (`fresh`)?
  */
 static __always_inline int tcp_steer_usable(const struct mrc_peer *peer, struct mrc_peer_state *st,
-					    const struct mrc_path *given, __u32 id, __u64 fresh)
+					    struct mrc_row_state *rs, const struct mrc_path *given,
+					    __u32 id, __u64 fresh)
 {
 	__u32 index = peer->template_id * MRC_MAX_PATHS + id;
 	struct mrc_path *path;
@@ -175,7 +176,7 @@ static __always_inline int tcp_steer_usable(const struct mrc_peer *peer, struct 
 	path = mrc_paths.lookup(&index);
 	if (!path || path->state != MRC_PATH_UP || path->tclass != given->tclass)
 		return 0;
-	return !peer_path_live(st, id)->down_ns && *peer_path_acked(st, id) >= fresh;
+	return !row_path_live(rs, id)->down_ns && *peer_path_acked(st, id) >= fresh;
 }
 
 /*
@@ -193,6 +194,7 @@ static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, const st
 					   struct path_choice *choice)
 {
 	struct mrc_peer_state *st = choice->st;
+	struct mrc_row_state *rs = choice->rs;
 	struct mrc_path *given;
 	__u64 lag = 2 * 1000 * (__u64)cfg->fb_interval_us, fresh;
 	__u32 id, n = peer->n_paths, index;
@@ -211,16 +213,16 @@ static __always_inline void tcp_steer_pick(const struct mrc_peer *peer, const st
 	if (!given)
 		return;
 	id = (choice->path_id + 1 + bpf_get_prandom_u32() % (n - 1)) % n;
-	if (!tcp_steer_usable(peer, st, given, id, fresh)) {
+	if (!tcp_steer_usable(peer, st, rs, given, id, fresh)) {
 		id = st->tx.heard_path;
-		if (id == choice->path_id || !tcp_steer_usable(peer, st, given, id, 0))
+		if (id == choice->path_id || !tcp_steer_usable(peer, st, rs, given, id, 0))
 			return;
 	}
 	index = peer->template_id * MRC_MAX_PATHS + id;
 	count(MRC_TX_RETRANS_STEERED);
 	choice->path_id = id;
 	choice->path_index = index;
-	choice->live = peer_path_live(st, id);
+	choice->live = row_path_live(rs, id);
 }
 
 #endif

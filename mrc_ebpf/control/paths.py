@@ -3,9 +3,11 @@
 A peer prefix owns a row (peer_id) of MRC_MAX_PATHS path slots; paths
 0..n_paths-1 are in use.  Writes go path first, peer last, so the
 datapath never sees a path count that covers a half-written path.
-What the datapath learns about a peer (sequence numbers, acknowledgements,
-health, counters) is in the peer_state LRU, created by the peer's first
-packet: `learnt` reads it (zero when there is none yet, or it was evicted).
+What the datapath learns about a row's paths (up or down, health,
+counters) is in row_state, shared by a template's peers (`row_learnt`);
+what it learns about a peer (sequence numbers, acknowledgements) in the
+peer_state LRU, created by the peer's first packet: `learnt` reads it
+(zero when there is none yet, or it was evicted).
 """
 from __future__ import annotations
 
@@ -24,21 +26,15 @@ from mrc_ebpf.control.path_spec import (ENTROPY, MAX_SEGMENTS, MAX_WEIGHT, REDIR
                                         parse_segments, parse_usid, segments_of, unique_labels)
 from mrc_ebpf.control.peer_table import (DENIED, LAST_HOP, MAX_CLASSES, MAX_PATHS, MAX_PEERS,  # noqa: F401
                                          POLICIES, POLICY_NAMES, STATE_BAD, STATE_DENIED, STATE_SKIP, STATE_SPARE,
-                                         STATE_UNKNOWN, STATE_UP, UP, UsedCache, change_learnt,
-                                         forget_peer, free_peer_id, key_prefix, learnt, lookup_peer,
-                                         path_index, path_state, peer_key, route_mtu, stands_in, used_paths)
+                                         STATE_UNKNOWN, STATE_UP, UP, UsedCache, change_learnt, change_row,
+                                         forget_paths, forget_peer, forget_row, free_peer_id, key_prefix, learnt,
+                                         lookup_peer, path_index, path_state, peer_key, route_mtu, row_learnt,
+                                         stands_in, used_paths)
 from mrc_ebpf.control.spray import rebuild
 from mrc_ebpf.datapath import routes
 from mrc_ebpf.datapath import layout
 from mrc_ebpf.datapath.loader import Attachment
 from mrc_ebpf.errors import MrcError
-
-
-def _reset_path_state(att: Attachment, peer_id: int, path_ids: list[int]) -> None:
-    def reset(state):
-        for i in path_ids:
-            state.paths[i] = layout.PathState()
-    change_learnt(att, peer_id, reset)
 
 
 def route_metrics(att: Attachment, prefix) -> dict[str, str]:
@@ -207,8 +203,8 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
                         "overhead": spec.overhead, "existed": False})
     if new_peer:
         forget_peer(att, peer.peer_id)
-    _reset_path_state(att, peer.peer_id, [r["path_id"] for r in results])
-    _forget_acks(att, peer.peer_id, [r["path_id"] for r in results])
+        forget_row(att, peer.template_id)
+    forget_paths(att, peer, [r["path_id"] for r in results])
     rebuild(att, peer)       # spray lists first: the peer entry makes them live
     peers.update(key, peer)
     _sync_route(att, prefix, peer, overrides)
@@ -219,15 +215,6 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
 
 def _describe_spec(spec: PathSpec) -> str:
     return f"usid {spec.segments[0]}" if spec.usid else f"via {','.join(map(str, spec.segments))}"
-
-
-def _forget_acks(att: Attachment, peer_id: int, ids: list[int]) -> None:
-    """A path id used before keeps the peer's acknowledgement of it: a new
-    path there starts unknown, never yet acknowledged."""
-    def forget(state):
-        for i in ids:
-            state.acks.ns[i] = 0
-    change_learnt(att, peer_id, forget)
 
 
 def set_denied(att: Attachment, prefix_text: str, path_ids: list[int], deny: bool) -> dict:
@@ -250,12 +237,15 @@ def set_denied(att: Attachment, prefix_text: str, path_ids: list[int], deny: boo
         if not deny:
             def fresh(state, i=path_id):
                 state.paths[i].live = layout.PathLive()
-            change_learnt(att, peer.peer_id, fresh)
+            change_row(att, peer.template_id, fresh)
         path.state = want
         att.maps["paths"].update(index, path)
         changed.append(path_id)
     if not deny:
-        _forget_acks(att, peer.peer_id, changed)
+        def unheard(state):
+            for i in changed:
+                state.clocks[i] = layout.PathClock()
+        change_learnt(att, peer.peer_id, unheard)
     rebuild(att, peer)
     left = sum(1 for _, p in used_paths(att, peer) if p.state == UP)
     return {"prefix": str(prefix), "action": "deny" if deny else "allow", "path_ids": list(path_ids),
@@ -361,6 +351,7 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
     names = classes.names(att)
     now = _monotonic_ns()
     used = UsedCache(att)
+    rows_learnt: dict[int, layout.RowState] = {}
     for key, peer in sorted(att.maps["peers"].items(), key=lambda kv: kv[1].peer_id):
         prefix = key_prefix(key)
         if peer.flags & LAST_HOP:
@@ -373,12 +364,15 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
         else:
             metrics = route_metrics(att, prefix)
             peer_state = learnt(att, peer.peer_id)
-        standing = stands_in(att, peer, peer_state)
+        if peer.template_id not in rows_learnt:
+            rows_learnt[peer.template_id] = row_learnt(att, peer.template_id)
+        row = rows_learnt[peer.template_id]
+        standing = stands_in(att, peer, row)
         for path_id, path in used(peer):
             path = _with_last_hop(path, peer)
-            mine = peer_state.paths[path_id]
+            mine = row.paths[path_id]
             health, live = mine.health, mine.live
-            state = path_state(att, peer, path_id, path, peer_state)
+            state = path_state(att, peer, path_id, path, peer_state, row)
             rows.append({
                 "prefix": str(prefix), "path_id": path_id, "segments": segments_of(path),
                 "encoding": encoding_of(path),
@@ -395,9 +389,10 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
                 "spare": bool(path.flags & SPARE), "stands_in_for": standing.get(path_id, []),
                 "hop": str(hop_of(path) or "") or None,
                 "overhead": overhead(path),
+                # the row's: a template's peers share them
                 "tx_packets": mine.tx_packets,
                 "tx_bytes": mine.tx_bytes,
-                "next_seq": mine.seq,
+                "next_seq": peer_state.next_seq(path_id),
                 "nexthop": addr_text(path.nexthop), "redirect": bool(path.flags & REDIRECT),
                 "route_metrics": metrics, "template": bool(peer.flags & LAST_HOP),
                 "feedback": None if not health.updated_ns else {

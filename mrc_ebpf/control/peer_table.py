@@ -95,6 +95,43 @@ def forget_peer(att: Attachment, peer_id: int) -> None:
     att.maps["peer_state"].delete(layout.Index(peer_id))
 
 
+def row_learnt(att: Attachment, row: int) -> layout.RowState:
+    """What the datapath learnt of the paths of ROW (a template's, or an
+    own-path peer's: its template_id), shared by the row's peers."""
+    state = att.maps["row_state"].lookup(layout.Index(row))
+    return state if state is not None else layout.RowState()
+
+
+def change_row(att: Attachment, row: int, change) -> None:
+    """Apply `change(state)` to ROW's learnt path state, written back
+    whole (as change_learnt) only when `change` changed something."""
+    state = row_learnt(att, row)
+    before = bytes(state)
+    change(state)
+    if bytes(state) != before:
+        att.maps["row_state"].update(layout.Index(row), state)
+
+
+def forget_row(att: Attachment, row: int) -> None:
+    """A row given to a new peer or template starts with no verdicts."""
+    att.maps["row_state"].update(layout.Index(row), layout.RowState())
+
+
+def forget_paths(att: Attachment, peer: layout.Peer, path_ids: list[int]) -> None:
+    """New paths in ids used before: no verdict, health or counters of the
+    old ones in the row, and for the peer, never yet acknowledged (its
+    other peers' clocks of those ids run out or are met as before)."""
+    def fresh_row(state):
+        for i in path_ids:
+            state.paths[i] = layout.PathState()
+
+    def fresh_clock(state):
+        for i in path_ids:
+            state.clocks[i] = layout.PathClock()
+    change_row(att, peer.template_id, fresh_row)
+    change_learnt(att, peer.peer_id, fresh_clock)
+
+
 def used_paths(att: Attachment, peer: layout.Peer) -> list[tuple[int, layout.Path]]:
     """(path id, path) of the peer's paths in use (its template's, for a
     template's peer: the last hop left open)."""
@@ -137,37 +174,40 @@ class UsedCache:
         return self.rows[key]
 
 
-def stands_in(att: Attachment, peer: layout.Peer, state: layout.PeerState) -> dict[int, list[int]]:
-    """Spare id -> the paths out (down_ns) whose turns it takes, as TX
-    chooses (lib/path_select.h, path_select_spare: a spare not out
-    itself; TX leaves a path's turn to it except for the packet that
-    probes the path)."""
+def stands_in(att: Attachment, peer: layout.Peer, row: layout.RowState) -> dict[int, list[int]]:
+    """Spare id -> the paths out (down_ns, in the row's learnt state ROW)
+    whose turns it takes, as TX chooses (lib/path_select.h,
+    path_select_spare: a spare not out itself; TX leaves a path's turn to
+    it except for the packet that probes the path)."""
     spares = att.maps["spares"].lookup(layout.Index(peer.template_id))
     out: dict[int, list[int]] = {}
     if spares is None:
         return out
     for i in range(MAX_PATHS):
         c = spares.of[i]
-        if c and state.paths[i].live.down_ns and not state.paths[c - 1].live.down_ns:
+        if c and row.paths[i].live.down_ns and not row.paths[c - 1].live.down_ns:
             out.setdefault(c - 1, []).append(i)
     return out
 
 
 def path_state(att: Attachment, peer: layout.Peer, path_id: int, path: layout.Path,
-               state: layout.PeerState | None = None) -> str:
+               state: layout.PeerState | None = None, row: layout.RowState | None = None) -> str:
     """up, assumed-bad (taken out by the datapath, probed), skip (up, left
     out of the spray for a few turns: the peer reported CE on it), denied
     (by the operator), spare (a spare EV held back: standing in for no
-    path out) or unknown (never yet acknowledged by the peer)."""
+    path out) or unknown (never yet acknowledged by the peer).
+    The first four are the row's (shared by a template's peers), unknown
+    the peer's own."""
     if path.state == DENIED:
         return STATE_DENIED
-    state = learnt(att, peer.peer_id) if state is None else state
-    if state.paths[path_id].live.down_ns:
+    row = row_learnt(att, peer.template_id) if row is None else row
+    if row.paths[path_id].live.down_ns:
         return STATE_BAD
-    if path.flags & SPARE and not stands_in(att, peer, state).get(path_id):
+    if path.flags & SPARE and not stands_in(att, peer, row).get(path_id):
         return STATE_SPARE
-    if state.paths[path_id].live.skip_left:
+    if row.paths[path_id].live.skip_left:
         return STATE_SKIP
-    if not state.acks.ns[path_id]:
+    state = learnt(att, peer.peer_id) if state is None else state
+    if not state.clocks[path_id].acked_ns:
         return STATE_UNKNOWN
     return STATE_UP

@@ -92,14 +92,14 @@ def _peer_targets(att) -> dict[int, tuple]:
 def _path_for(att, peer: layout.Peer, mask: int, planes: dict[int, int]) -> int | None:
     """A path of the peer through a plane that is up (the datapath's up
     ones first), or None."""
-    st = att.maps["peer_state"].lookup(layout.Index(peer.peer_id))
+    row = peer_table.row_learnt(att, peer.template_id)
     fallback = None
     for i in range(peer.n_paths):
         p = att.maps["paths"].lookup(layout.Index(peer.template_id * C["MRC_MAX_PATHS"] + i))
         plane = planes.get(p.oif) if p else None
         if p is None or p.state != UP or plane is None or mask >> plane & 1:
             continue
-        if st is None or not st.paths[i].live.down_ns:
+        if not row.paths[i].live.down_ns:
             return i
         fallback = i if fallback is None else fallback
     return fallback

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ipaddress
 
 from mrc_ebpf.control.path_spec import ENTROPY, SPARE, hop_of
-from mrc_ebpf.control.peer_table import (MAX_CLASSES, POLICIES, SLOTS, UP, change_learnt, route_mtu,
+from mrc_ebpf.control.peer_table import (MAX_CLASSES, POLICIES, SLOTS, UP, change_row, route_mtu,
                                          used_paths)
 from mrc_ebpf.datapath import layout
 from mrc_ebpf.datapath.loader import Attachment
@@ -72,7 +72,7 @@ def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
 
     def recount(state):
         state.floor_out = sum(1 for i, _ in used if state.paths[i].live.down_ns)
-    change_learnt(att, peer.peer_id, recount)
+    change_row(att, peer.template_id, recount)
     if not sids:
         return
     by_sid = att.maps["peer_by_sid"]

@@ -87,6 +87,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
         peers = [p for _, p in entries]
         used = paths.UsedCache(att)
         active = {k.value: v for k, v in att.maps["peer_state"].items()}
+        rows = _Rows(att)
         overhead = {f"{n} seg": layout.encap_len(n) for n in range(1, C["MRC_MAX_SEGMENTS"] + 1)}
         overhead["usid"] = layout.encap_len(1, usid=True)
         row.update(sid=str(ipaddress.IPv6Address(bytes(cfg.sid))), mtu=cfg.mtu,
@@ -95,9 +96,9 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    active_peers=len(active), learnt_state=learnt_state(att, len(active)),
                    devices=att.device_names(), fail_open=_fail_open(att, entries, active),
                    ack_windows=_ack_windows(att, entries, active),
-                   path_states=_path_states(att, peers, used, active),
+                   path_states=_path_states(att, peers, used, active, rows),
                    min_active=cfg.min_active, memory=maps_memory(att.dir),
-                   skip_rotations=cfg.skip_rotations, probing=_probing(att, cfg, peers, used, active),
+                   skip_rotations=cfg.skip_rotations, probing=_probing(att, cfg, peers, used, rows),
                    programs=replace.programs(att.dir), shared_fate=bool(cfg.shared_fate),
                    routes=[{"prefix": str(paths.key_prefix(k)),
                             "route_metrics": paths.route_metrics(att, paths.key_prefix(k))}
@@ -185,10 +186,22 @@ def _fail_open(att: Attachment, entries, active) -> list[dict]:
     return out
 
 
-def _path_states(att: Attachment, peers, used, active) -> dict[str, int]:
-    """How many paths are in each of MRC's states (up, assumed-bad, denied,
-    unknown, skip; spare: a spare EV held back).  A peer without learnt state has never been acknowledged: its
-    paths are unknown, or denied."""
+class _Rows:
+    """Each row's learnt path state (row_state), read once."""
+
+    def __init__(self, att: Attachment):
+        self.att, self.rows = att, {}
+
+    def __call__(self, row: int) -> layout.RowState:
+        if row not in self.rows:
+            self.rows[row] = paths.row_learnt(self.att, row)
+        return self.rows[row]
+
+
+def _path_states(att: Attachment, peers, used, active, rows: _Rows) -> dict[str, int]:
+    """How many of the peers' paths are in each of MRC's states (up,
+    assumed-bad, denied, unknown, skip; spare: a spare EV held back).  A peer without learnt state has never
+    been acknowledged: its paths are unknown, or denied."""
     counts = {s: 0 for s in (paths.STATE_UP, paths.STATE_BAD, paths.STATE_DENIED, paths.STATE_UNKNOWN,
                              paths.STATE_SKIP, paths.STATE_SPARE)}
     for peer in peers:
@@ -198,22 +211,25 @@ def _path_states(att: Attachment, peers, used, active) -> dict[str, int]:
                 counts[paths.STATE_DENIED if path.state == paths.DENIED else
                        paths.STATE_SPARE if path.flags & paths.SPARE else paths.STATE_UNKNOWN] += 1
             else:
-                counts[paths.path_state(att, peer, path_id, path, state)] += 1
+                counts[paths.path_state(att, peer, path_id, path, state, rows(peer.template_id))] += 1
     return counts
 
 
-def _probing(att: Attachment, cfg, peers, used, active) -> dict:
-    """Down paths and the probes they cost now: each is probed once per
-    its interval (doubling from probe_us to probe_max_us, lib/failover.h),
-    and all of them through one first hop at most probe_budget a second.
-    From the datapath's state, not sampled: the rate the schedule gives."""
+def _probing(att: Attachment, cfg, peers, used, rows: _Rows) -> dict:
+    """Down paths (of the rows: a template's peers share theirs) and the
+    probes they cost now: each is probed once per its interval (doubling
+    from probe_us to probe_max_us, lib/failover.h), and all of them
+    through one first hop at most probe_budget a second.  From the
+    datapath's state, not sampled: the rate the schedule gives."""
     budget = cfg.probe_budget
     per_hop: dict[int, float] = {}
     down = 0
+    seen = set()
     for peer in peers:
-        state = active.get(peer.peer_id)
-        if state is None:
+        if peer.template_id in seen:
             continue
+        seen.add(peer.template_id)
+        state = rows(peer.template_id)
         for path_id, _ in used(peer):
             live = state.paths[path_id].live
             if not live.down_ns:
@@ -221,7 +237,7 @@ def _probing(att: Attachment, cfg, peers, used, active) -> dict:
             down += 1
             gap_ns = (live.probe_gap_us or cfg.probe_us) * 1000
             hop = att.maps["path_fate"].lookup(paths.path_index(peer.template_id, path_id)).hop
-            key = hop if hop else -(peer.peer_id << 16 | path_id)    # no hop: the path alone
+            key = hop if hop else -(peer.template_id << 16 | path_id)    # no hop: the path alone
             per_hop[key] = per_hop.get(key, 0.0) + 1e9 / gap_ns
     rate = sum(min(r, budget) if budget else r for r in per_hop.values())
     return {"down_paths": down, "probes_per_s": round(rate, 1), "probe_us": cfg.probe_us,

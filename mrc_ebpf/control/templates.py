@@ -4,10 +4,12 @@ A template is a named row of paths (the spines and planes towards one
 destination leaf) whose last hop is left open; a peer added with
 `--template NAME --sid SID` is one LPM entry that points at the template's
 row and carries its own SID, which the datapath puts in as the last hop of
-each path (bpf/lib/template.h).  Its learnt state (acknowledgements,
-health, counters) is its own, in peer_state, under its own peer_id; those
-ids start above the rows (MRC_MAX_PEERS) so they never meet an own-path
-peer's.  Adding a peer is two map writes and, unless it is left to an
+each path (bpf/lib/template.h).  What is learnt of the paths (up or
+down, health, counters) is the template row's, shared by its peers
+(row_state: a spine that fails fails for all of them); what is learnt of a
+peer (sequence numbers, acknowledgements) is its own, in peer_state, under
+its own peer_id; those ids start above the rows (MRC_MAX_PEERS) so they
+never meet an own-path peer's.  Adding a peer is two map writes and, unless it is left to an
 aggregate route, one kernel route: 131,072 of them fit in the maps'
 memory target (docs/design/scale.md).
 """
@@ -110,6 +112,15 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
                         "segments": [str(s) for s in spec.segments[:-1]] + ["<peer SID>"],
                         "weight": weight, "overhead": spec.overhead})
     shared_fate.assign_many(att, fates)
+    if new:
+        pt.forget_row(att, tpl.template_id)
+    else:
+        fresh_ids = [r["path_id"] for r in results]
+
+        def fresh_row(state):
+            for i in fresh_ids:
+                state.paths[i] = layout.PathState()
+        pt.change_row(att, tpl.template_id, fresh_row)
     _rebuild(att, tpl)
     att.maps["templates"].update(key, tpl)
     if not new:

@@ -128,8 +128,8 @@ class RxPeer(ctypes.Structure):
 
 @mirror("struct mrc_path_live")
 class PathLive(ctypes.Structure):
-    _fields_ = [("unacked_since_ns", u64), ("down_ns", u64), ("next_probe_ns", u64),
-                ("last_sent_ns", u64), ("clock_after_ns", u64), ("down_after_ns", u64),
+    _fields_ = [("down_ns", u64), ("next_probe_ns", u64),
+                ("last_sent_ns", u64), ("down_after_ns", u64),
                 ("late_ns", u64),
                 ("downs", u32), ("probes", u32), ("kept_since_ns", u64),
                 ("probe_gap_us", u32), ("ce_reports", u32), ("skip", u64)]
@@ -142,7 +142,7 @@ class PathLive(ctypes.Structure):
 
 @mirror("struct mrc_peer_acks")
 class PeerAcks(ctypes.Structure):
-    _fields_ = [("ns", u64 * C["MRC_MAX_PATHS"]), ("max_ns", u64), ("last_ns", u64),
+    _fields_ = [("max_ns", u64), ("last_ns", u64),
                 ("window_ns", u64), ("window_hold_ns", u64)]
 
 
@@ -163,8 +163,18 @@ class Spares(ctypes.Structure):
 
 @mirror("struct mrc_path_state")
 class PathState(ctypes.Structure):
-    _fields_ = [("live", PathLive), ("health", PathHealth), ("seq", u64),
+    _fields_ = [("live", PathLive), ("health", PathHealth), ("heard_ns", u64),
                 ("tx_packets", u64), ("tx_bytes", u64), ("fate_probe_ns", u64)]
+
+
+@mirror("struct mrc_row_state")
+class RowState(ctypes.Structure):
+    _fields_ = [("floor_out", u64), ("pad", u64), ("paths", PathState * C["MRC_MAX_PATHS"])]
+
+
+@mirror("struct mrc_path_clock")
+class PathClock(ctypes.Structure):
+    _fields_ = [("acked_ns", u64), ("unacked_since_ns", u64), ("clock_after_ns", u64)]
 
 
 @mirror("struct mrc_mac_prefix")
@@ -174,8 +184,13 @@ class MacPrefix(ctypes.Structure):
 
 @mirror("struct mrc_peer_state")
 class PeerState(ctypes.Structure):
-    _fields_ = [("tx", PeerTx), ("acks", PeerAcks), ("fb_due", u64), ("floor_out", u64),
-                ("row1", u32), ("pad", u32), ("tx_mac", MacPrefix), ("paths", PathState * C["MRC_MAX_PATHS"])]
+    _fields_ = [("tx", PeerTx), ("acks", PeerAcks), ("fb_due", u64),
+                ("row1", u32), ("pad", u32), ("tx_mac", MacPrefix),
+                ("clocks", PathClock * C["MRC_MAX_PATHS"]), ("path_seq", u64 * (C["MRC_MAX_PATHS"] // 2))]
+
+    def next_seq(self, path_id: int) -> int:
+        """The next sequence number of path PATH_ID (two 32-bit ones a word)."""
+        return (self.path_seq[path_id // 2] >> (32 * (path_id % 2))) & 0xFFFFFFFF
 
 
 @mirror("struct mrc_peer_cached")
@@ -259,6 +274,7 @@ MAPS = {
     "paths": (Index, Path, False),
     "peer_state": (Index, PeerState, False),
     "peer_state_zero": (Index, PeerState, False),
+    "row_state": (Index, RowState, False),
     "peer_starts": (Index, u64, False),
     "peer_cache": (Sid, PeerCached, False),
     "peers_gen": (Index, u32, False),

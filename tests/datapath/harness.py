@@ -112,7 +112,7 @@ class Datapath:
             for key in list(m.keys()):
                 m.delete(key)
         # how often each peer's state started (lib/peer_state.h)
-        for name in ("peer_starts",):
+        for name in ("peer_starts", "row_state"):
             m = self.att.maps[name]
             n = m.max_entries
             keys = b"".join(layout.Index(i) for i in range(n))

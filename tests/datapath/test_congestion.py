@@ -78,6 +78,15 @@ def put(dp, st, peer_id=0):
     dp.att.maps["peer_state"].update(layout.Index(peer_id), st)
 
 
+def row(dp, peer_id=0):
+    """The learnt state of the peer's paths: its row's (its own here)."""
+    return dp.att.maps["row_state"].lookup(layout.Index(peer_id))
+
+
+def put_row(dp, rs, peer_id=0):
+    dp.att.maps["row_state"].update(layout.Index(peer_id), rs)
+
+
 def send(dp, dst="fd00:b::2"):
     """One packet to the peer: (the path id its TLV says, its TLV, deltas)."""
     r = dp.run_tx(bytes(F.eth() / IPv6(src="fd00:a::1", dst=dst) / Raw(b"data")))
@@ -150,7 +159,7 @@ def test_a_ce_report_makes_tx_skip_the_path_for_n_turns(four_paths):
     set_config(dp, skip_rotations=2)
     r, inner = report(dp, 1)
     assert r.delta == {**decap(inner), "rx_feedback": 1, "rx_fb_ce": 1}
-    assert state(dp).paths[1].live.ce_reports == 1
+    assert row(dp).paths[1].live.ce_reports == 1
     took, deltas = [], []
     for _ in range(10):
         path_id, _, delta = send(dp)
@@ -165,9 +174,9 @@ def test_a_ce_report_makes_tx_skip_the_path_for_n_turns(four_paths):
     # takes the next turn), then it is used again
     assert took == [0, 2, 3, 0, 2, 3, 0, 1, 2, 3], took
     assert sum(deltas) == 2 and "tx_reroute" not in delta
-    live = state(dp).paths[1].live
+    live = row(dp).paths[1].live
     assert (live.skip, live.down_ns, live.downs) == (1 << 32, 0, 0)     # report 1 acted on, 0 left
-    assert state(dp).floor_out == 0         # its floor place given back
+    assert row(dp).floor_out == 0         # its floor place given back
     kinds = [(e["type"], e["path_id"], e["state"]) for e in events(dp)]
     assert kinds == [("skip", 1, "skip")]
 
@@ -180,7 +189,7 @@ def test_skip_shows_in_path_state_and_a_new_report_restarts_it(four_paths):
     peer = dp.att.maps["peers"].lookup(cp.peer_key(cp.parse_prefix(PREFIX)))
     path = dp.att.maps["paths"].lookup(cp.path_index(0, 2))
     assert cp.path_state(dp.att, peer, 2, path) == cp.STATE_SKIP
-    assert state(dp).paths[2].live.skip_left == 2 and state(dp).floor_out == 1
+    assert row(dp).paths[2].live.skip_left == 2 and row(dp).floor_out == 1
     report(dp, 2)                           # CE again: 3 turns from now
     took = [send(dp)[0] for _ in range(16)]
     assert took == [0, 1, 3, 0, 1, 3, 0, 1, 3, 0, 1, 2, 3, 0, 1, 2], took
@@ -214,7 +223,7 @@ def test_the_floor_holds_against_skip(four_paths):
     assert took == [0, 2, 3, 0], took           # 1 skipped; 2 refused by the floor, used
     kinds = [(e["type"], e["path_id"]) for e in events(dp)]
     assert kinds == [("skip", 1)]
-    assert state(dp).floor_out == 1
+    assert row(dp).floor_out == 1
 
 
 def test_every_path_ce_keeps_one_in_the_spray(four_paths):
@@ -228,9 +237,9 @@ def test_every_path_ce_keeps_one_in_the_spray(four_paths):
     assert all("tx_fail_open" not in d and "tx_drop_no_path" not in d for _, _, d in took), took
     skipped = [e["path_id"] for e in events(dp) if e["type"] == "skip"]
     assert 2 <= len(skipped) <= 3 and len(set(skipped)) == len(skipped), skipped
-    assert state(dp).floor_out == len(skipped)
+    assert row(dp).floor_out == len(skipped)
     assert not [e for e in events(dp) if e["type"] in ("down", "fail-open")]
-    assert all(state(dp).paths[p].live.downs == 0 for p in range(4))
+    assert all(row(dp).paths[p].live.downs == 0 for p in range(4))
 
 
 # --------------------------------------------------------------------------- probes: backoff, budget
@@ -243,13 +252,15 @@ def take_down(dp, path_id, now=None):
         send(dp)
         st = state(dp)
     st.acks.last_ns = now
-    live = st.paths[path_id].live
+    put(dp, st)
+    rs = row(dp)
+    live = rs.paths[path_id].live
     live.down_ns = now - 1000
     live.down_after_ns = now - 2000
     live.next_probe_ns = 0
     live.probe_gap_us = dp.att.maps["config"].lookup(layout.Index(0)).probe_us
-    st.floor_out += 1
-    put(dp, st)
+    rs.floor_out += 1
+    put_row(dp, rs)
 
 
 def test_a_down_paths_probe_interval_doubles_to_the_max(four_paths):
@@ -258,14 +269,16 @@ def test_a_down_paths_probe_interval_doubles_to_the_max(four_paths):
     take_down(dp, 0)
     gaps = []
     for _ in range(5):
+        rs = row(dp)
+        rs.paths[0].live.next_probe_ns = 0     # due now
+        put_row(dp, rs)
         st = state(dp)
-        st.paths[0].live.next_probe_ns = 0     # due now
         st.tx.seq = len(SPINES)               # path 0's turn (0 would be a new state: peer_state_turn)
         put(dp, st)
         before = time.monotonic_ns()
         took, _, delta = send(dp)
         after = time.monotonic_ns()
-        live = state(dp).paths[0].live
+        live = row(dp).paths[0].live
         assert took == 1 and delta.get("tx_probe") == 1, delta     # a copy tests path 0
         gap_ns = live.probe_gap_us * 1000
         assert before + gap_ns <= live.next_probe_ns <= after + gap_ns
@@ -284,12 +297,14 @@ def test_without_probe_max_the_interval_stays(four_paths):
     set_config(dp, probe_us=3000, probe_max_us=0)
     take_down(dp, 0)
     for _ in range(3):
+        rs = row(dp)
+        rs.paths[0].live.next_probe_ns = 0
+        put_row(dp, rs)
         st = state(dp)
-        st.paths[0].live.next_probe_ns = 0
         st.tx.seq = len(SPINES)
         put(dp, st)
         assert send(dp)[2].get("tx_probe") == 1
-        assert state(dp).paths[0].live.probe_gap_us == 3000
+        assert row(dp).paths[0].live.probe_gap_us == 3000
 
 
 def test_the_probe_budget_holds_back_a_second_probe_through_one_hop(fresh):
@@ -312,16 +327,18 @@ def test_the_probe_budget_holds_back_a_second_probe_through_one_hop(fresh):
         send(dp, dst[peer_id])
         st = state(dp, peer_id)
         st.acks.last_ns = now
-        live = st.paths[0].live
-        live.down_ns, live.down_after_ns, live.next_probe_ns = now - 1000, now - 2000, 0
-        live.probe_gap_us = 1000
         st.tx.seq = len(SPINES)
         put(dp, st, peer_id)
+        rs = row(dp, peer_id)
+        live = rs.paths[0].live
+        live.down_ns, live.down_after_ns, live.next_probe_ns = now - 1000, now - 2000, 0
+        live.probe_gap_us = 1000
+        put_row(dp, rs, peer_id)
     took, _, first = send(dp, dst[0])
     assert took == 1 and first.get("tx_probe") == 1 and "tx_probe_held" not in first
     took, _, second = send(dp, dst[1])
     assert took == 1 and second.get("tx_probe") == 1 and second.get("tx_probe_held") == 1
-    held = state(dp, 1).paths[0].live
+    held = row(dp, 1).paths[0].live
     assert held.probes == 0 and held.next_probe_ns <= time.monotonic_ns()    # due again at once
     ident = att.maps["path_fate"].lookup(cp.path_index(0, 0)).hop
     assert ident == att.maps["path_fate"].lookup(cp.path_index(1, 0)).hop

@@ -84,7 +84,7 @@ def from_peer(dp, ports, seq, heard32=0):
 
 
 def live(dp, path_id):
-    return dp.att.maps["peer_state"].lookup(layout.Index(0)).paths[path_id].live
+    return dp.att.maps["row_state"].lookup(layout.Index(0)).paths[path_id].live
 
 
 def test_the_loader_files_each_planes_paths(two_planes):

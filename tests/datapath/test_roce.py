@@ -256,11 +256,14 @@ def _take_out(dp, path_id):
     leaves it: down, next probe far off, nothing acknowledged since)."""
     now = time.monotonic_ns()
 
-    def change(state):
+    def heard(state):
         state.acks.last_ns = 1      # feedback was heard (failover on), long ago
-        live = state.paths[path_id].live
+
+    def out(row):
+        live = row.paths[path_id].live
         live.down_ns, live.next_probe_ns, live.down_after_ns = now, now + 60 * 10**9, now
-    peer_table.change_learnt(dp.att, ROCE_PEER, change)
+    peer_table.change_learnt(dp.att, ROCE_PEER, heard)
+    peer_table.change_row(dp.att, ROCE_PEER, out)
 
 
 def test_a_qp_moves_at_once_when_its_path_is_taken_out_and_back_only_when_idle(roce):
@@ -273,7 +276,7 @@ def test_a_qp_moves_at_once_when_its_path_is_taken_out_and_back_only_when_idle(r
     moved = _path_of(r)
     assert moved != home and r.delta.get("tx_roce_move") == 1 and r.delta.get("tx_reroute") == 1
     # its path back up: the QP stays where it is while PSNs are in flight ...
-    peer_table.change_learnt(roce.att, ROCE_PEER, lambda st: setattr(st.paths[home].live, "down_ns", 0))
+    peer_table.change_row(roce.att, ROCE_PEER, lambda row: setattr(row.paths[home].live, "down_ns", 0))
     assert _req(roce, s, 4) == moved
     rx(roce, ack6(3, sport=s), src="fc00:0:e::")      # acked up to 3, 4 in flight
     assert _req(roce, s, 5) == moved

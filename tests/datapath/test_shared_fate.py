@@ -85,14 +85,23 @@ def send(dp, peer_id: int, turn: int):
     return wire.mrc_tlv(Ether(r.out)).path_id, r.delta
 
 
+def row(dp, peer_id):
+    """The learnt state of the peer's paths: its row's (its own here)."""
+    return dp.att.maps["row_state"].lookup(layout.Index(peer_id))
+
+
+def put_row(dp, peer_id, rs):
+    dp.att.maps["row_state"].update(layout.Index(peer_id), rs)
+
+
 def live(dp, peer_id, path_id):
-    return state(dp, peer_id).paths[path_id].live
+    return row(dp, peer_id).paths[path_id].live
 
 
 def probe_ns(dp, peer_id, path_id):
-    """The send time of the probe copy shared fate sent on the path (the
-    peer's own: a template's row is shared by many peers)."""
-    return state(dp, peer_id).paths[path_id].fate_probe_ns
+    """The send time of the probe copy shared fate sent on the path (its
+    row's: a template's is shared by its peers)."""
+    return row(dp, peer_id).paths[path_id].fate_probe_ns
 
 
 def fate(dp, peer_id, path_id):
@@ -104,7 +113,7 @@ def set_acks(dp, peer_id, **fields):
     acks = st.acks
     for k, v in fields.items():
         if k.startswith("ns"):
-            acks.ns[int(k[2:])] = v
+            st.clocks[int(k[2:])].acked_ns = v
         else:
             setattr(acks, k, v)
     put(dp, peer_id, st)
@@ -127,7 +136,7 @@ def take_out(dp, peer_id):
     took, _ = send(dp, peer_id, 0)
     assert took == 0
     unwatch(dp)
-    sent = live(dp, peer_id, 0).unacked_since_ns
+    sent = state(dp, peer_id).clocks[0].unacked_since_ns
     assert sent
     set_acks(dp, peer_id, ns1=sent + 2 * WINDOW_NS, max_ns=sent + 2 * WINDOW_NS)
     took, _ = send(dp, peer_id, 0)
@@ -159,9 +168,9 @@ def test_one_path_out_alone_suspects_nothing(two_peers):
     dp = two_peers
     take_out(dp, 0)
     assert hop(dp, HOP_A).suspects == 0
-    st = state(dp, 0)
-    st.paths[0].live.next_probe_ns = 0      # due a probe now
-    put(dp, 0, st)
+    rs = row(dp, 0)
+    rs.paths[0].live.next_probe_ns = 0      # due a probe now
+    put_row(dp, 0, rs)
     took, delta = send(dp, 0, 0)
     assert took == 1 and delta.get("tx_probe") == 1
     assert hop(dp, HOP_A).suspects == 0
@@ -236,7 +245,7 @@ def test_an_overdue_watched_send_makes_its_hop_suspect_at_once(two_peers):
     dp = two_peers
     took, _ = send(dp, 0, 0)
     assert took == 0
-    sent = live(dp, 0, 0).unacked_since_ns
+    sent = state(dp, 0).clocks[0].unacked_since_ns
     a = hop(dp, HOP_A)
     assert a.watch_who == who(0, 0) and sent <= a.watch_ns
     # Y's path through A while X's send is merely not heard yet: used,
@@ -333,13 +342,14 @@ def test_failing_open_takes_the_path_heard_last(two_peers):
     rather than a silent one), not on its turn's."""
     dp = two_peers
     now = time.monotonic_ns()
-    st = state(dp, 1)
+    st, rs = state(dp, 1), row(dp, 1)
     for path_id in (0, 1):
-        st.paths[path_id].live.down_ns = now
-        st.paths[path_id].live.down_after_ns = now + 10 * WINDOW_NS   # no ack brings it back
-        st.paths[path_id].live.next_probe_ns = now + 10**12
-    st.acks.ns[0] = now - 5 * WINDOW_NS
-    st.acks.ns[1] = now - 2 * WINDOW_NS
+        rs.paths[path_id].live.down_ns = now
+        rs.paths[path_id].live.down_after_ns = now + 10 * WINDOW_NS   # no ack brings it back
+        rs.paths[path_id].live.next_probe_ns = now + 10**12
+    st.clocks[0].acked_ns = now - 5 * WINDOW_NS
+    st.clocks[1].acked_ns = now - 2 * WINDOW_NS
     put(dp, 1, st)
+    put_row(dp, 1, rs)
     took, delta = send(dp, 1, 0)
     assert took == 1 and delta.get("tx_fail_open") == 1

@@ -21,7 +21,7 @@ from mrc_ebpf.control.path_spec import HOP_SLOT, PathSpec
 from mrc_ebpf.datapath import layout
 
 from .harness import provision
-from .test_congestion import PEER, PREFIX, clear_events, put, send, set_config, state
+from .test_congestion import PEER, PREFIX, clear_events, put, put_row, row, send, set_config, state
 
 pytestmark = pytest.mark.root
 
@@ -66,12 +66,14 @@ def take_out(dp, path_id, due_in_ns=10**10):
         send(dp)
         st = state(dp)
     st.acks.last_ns = now
-    live = st.paths[path_id].live
+    put(dp, st)
+    rs = row(dp)
+    live = rs.paths[path_id].live
     live.down_ns, live.down_after_ns = now - 1000, now - 2000
     live.next_probe_ns = now + due_in_ns
     live.probe_gap_us = 5_000_000
-    st.floor_out += 1
-    put(dp, st)
+    rs.floor_out += 1
+    put_row(dp, rs)
 
 
 def at_turn(dp, pos):
@@ -113,11 +115,11 @@ def test_an_evs_turns_go_to_the_spare_of_its_plane_and_back(evs):
     # EV 2 back: news of a send after its down (what a probe's
     # acknowledgement is) brings it up, and the spare is held back again
     st = state(dp)
-    st.acks.ns[2] = st.paths[2].live.down_after_ns + 1
+    st.clocks[2].acked_ns = row(dp).paths[2].live.down_after_ns + 1
     put(dp, st)
     at_turn(dp, 0)
     assert [send(dp)[0] for _ in range(8)] == [0, 2, 1, 3, 0, 2, 1, 3]
-    assert state(dp).paths[2].live.down_ns == 0
+    assert row(dp).paths[2].live.down_ns == 0
     assert cp.path_state(dp.att, _peer(dp.att), 5, dp.att.maps["paths"].lookup(cp.path_index(0, 5))) \
         == cp.STATE_SPARE
 
@@ -194,10 +196,11 @@ def test_a_spare_out_and_due_a_probe_is_probed_while_its_ev_is_out(evs):
     at_turn(dp, 1)
     took, _, delta = send(dp)
     assert took == 1 and delta.get("tx_probe") == 1, delta
-    assert state(dp).paths[5].live.probes == 1
+    live = row(dp).paths[5].live
+    assert live.probes == 1
     st = state(dp)                      # the probe's acknowledgement
-    st.acks.ns[5] = st.paths[5].live.last_sent_ns or st.paths[5].live.down_after_ns + 1
+    st.clocks[5].acked_ns = live.last_sent_ns or live.down_after_ns + 1
     put(dp, st)
     at_turn(dp, 1)
     assert send(dp)[0] == 5
-    assert state(dp).paths[5].live.down_ns == 0
+    assert row(dp).paths[5].live.down_ns == 0

@@ -289,15 +289,15 @@ def test_feedback_is_filed_in_the_senders_state(fresh):
     assert result.verdict == "XDP_PASS"
     assert result.delta == {**decap(inner), "rx_feedback": 1}
     from mrc_ebpf.control import paths as cp
-    state = cp.learnt(dp.att, 0)
-    health = state.paths[0].health
+    state, row = cp.learnt(dp.att, 0), cp.row_learnt(dp.att, 0)
+    health = row.paths[0].health            # the path's: its row's
     assert (health.qdelay_us, health.lost) == (123, 7)
     assert before <= health.updated_ns <= time.monotonic_ns()
-    acks = state.acks
-    assert acks.ns[0] & 0xFFFFFFFF == (now32 - 1000) & 0xFFFFFFFF   # exact: fb_path_tx32
-    assert acks.ns[0] <= time.monotonic_ns() and acks.last_ns >= before
-    assert acks.max_ns == acks.ns[0]
-    assert all(acks.ns[i] == 0 for i in range(1, 256))
+    acks, acked = state.acks, [c.acked_ns for c in state.clocks]    # the peer's own
+    assert acked[0] & 0xFFFFFFFF == (now32 - 1000) & 0xFFFFFFFF   # exact: fb_path_tx32
+    assert acked[0] <= time.monotonic_ns() and acks.last_ns >= before
+    assert acks.max_ns == acked[0] == row.paths[0].heard_ns
+    assert all(acked[i] == 0 for i in range(1, 256))
 
 
 def test_feedback_from_an_unknown_sid_is_not_filed(fresh):
@@ -306,7 +306,7 @@ def test_feedback_from_an_unknown_sid_is_not_filed(fresh):
     result = fresh.run_rx(F.frame(F.srh_packet(inner, tlvs=[tlv], src=F.STRANGER_SID)))
     assert result.delta == decap(inner)
     from mrc_ebpf.control import paths as cp
-    health = cp.learnt(fresh.att, 0).paths[0].health
+    health = cp.row_learnt(fresh.att, 0).paths[0].health
     assert (health.qdelay_us, health.lost, health.updated_ns) == (0, 0, 0)
 
 
@@ -379,10 +379,10 @@ def test_a_report_of_every_path_is_filed_for_each(fresh):
     tlv = F.mrc_tlv(flags=C["MRC_F_FEEDBACK"], fb_path_id=0, fb_block=0, fb_heard=(1 << 64) - 1,
                     fb_since_ns32=(now32 - 5000) & 0xFFFFFFFF, fb_path_tx32=(now32 - 1000) & 0xFFFFFFFF)
     fresh.run_rx(F.frame(F.srh_packet(F.inner6(), tlvs=[tlv], src=F.PEER_SID)))
-    acks = fresh.att.maps["peer_state"].lookup(layout.Index(0)).acks
-    assert acks.ns[0] & 0xFFFFFFFF == (now32 - 1000) & 0xFFFFFFFF
-    assert all(acks.ns[i] & 0xFFFFFFFF == (now32 - 5000) & 0xFFFFFFFF for i in range(1, 64))
-    assert all(acks.ns[i] == 0 for i in range(64, 256))
+    acked = [c.acked_ns for c in fresh.att.maps["peer_state"].lookup(layout.Index(0)).clocks]
+    assert acked[0] & 0xFFFFFFFF == (now32 - 1000) & 0xFFFFFFFF
+    assert all(acked[i] & 0xFFFFFFFF == (now32 - 5000) & 0xFFFFFFFF for i in range(1, 64))
+    assert all(acked[i] == 0 for i in range(64, 256))
 
 
 # --------------------------------------------------------------------------- TX
@@ -562,12 +562,18 @@ def test_template_peers_get_their_own_last_hop_and_sequences(fresh):
     assert sent[2] == [(a, 0, a), (1 - a, 0, a + 1), (a, 1, a + 2)]
     from mrc_ebpf.control import paths as cp
     st = cp.learnt(fresh.att, cp.MAX_PEERS + 2)
-    assert (st.paths[a].tx_packets, st.paths[1 - a].tx_packets, st.tx.seq) == (2, 1, a + 3)
+    assert (st.next_seq(a), st.next_seq(1 - a), st.tx.seq) == (2, 1, a + 3)
     assert cp.learnt(fresh.att, cp.MAX_PEERS + 1).tx.seq == 0      # never sent to
-    # feedback from peer 3's SID is filed in peer 3's state only
+    # the paths' counters are the template row's, shared by its peers
+    row = cp.row_learnt(fresh.att, 5)         # _template_peers' row
+    assert (row.paths[0].tx_packets + row.paths[1].tx_packets, row.paths[b].tx_packets) == \
+        (4, 1 + (2 if a == b else 1))
+    # feedback from peer 3's SID: the path's health in the row (peer 2's
+    # too), the acknowledgement in peer 3's own state only
     tlv = F.mrc_tlv(flags=C["MRC_F_FEEDBACK"], fb_path_id=1, fb_qdelay_us=77, fb_lost=0)
     inner = F.inner6()
     result = fresh.run_rx(F.frame(F.srh_packet(inner, tlvs=[tlv], src=sids[3])))
     assert result.delta.get("rx_feedback") == 1
-    assert cp.learnt(fresh.att, cp.MAX_PEERS + 3).paths[1].health.qdelay_us == 77
-    assert cp.learnt(fresh.att, cp.MAX_PEERS + 2).paths[1].health.qdelay_us == 0
+    assert cp.row_learnt(fresh.att, 5).paths[1].health.qdelay_us == 77
+    assert cp.learnt(fresh.att, cp.MAX_PEERS + 3).acks.last_ns > 0
+    assert cp.learnt(fresh.att, cp.MAX_PEERS + 2).acks.last_ns == 0

@@ -83,25 +83,19 @@ struct mrc_path_health {
 };
 
 /*
- * path_live: per path in peer_state, the datapath's own state of each path,
- * apart from the loader's `paths` so neither overwrites the other.
- * A path goes down when packets sent on it go unacknowledged (fb_heard)
+ * path_live: per path of a row in row_state, the datapath's own state of
+ * each path, apart from the loader's `paths` so neither overwrites the
+ * other.  A path goes down when packets sent on it go unacknowledged
+ * (each peer's clock: struct mrc_path_clock)
  * while later ones on other paths are acknowledged (lib/failover.h): a
  * black hole or a dead link, detected by the next packet that would use
  * it, with no timer and no user space.  A down path
  * gets one packet per probe interval; an acknowledgement brings it back.
  */
 struct mrc_path_live {
-	__u64	unacked_since_ns;	/* oldest send not yet acknowledged; 0: none */
 	__u64	down_ns;		/* 0: up */
 	__u64	next_probe_ns;		/* down: when a packet may try it again */
-	/* The peer's acknowledgement of a path is often a lower bound (the
-	 * oldest of the paths a report covers), below the very send it
-	 * acknowledges.  What it proves is "a packet sent after this
-	 * arrived": so each state keeps the send that came just before it,
-	 * and an acknowledgement past that one counts. */
-	__u64	last_sent_ns;		/* the latest send on the path */
-	__u64	clock_after_ns;		/* the send before unacked_since_ns */
+	__u64	last_sent_ns;		/* the latest send on the path, to any peer of the row */
 	__u64	down_after_ns;		/* the latest send when it went down */
 	__u64	late_ns;		/* down: when a send from before the down was acknowledged */
 	__u32	downs;			/* times it went down */

@@ -9,8 +9,8 @@
 #include "auth.h"
 
 /*
- * peer_acks: in peer_state: for each of our paths, the send time (our
- * clock) from which on the peer has heard a packet of it.  Each feedback
+ * peer_acks: in peer_state: for each of our paths (path_clock.acked_ns),
+ * the send time (our clock) from which on the peer has heard a packet of it.  Each feedback
  * acknowledges a few paths of one block of 64 path ids (the receiver
  * rotates over the blocks with news, lib/feedback.h); filing is one store
  * per bit, and the TX side reads one entry when it checks a path.  A peer
@@ -18,7 +18,7 @@
  * End.DT6) has no acknowledgement clock: its paths never time out.
  */
 struct mrc_peer_acks {
-	__u64	ns[MRC_MAX_PATHS];	/* a packet sent at or after this arrived */
+	/* per path: in struct mrc_path_clock (acked_ns), beside its clock */
 	__u64	max_ns;		/* the latest of ns[]: how far the peer has heard us */
 	__u64	last_ns;	/* any feedback from this peer (0: never: no failover) */
 	/* The window learnt from late packets, as RACK learns its reordering
@@ -47,15 +47,16 @@ struct mrc_peer_tx {
 };
 
 /*
- * peer_state: LRU hash, peer_id -> everything the datapath learns about a
- * peer and its paths, created (zeroed) by the peer's first packet either
- * way and evicted when idle, so memory follows the peers in use, not the
- * peers configured.  One lookup per packet; a path's part is reached by a
- * masked index inside the value (lib/peer_state.h).  The counters in it
- * are atomic adds shared by CPUs (next to the sequence number the packet
- * takes anyway), not per-CPU copies of every path.
+ * peer_state: LRU hash, peer_id -> what the datapath learns about a peer
+ * (below), created (zeroed) by the peer's first packet either way and
+ * evicted when idle, so memory follows the peers in use, not the peers
+ * configured.  One lookup per packet, and one of its row's state (an
+ * array); a path's part of either is reached by a masked index inside
+ * the value (lib/peer_state.h).  Their counters are atomic adds shared
+ * by CPUs (next to the sequence number the packet takes anyway), not
+ * per-CPU copies of every path.
  */
-#define MRC_MAX_ACTIVE_PEERS	256	/* peers with learnt state at once */
+#define MRC_MAX_ACTIVE_PEERS	16384	/* peers with learnt state at once */
 
 /*
  * A peer without learnt state (never sent to, or evicted from the LRU)
@@ -71,27 +72,73 @@ struct mrc_peer_tx {
  */
 #define MRC_PEER_STARTS		262144	/* a power of two */
 
-struct mrc_path_state {
-	struct mrc_path_live	live;
-	struct mrc_path_health	health;
-	__u64	seq;		/* next per-path sequence number (atomic: no gaps) */
-	__u64	tx_packets;
-	__u64	tx_bytes;
-	/* shared fate: the probe copy sent for its hop's suspicion; 0: none */
-	__u64	fate_probe_ns;
+/*
+ * What is learnt is split by whom it is about (docs/design/scale.md):
+ *
+ * - about a path: whether it is up, skipped, probed, its health and its
+ *   counters, in the row state of the path's row (struct mrc_row_state:
+ *   a template's, shared by its peers, or a peer's own).  A spine that
+ *   fails fails for every peer behind the leaf; one peer's evidence
+ *   takes the path out for all of them, and one probe brings it back.
+ * - about a peer: its sequence numbers, what it has acknowledged and
+ *   what it owes, in its peer state (LRU).  A path's acknowledgement
+ *   clock is per peer: peers report at different times, and one peer's
+ *   acknowledgement of a later send says nothing of another peer's
+ *   earlier one (the same rule as shared fate's watches).
+ *
+ * So learnt state for MRC_MAX_ACTIVE_PEERS peers at once is about 7 KB a
+ * peer, not the 35 KB it took when everything was per peer.
+ */
+
+/* per (peer, path): the acknowledgement clock of our sends to the peer */
+struct mrc_path_clock {
+	__u64	acked_ns;		/* a packet sent at or after this arrived (peer_acks) */
+	__u64	unacked_since_ns;	/* oldest send not yet acknowledged; 0: none */
+	/* The peer's acknowledgement of a path is often a lower bound (the
+	 * oldest of the paths a report covers), below the very send it
+	 * acknowledges.  What it proves is "a packet sent after this
+	 * arrived": so the clock keeps the row's send that came just before
+	 * unacked_since (any peer's: a later one than this peer's own, so a
+	 * stricter test), and an acknowledgement past that one counts. */
+	__u64	clock_after_ns;
 };
 
 struct mrc_peer_state {
 	struct mrc_peer_tx	tx;
 	struct mrc_peer_acks	acks;
 	__u64	fb_due;		/* RX: the peer is owed feedback (see fb_due below) */
-	__u64	floor_out;	/* paths taken out by the datapath (lib/floor.h) */
 	/* the peer's row in paths (its template_id) + 1, written by TX when
-	 * its state is new; 0: not known yet (its own: peer_id).  RX walks
-	 * the row on a port status (lib/ports.h) */
+	 * its state is new; 0: not known yet (its own: peer_id).  RX files
+	 * feedback into that row's state and walks it on a port status */
 	__u32	row1;
 	__u32	pad;
 	struct mrc_mac_prefix	tx_mac;	/* the MAC's state for what we send it */
+	struct mrc_path_clock	clocks[MRC_MAX_PATHS];
+	/* the next per-path sequence number (atomic: no gaps), two paths'
+	 * 32-bit numbers a word (a 32-bit fetch-and-add needs ALU32) */
+	__u64	path_seq[MRC_MAX_PATHS / 2];
+};
+
+/* per (row, path): what is learnt about the path itself */
+struct mrc_path_state {
+	struct mrc_path_live	live;
+	struct mrc_path_health	health;
+	__u64	heard_ns;	/* the newest send any peer acknowledged exactly */
+	__u64	tx_packets;
+	__u64	tx_bytes;
+	/* shared fate: the probe copy sent for its hop's suspicion; 0: none */
+	__u64	fate_probe_ns;
+};
+
+/*
+ * row_state: array, a row of paths (MRC_MAX_PEERS: a template's or an
+ * own-path peer's) -> what is learnt about its paths.  Zeroed by the
+ * control plane when the row is given to a new peer or template
+ * (control/peer_table.py, forget_row).
+ */
+struct mrc_row_state {
+	__u64	floor_out;	/* paths taken out by the datapath (lib/floor.h) */
+	__u64	pad;
 	struct mrc_path_state	paths[MRC_MAX_PATHS];
 };
 
