@@ -99,7 +99,7 @@ def measure(runs: int = 20000, policies=("rr", "bytes", "adaptive"), repeat: int
 
 def _measure_points(module, tx, rx, runs, policies) -> list[dict]:
     packet = _packet()
-    _set_key(module, False)
+    set_key(module, False)
     rows = []
     for policy in policies:
         for n_paths in (1, 16, 256):
@@ -133,7 +133,7 @@ def _timed_tx(tx, packet: bytes, n: int, feedback: bool = False) -> list[int]:
     for _ in range(n):
         ret, t, out = bpfsys.prog_test_run(tx.fd, packet, 1)
         assert ret == 0 and len(out) > len(packet), "TX did not encapsulate"
-        assert not feedback or out[_tlv_at(out) + layout.MrcTlv.flags.offset] & layout.C["MRC_F_FEEDBACK"], \
+        assert not feedback or out[tlv_at(out) + layout.MrcTlv.flags.offset] & layout.C["MRC_F_FEEDBACK"], \
             "TX sent no feedback"
         ns.append(t)
     return ns
@@ -195,11 +195,11 @@ def measure_key_cost(batches: int = 20, per: int = 200) -> list[dict]:
                 module["mrc_paths"][ctypes.c_int(0)] = module["mrc_paths"].Leaf.from_buffer_copy(bytes(path))
             frames = {}
             for keyed in (False, True):
-                _set_key(module, keyed)
+                set_key(module, keyed)
                 frames[keyed] = _inbound(_tx_once(tx, packet), batches * per, keyed, feedback)
             for b in range(batches):
                 for keyed in ((False, True) if b % 2 == 0 else (True, False)):
-                    _set_key(module, keyed)
+                    set_key(module, keyed)
                     batch = frames[keyed][b * per:(b + 1) * per]
                     if feedback:
                         # the peer acknowledges TX's path first, as a live
@@ -252,7 +252,7 @@ def key_cost_ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _set_key(module, keyed: bool) -> None:
+def set_key(module, keyed: bool) -> None:
     from mrc_ebpf.datapath import auth
     value = auth.initial(BENCH_KEY if keyed else None)
     module["mrc_auth"][ctypes.c_int(0)] = module["mrc_auth"].Leaf.from_buffer_copy(bytes(value))
@@ -260,7 +260,7 @@ def _set_key(module, keyed: bool) -> None:
     module["mrc_rx_peers"].clear()
 
 
-def _tlv_at(frame) -> int:
+def tlv_at(frame) -> int:
     """Where an SRH frame's TLV begins (after Ethernet, IPv6, the SRH's segments)."""
     return 14 + 40 + 8 + 16 * (frame[14 + 40 + 4] + 1)
 
@@ -268,7 +268,7 @@ def _tlv_at(frame) -> int:
 def _sign(frame: bytearray) -> None:
     """The MAC a peer holding BENCH_KEY would put on this frame's TLV."""
     from mrc_ebpf.datapath import auth
-    at = _tlv_at(frame)
+    at = tlv_at(frame)
     mac_at = at + layout.C["MRC_TLV_MAC_OFF"]
     frame[mac_at:mac_at + 8] = auth.tlv_mac(BENCH_KEY, PEER_SID, SID, bytes(frame[at:at + layout.C["MRC_TLV_SIZE"]]))
 
@@ -285,7 +285,7 @@ def _inbound(out: bytes, runs: int, keyed: bool, feedback: bool = False,
     inbound[14 + 24:14 + 40] = ipaddress.IPv6Address(SID).packed
     inbound[14 + 40 + 3] = 0                  # segments left: we are the last
     inbound[14 + 48:14 + 64] = ipaddress.IPv6Address(SID).packed
-    tlv_at = _tlv_at(inbound)
+    tlv_at = tlv_at(inbound)
     assert inbound[tlv_at] == layout.C["MRC_TLV_TYPE"]
     if feedback:
         inbound[tlv_at + layout.MrcTlv.flags.offset] |= layout.C["MRC_F_FEEDBACK"]
@@ -303,7 +303,7 @@ def _acked(frame: bytes, keyed: bool) -> bytes:
     """The frame acknowledging, in its feedback, what TX sent on its path
     up to now (bpf_ktime_get_ns is CLOCK_MONOTONIC)."""
     f = bytearray(frame)
-    at = _tlv_at(f) + layout.MrcTlv.fb_path_tx32.offset
+    at = tlv_at(f) + layout.MrcTlv.fb_path_tx32.offset
     f[at:at + 4] = (time.monotonic_ns() & 0xffffffff).to_bytes(4, "big")
     if keyed:
         _sign(f)
@@ -319,7 +319,7 @@ PEERS_AT = (1, 1000, 100000, 131072)     # the last: the 131,072-NIC fabric's me
 INSIDE = 1
 
 
-def _clear(module, names) -> None:
+def clear_maps(module, names) -> None:
     """Empty the maps: read in batches and deleted in batches (bcc's
     clear() is two syscalls an entry: minutes for 131,071 peers)."""
     for name in names:
@@ -333,12 +333,12 @@ def _clear(module, names) -> None:
             m.close()
 
 
-def _plan(i: int) -> tuple[str, str]:
+def plan_peer(i: int) -> tuple[str, str]:
     """Peer i of the fabric's address plan (leaf, host): prefix and SID."""
     return f"fd00:1:{i // 256:x}:{i % 256:x}::/64", f"fc00:1:{i // 256:x}:{i % 256:x}::1"
 
 
-def _fill_peers(module, n: int, n_paths: int, policy: str, active: int, inside: bool = False) -> tuple[str, str]:
+def fill_peers(module, n: int, n_paths: int, policy: str, active: int, inside: bool = False) -> tuple[str, str]:
     """n peers in the maps, all on one template of n_paths paths (row 0),
     the measured one among them: PEER_PREFIX (outside the plan) and plan
     peers 1..n-1, or (`inside`) plan peers INSIDE..INSIDE+n-1; `active`
@@ -346,11 +346,11 @@ def _fill_peers(module, n: int, n_paths: int, policy: str, active: int, inside: 
     batches (BPF_MAP_UPDATE_BATCH).  Returns the measured peer's
     destination address and SID."""
     import struct
-    _clear(module, ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers", "peer_cache"))
+    clear_maps(module, ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers", "peer_cache"))
     _configure(module, n_paths, policy)          # row 0: the paths
-    _clear(module, ("peers", "peer_cache"))          # ... and no own-path peer
+    clear_maps(module, ("peers", "peer_cache"))          # ... and no own-path peer
     base = layout.C["MRC_MAX_PEERS"]
-    plan = [_plan(i) for i in (range(INSIDE, INSIDE + n) if inside else range(1, n))]
+    plan = [plan_peer(i) for i in (range(INSIDE, INSIDE + n) if inside else range(1, n))]
     if not inside:
         plan.insert(0, (PEER_PREFIX, PEER_SID))
     peer = struct.Struct("=IHBBI16s")
@@ -388,7 +388,7 @@ def maps_memlock(module) -> dict[str, int]:
     return out
 
 
-def _packet_to(dst: str) -> bytes:
+def packet_to(dst: str) -> bytes:
     return bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") /
                  IPv6(src="fd00:a::a", dst=dst) / UDP(dport=9) / bytes(64))
 
@@ -419,14 +419,14 @@ def measure_peers(runs: int = 20000, peer_counts=PEERS_AT, n_paths: int = 256, p
                 for inside in ((False,) if n is None else (False, True)):
                     for lookup, (module, tx, rx, _) in builds:
                         if n is None:
-                            _clear(module, ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers",
+                            clear_maps(module, ("peers", "peer_by_sid", "peer_state", "rx_paths", "rx_peers",
                                             "peer_cache"))
                             _configure(module, n_paths, policy)
                             dst, sid = "fd00:b::b", PEER_SID
                         else:
-                            dst, sid = _fill_peers(module, n, n_paths, policy, active, inside)
-                        _set_key(module, False)
-                        packet = _packet_to(dst)
+                            dst, sid = fill_peers(module, n, n_paths, policy, active, inside)
+                        set_key(module, False)
+                        packet = packet_to(dst)
                         tx_ns, rx_ns = _timed_point(tx, rx, packet, runs, peer_sid=sid)
                         mem = maps_memlock(module)
                         in_use = {"peers": n or 1, "peer_by_sid": n or 1}

@@ -162,7 +162,8 @@ class MrcCollector:
             labels = [device, prefix]
             counter("mrc_peer_tx_packets", "Packets sent to the peer (all its paths)",
                     ["dev", "peer"]).add_metric(labels, a["tx_packets"])
-            counter("mrc_peer_tx_bytes", "Bytes sent to the peer (all its paths)",
+            counter("mrc_peer_tx_bytes", "Bytes sent to the peer (all its paths; a template's "
+                    "peers: their template's, shared)",
                     ["dev", "peer"]).add_metric(labels, a["tx_bytes"])
             counter("mrc_peer_path_downs", "Times the peer's paths were taken down",
                     ["dev", "peer"]).add_metric(labels, a["downs"])

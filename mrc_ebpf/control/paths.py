@@ -389,8 +389,10 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
                 "spare": bool(path.flags & SPARE), "stands_in_for": standing.get(path_id, []),
                 "hop": str(hop_of(path) or "") or None,
                 "overhead": overhead(path),
-                # the row's: a template's peers share them
-                "tx_packets": mine.tx_packets,
+                # the peer's own packets on the path (the sequence numbers
+                # it took); bytes are counted per row: a template's peers
+                # share theirs (its peers' total: "template": true)
+                "tx_packets": peer_state.next_seq(path_id),
                 "tx_bytes": mine.tx_bytes,
                 "next_seq": peer_state.next_seq(path_id),
                 "nexthop": addr_text(path.nexthop), "redirect": bool(path.flags & REDIRECT),

@@ -3,13 +3,14 @@ packets still spread over its paths, none falls back on path 0, and the
 evictions are counted.
 
 The real mrc_tx, run by BPF_PROG_TEST_RUN on packets to MRC_MAX_ACTIVE_PEERS
-+ 44 peers of one path template in turn (as the issue sent them: with
-that many, before the fix every packet of every peer took path 0).  The
-witness is each frame out, parsed by scapy: the peer it is for (the SRH's
-last segment, its SID), the path it took (the TLV's path id) and that the
-path is really that one (the outer destination is the path's spine); the
-datapath's counters and the LRU's own entry count say what happened to
-the learnt state.
+(16,384) + 44 peers of one path template in turn (as the issue sent
+them: with more peers than the LRU held, before the fix every packet of
+every peer took path 0).  The witness is each frame out: the peer it is
+for (the SRH's last segment, its SID), the path it took (the TLV's path
+id) and that the path is really that one (the outer destination is the
+path's spine), read at the wire's offsets for all of them and by scapy
+for a sample, which must agree; the datapath's counters and the LRU's own
+entry count say what happened to the learnt state.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ ROW = 9                                   # the template's row
 N_PATHS = 16
 SPINES = [f"fc00:0:e{i:x}::" for i in range(1, N_PATHS + 1)]
 ACTIVE = C["MRC_MAX_ACTIVE_PEERS"]
-PEERS = ACTIVE + 44                       # the issue's 300 at today's LRU size
+PEERS = ACTIVE + 44                       # the issue's 300 at the LRU size it had then (256)
 
 
 def _template(dp, n_peers: int, policy: str = "rr") -> dict[str, int]:
@@ -90,16 +91,32 @@ def _send_in_turn(dp, n_peers: int, rounds: int) -> tuple[list[bytes], dict]:
     return out, {n: a - b for n, a, b in zip(COUNTERS, after, before) if a != b}
 
 
+def _read(raw: bytes) -> tuple[str, str, str, int]:
+    """(outer destination, SRH segments[1] and [0], TLV path id) at the
+    wire's offsets: Ethernet, IPv6, an SRH of two segments, the TLV."""
+    assert raw[12:14] == b"\x86\xdd" and raw[20] == 43 and raw[58] == 1, raw[:64].hex()
+    srh_len = (raw[55] + 1) * 8
+    tlv = 54 + 8 + 16 * (raw[58] + 1)
+    assert raw[tlv] == C["MRC_TLV_TYPE"] and tlv < 54 + srh_len
+    a = ipaddress.IPv6Address
+    return (str(a(raw[38:54])), str(a(raw[78:94])), str(a(raw[62:78])),
+            int.from_bytes(raw[tlv + 4:tlv + 6], "big"))
+
+
 def _paths_by_peer(dp, frames: list[bytes], sids: dict[str, int]) -> dict[int, list[int]]:
-    """peer -> the path id of each of its frames, read by scapy; each
-    frame's outer destination is the spine of the path its TLV names."""
+    """peer -> the path id of each of its frames; each frame's outer
+    destination is the spine of the path its TLV names.  Every 97th frame
+    is read by scapy too, and must read the same."""
     taken = collections.defaultdict(list)
-    for raw in frames:
-        pkt = Ether(raw)
-        srh = pkt[IPv6ExtHdrSegmentRouting]
-        path_id = wire.mrc_tlv(pkt).path_id
-        assert pkt[IPv6].dst == SPINES[path_id] == srh.addresses[1], pkt.summary()
-        taken[sids[srh.addresses[0]]].append(path_id)
+    for n, raw in enumerate(frames):
+        dst, seg1, seg0, path_id = _read(raw)
+        if n % 97 == 0:
+            pkt = Ether(raw)
+            srh = pkt[IPv6ExtHdrSegmentRouting]
+            assert (pkt[IPv6].dst, srh.addresses[1], srh.addresses[0], wire.mrc_tlv(pkt).path_id) == \
+                (dst, seg1, seg0, path_id), pkt.summary()
+        assert dst == SPINES[path_id] == seg1, (dst, seg1, path_id)
+        taken[sids[seg0]].append(path_id)
     return taken
 
 
