@@ -391,3 +391,28 @@ def test_entropy_paths_match_by_their_place_among_a_sids(interop, tmp_path):
     assert [r["state"] == "denied" for r in rows] == [False, False, True, False, False]
     assert shown(interop) == config.dump(config.load(denied).data)
     assert json.loads(apply(interop, tmp_path, denied, name="d.yaml").stdout)["changed"] is False
+
+
+@pytest.mark.root
+def test_spare_evs_in_the_config(interop, tmp_path):
+    """entropy: N with spare: M: M more EVs held back (path list: spare);
+    shown back as written, applied again unchanged, one more spare added
+    alone; spare: on a path that is not entropy is a one-line error."""
+    A, sid = interop.A, interop.B_DT6
+    head = host_config(interop, extra_peer=False).split("    paths:\n")[0] + "    paths:\n"
+    text = head + f'      - via: ["{sid}"]\n      - entropy: 3\n        spare: 2\n        sid: "{sid}"\n'
+    apply(interop, tmp_path, text)
+    rows = json.loads(mrcctl("path", "list", "-j", netns=A).stdout)
+    assert [(r["path_id"], r["spare"], r["state"] == "spare") for r in rows if r["encoding"] == "entropy"] == \
+        [(1, False, False), (2, False, False), (3, False, False), (4, True, True), (5, True, True)]
+    assert shown(interop) == config.dump(config.load(text).data)
+    assert json.loads(apply(interop, tmp_path, text, name="again.yaml").stdout)["changed"] is False
+    more = text.replace("spare: 2", "spare: 3")
+    result = json.loads(apply(interop, tmp_path, more, name="more.yaml").stdout)
+    assert [c["action"] for c in result["changes"]] == ["add"]
+    rows = json.loads(mrcctl("path", "list", "-j", netns=A).stdout)
+    assert [r["path_id"] for r in rows if r["spare"]] == [4, 5, 6]
+    assert shown(interop) == config.dump(config.load(more).data)
+    from test_all_or_nothing import one_line_error
+    bad = head + f'      - via: ["{sid}"]\n        spare: 2\n'
+    one_line_error(apply(interop, tmp_path, bad, check=False, name="bad.yaml"), "spare: M is for entropy paths")

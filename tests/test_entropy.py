@@ -220,7 +220,12 @@ def test_entropy_bad_input(ev_net):
                       (["--entropy", "0", "--sid", net.B_SID], "bad --entropy"),
                       (["--entropy", "300", "--sid", net.B_SID], "bad --entropy"),
                       (["--entropy", "2", "--sid", "nope"], "bad --sid"),
-                      (["--entropy", "2", "--sid", "ff02::1"], "bad --sid")):
+                      (["--entropy", "2", "--sid", "ff02::1"], "bad --sid"),
+                      (["--spare", "2", "--sid", net.B_SID], "--spare M needs --entropy N"),
+                      (["--via", net.B_SID, "--spare", "2"], "--spare M needs --entropy N"),
+                      (["--entropy", "250", "--spare", "7", "--sid", net.B_SID], "bad --spare"),
+                      (["--entropy", "2", "--spare", "-1", "--sid", net.B_SID], "bad --spare")):
         r = mrcctl("path", "add", "fd00:b::/64", *args, netns=net.A, check=False)
         assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert json.loads(mrcctl("path", "list", "-j", netns=net.A).stdout) == []

@@ -53,7 +53,7 @@ def test_unknown_up_denied_allowed(spray):
     assert r[0]["changed"] == [1] and r[0]["usable"] == 3
     assert states(net)[1] == "denied"
     status = json.loads(mrcctl("status", "-j", netns=net.A).stdout)[0]
-    assert status["path_states"] == {"up": 3, "assumed-bad": 0, "denied": 1, "unknown": 0, "skip": 0}
+    assert status["path_states"] == {"up": 3, "assumed-bad": 0, "denied": 1, "unknown": 0, "skip": 0, "spare": 0}
     before, routers = net.sent(), net.router_tx()
     net.udp(3000, pps=20000)
     # never used: neither by the maps nor by router R2's own counter

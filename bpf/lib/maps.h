@@ -36,6 +36,8 @@ BPF_ARRAY(mrc_event_seq, __u64, 1);
 BPF_RINGBUF_OUTPUT(mrc_event_ring, MRC_EVENT_RING_PAGES);
 BPF_ARRAY(mrc_tx_flows, struct mrc_tx_flow, MRC_TX_FLOWS);
 BPF_ARRAY(mrc_peer_floor, struct mrc_peer_floor, MRC_MAX_PEERS);
+/* spare EVs: the rows that have any (lib/path_select.h) */
+BPF_F_TABLE("hash", __u32, struct mrc_spares, mrc_spares, MRC_MAX_PEERS, BPF_F_NO_PREALLOC);
 BPF_ARRAY(mrc_auth, struct mrc_auth, 1);	/* epoch and MAC keys (lib/auth.h) */
 BPF_PERCPU_ARRAY(mrc_tx_scratch, struct mrc_tx_scratch, 1);
 /* slot i: the XDP program that was on config.devices[i] before us, which

@@ -70,16 +70,67 @@ static __always_inline __u16 path_select_pick(const struct mrc_spray *list, __u3
 	return list->ids[at];
 }
 
-/* The path at list position `at`: its id, index and live state. */
-static __always_inline struct mrc_path_live *path_select_live_at(const struct mrc_spray *list, __u32 at,
-						     __u32 row, struct mrc_row_state *rs,
-						     __u16 *id, __u32 *index)
+/* Path `id` of row `row`: its index and live state. */
+static __always_inline struct mrc_path_live *path_select_live_id(__u32 row, struct mrc_row_state *rs,
+						     __u16 id, __u32 *index)
 {
-	*id = path_select_pick(list, at);
-	if (*id >= MRC_MAX_PATHS)
+	if (id >= MRC_MAX_PATHS)
 		return NULL;
-	*index = row * MRC_MAX_PATHS + *id;
-	return row_path_live(rs, *id);
+	*index = row * MRC_MAX_PATHS + id;
+	return row_path_live(rs, id);
+}
+
+/* Is there news of path `id` past its down (what failover_path_check
+ * brings it back on): the peer's acknowledgement, or the row's exact
+ * one, of a send at or after down_after_ns. */
+static __always_inline int path_select_news(struct mrc_peer_state *st, struct mrc_row_state *rs, __u32 id,
+					    const struct mrc_path_live *live)
+{
+	return *peer_path_acked(st, id) >= live->down_after_ns || row_path(rs, id)->heard_ns >= live->down_after_ns;
+}
+
+/*
+ * Spare EVs (issue 29): the path that takes the turn of the pick `id`:
+ * the pick itself unless it is out (down_ns: assumed bad; one the check
+ * takes out now gets its spare from the next packet on) and has a spare
+ * that is not: its spare (struct mrc_spares: the loader's, of the same
+ * plane), unless that is out too.  One spare a path: a second, tried
+ * when the first is out, took mrc_tx past 960k processed instructions.
+ * A spare is in no spray list, so it carries only the turns of a path
+ * that is out, and is held back again once that path is back.  The pick
+ * is left to the reroute loop's check when the check would change it:
+ * news of it (it comes back) or a probe due (the copy of that packet
+ * tests it, and the packet takes the next turn, as before spares; one
+ * turn a probe interval).  A spare out itself is left to the check too
+ * when it is due a probe or has news (else nothing would ever bring it
+ * back: it is in no list); meanwhile the pick's turn is skipped, as
+ * without spares.  Here, before the loop, so that the loop is as before
+ * (every way out gives an id of the same range; a probe copy made here,
+ * or a spare tried inside the loop, took mrc_tx past 1M or its stack
+ * past 512 bytes); the key is the caller's (the stack is full).  O(1):
+ * one word read for a pick that is up, one lookup for one that is out.
+ */
+static __always_inline __u32 path_select_spare(__u32 *row_key, struct mrc_peer_state *st,
+					       struct mrc_row_state *rs, __u32 id, __u64 now)
+{
+	struct mrc_path_live *live;
+	struct mrc_spares *s;
+	__u32 c;
+
+	id &= MRC_MAX_PATHS - 1;
+	live = row_path_live(rs, id);
+	if (!live->down_ns || now >= live->next_probe_ns || path_select_news(st, rs, id, live))
+		return id;
+	s = mrc_spares.lookup(row_key);
+	if (!s)
+		return id;
+	c = (s->of[id] - 1) & (MRC_MAX_PATHS - 1);
+	if (!s->of[id])
+		return id;
+	live = row_path_live(rs, c);
+	if (live->down_ns && now < live->next_probe_ns && !path_select_news(st, rs, c, live))
+		return id;
+	return c;
 }
 
 /* The policies whose pick is a turn handed out by a counter, which a
@@ -127,7 +178,8 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
 
 /*
  * From the policy's pick at list position `at`: the first path that is
- * up among it and MRC_REROUTE_TRIES more entries.  Under the turn-taking
+ * up among it and MRC_REROUTE_TRIES more entries (the first try: the
+ * pick's spare if the pick is out, path_select_spare).  Under the turn-taking
  * policies (rr, weighted, bytes) the first of them is the next turn
  * (path_select_skip_turn): a down path's turn is skipped, as if it were not in the
  * list, and the others carry exactly equal shares.
@@ -151,7 +203,7 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
 static __always_inline int path_select_live(const struct mrc_spray *list, __u32 n, __u32 at,
 				       const struct mrc_peer *peer, struct mrc_peer_state *st,
 				       struct mrc_row_state *rs, __u8 policy,
-				       const struct mrc_config *cfg, __u64 now, int may_copy,
+				       const struct mrc_config *cfg, __u64 now, int may_copy, __u32 first,
 				       struct path_choice *choice)
 {
 	int turns = path_select_takes_turns(policy);
@@ -160,11 +212,12 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	enum path_use use = PATH_SKIP;
 	struct mrc_path_live *live = NULL;
 	__u32 t, pos, copy_pos = 0, open_pos = at, index = 0;
-	__u16 id = 0, copy = 0;
+	/* the pick, or the spare that takes its turn (path_select_spare) */
+	__u16 id = first, copy = 0;
 	__u64 acked, open_acked = 0;
 
 	for (t = 0, pos = at; t <= MRC_REROUTE_TRIES; t++) {
-		live = path_select_live_at(list, pos, row, rs, &id, &index);
+		live = path_select_live_id(row, rs, id, &index);
 		if (!live)
 			return -1;
 		/* shared fate's hook: the policy's pick only (verifier budget) */
@@ -200,6 +253,7 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 			pos = (pos + 1 + bpf_get_prandom_u32() % (n - 1)) % n;
 		else
 			pos = (pos + 1) % n;
+		id = path_select_pick(list, pos);
 	}
 	/* a probe while a path may be up (a control packet that found its
 	 * path due) leaves its report's news for the next packet; a packet
@@ -207,7 +261,8 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 	choice->keep_news = use == PATH_PROBE;
 	if (use == PATH_SKIP && copy) {
 		/* nothing else is up: the packet is the probe itself */
-		live = path_select_live_at(list, copy_pos, row, rs, &id, &index);
+		id = copy - 1;
+		live = path_select_live_id(row, rs, id, &index);
 		if (!live)
 			return -1;
 		pos = copy_pos;
@@ -215,7 +270,8 @@ static __always_inline int path_select_live(const struct mrc_spray *list, __u32 
 		use = PATH_USE;		/* counted as a probe above */
 		choice->probe = 1;
 	} else if (use == PATH_SKIP) {
-		live = path_select_live_at(list, open_pos, row, rs, &id, &index);
+		id = path_select_pick(list, open_pos);
+		live = path_select_live_id(row, rs, id, &index);
 		if (!live)
 			return -1;
 		pos = open_pos;
@@ -342,7 +398,13 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 		if (failover_skip(cfg, rs, peer, path_select_pick(list, at), now))
 			at = path_select_skip_turn(list, n, ptx, peer->policy, at);
 	}
-	return path_select_live(list, n, at, peer, st, rs, peer->policy, cfg, now, may_copy, choice);
+	/* the pick, or its spare if it is out (the key: the list's, no
+	 * longer needed) */
+	if (path_select_pick(list, at) >= MRC_MAX_PATHS)
+		return -1;
+	list_index = row;
+	return path_select_live(list, n, at, peer, st, rs, peer->policy, cfg, now, may_copy,
+				path_select_spare(&list_index, st, rs, path_select_pick(list, at), now), choice);
 }
 
 /*

@@ -522,6 +522,10 @@ def path():
 @click.option("--entropy", type=int, default=0, metavar="N",
               help="N entropy paths (EVs): no segment list, outer IPv6 straight to --sid, each "
                    "with its own outer flow label for the fabric's ECMP to hash.")
+@click.option("--spare", type=int, default=0, metavar="M",
+              help="With --entropy: M more EVs held back from the spray; while an EV is out "
+                   "(assumed bad), a spare of its plane (device, and hop once `path trace "
+                   "--order` knows it) takes its turns.")
 @click.option("--sid", "peer_sid", metavar="PEER_SID",
               help="With --entropy or --template: the peer's SID.")
 @click.option("--template", metavar="NAME",
@@ -535,24 +539,25 @@ def path():
 @dev_option
 @json_option
 @click.pass_context
-def path_add(ctx, prefix, via, usid, entropy, peer_sid, weight, tclass, route_metrics, device,
+def path_add(ctx, prefix, via, usid, entropy, spare, peer_sid, weight, tclass, route_metrics, device,
              template):
     """Add paths towards PREFIX (a prefix may have many)."""
     from mrc_ebpf.control import paths
     if template:
         from mrc_ebpf.cli.template_cmd import add_templated
         return add_templated(ctx, prefix, template, peer_sid, device,
-                             via or usid or entropy or route_metrics or tclass or weight != 1)
-    if not via and not usid and not entropy and not peer_sid:
+                             via or usid or entropy or spare or route_metrics or tclass or weight != 1)
+    if not via and not usid and not entropy and not peer_sid and not spare:
         raise click.UsageError("give --via SEG1,SEG2,..., --usid CONTAINER (repeatable) "
                                "or --entropy N --sid PEER_SID")
     with attached(device, change=True) as att:
         results = paths.add(att, prefix, list(via), weight, tclass, list(usid), entropy, peer_sid,
-                            list(route_metrics))
+                            list(route_metrics), spare=spare)
 
     def where(r):
         if r["encoding"] == "entropy":
-            return f"entropy {r['peer_sid']}" + (f" EV {r['flowlabel']:#07x}" if "flowlabel" in r else "")
+            return (f"entropy {r['peer_sid']}" + (f" EV {r['flowlabel']:#07x}" if "flowlabel" in r else "")
+                    + (" spare" if r.get("spare") else ""))
         return "usid " + r["usid"] if r["encoding"] == "usid" else "via " + ",".join(r["segments"])
     emit(ctx, results, lambda _: click.echo("\n".join(
         f"{r['prefix']} path {r['path_id']} {where(r)} "
@@ -640,9 +645,11 @@ def path_list(ctx, device):
 
     def human(rows):
         # an EV's traced hop (path trace --order) before the peer's SID it ends at
+        # a spare: what it stands in for ("up for 3,17"), or "spare" held back
         table = [(r["prefix"], r["path_id"], " > ".join(([r["hop"]] if r.get("hop") else []) + r["segments"]),
                   r["policy"], r["class"],
-                  r["state"], r["weight"], r["tx_packets"], r["tx_bytes"], r["ce_reports"])
+                  r["state"] + (" for " + ",".join(map(str, r["stands_in_for"])) if r["stands_in_for"] else ""),
+                  r["weight"], r["tx_packets"], r["tx_bytes"], r["ce_reports"])
                  for r in rows]
         click.echo(tabulate(table, headers=["prefix", "id", "segments", "policy", "class", "state",
                                             "weight", "tx pkts", "tx bytes", "fb ce"]))

@@ -36,7 +36,7 @@ from mrc_ebpf.control import events, paths, roce, stats
 from mrc_ebpf.datapath import loader, pins
 from mrc_ebpf.errors import MrcError
 
-STATES = ("up", "assumed-bad", "denied", "unknown", "skip")     # MRC's path states (path list)
+STATES = ("up", "assumed-bad", "denied", "unknown", "skip", "spare")     # MRC's path states (path list)
 
 
 def _buckets(hist: list[int], divisor: int) -> list[tuple[str, float]]:

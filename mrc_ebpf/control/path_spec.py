@@ -15,6 +15,7 @@ from mrc_ebpf.errors import MrcError
 
 MAX_SEGMENTS = C["MRC_MAX_SEGMENTS"]
 REDIRECT, USID, ENTROPY = C["MRC_PATH_F_REDIRECT"], C["MRC_PATH_F_USID"], C["MRC_PATH_F_ENTROPY"]
+SPARE = C["MRC_PATH_F_SPARE"]     # a spare EV: held back from the spray (control/spray.py, spares_of)
 USID_BLOCK_BITS, USID_ID_BITS = C["MRC_USID_BLOCK_BITS"], C["MRC_USID_ID_BITS"]
 UP = C["MRC_PATH_UP"]
 MAX_WEIGHT = 1000
@@ -95,17 +96,18 @@ class PathSpec:
     that the fabric's ECMP hashes)."""
 
     def __init__(self, segments: list[ipaddress.IPv6Address], peer_sid: ipaddress.IPv6Address,
-                 usid: bool, entropy: bool = False):
+                 usid: bool, entropy: bool = False, spare: bool = False):
         self.segments, self.peer_sid, self.usid, self.entropy = segments, peer_sid, usid, entropy
+        self.spare = spare
 
     @classmethod
-    def ev(cls, peer_sid: ipaddress.IPv6Address) -> "PathSpec":
+    def ev(cls, peer_sid: ipaddress.IPv6Address, spare: bool = False) -> "PathSpec":
         # encapsulated as a uSID path whose container is the peer's SID
-        return cls([peer_sid], peer_sid, True, entropy=True)
+        return cls([peer_sid], peer_sid, True, entropy=True, spare=spare)
 
     @property
     def flags(self) -> int:
-        return (USID if self.usid else 0) | (ENTROPY if self.entropy else 0)
+        return (USID if self.usid else 0) | (ENTROPY if self.entropy else 0) | (SPARE if self.spare else 0)
 
     @classmethod
     def via(cls, text: str) -> "PathSpec":
@@ -127,7 +129,7 @@ class PathSpec:
 
     def describe(self) -> dict:
         if self.entropy:
-            return {"encoding": "entropy", "peer_sid": str(self.peer_sid)}
+            return {"encoding": "entropy", "peer_sid": str(self.peer_sid), "spare": self.spare}
         if self.usid:
             return {"encoding": "usid", "usid": str(self.segments[0]), "peer_sid": str(self.peer_sid)}
         return {"encoding": "srh", "segments": [str(s) for s in self.segments],

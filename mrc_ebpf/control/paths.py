@@ -20,16 +20,16 @@ import ipaddress
 from mrc_ebpf.control import classes
 from mrc_ebpf.control import shared_fate
 # Also the names other modules know as paths.X (constants, parsers, keys).
-from mrc_ebpf.control.path_spec import (ENTROPY, MAX_SEGMENTS, MAX_WEIGHT, REDIRECT, USID,  # noqa: F401
+from mrc_ebpf.control.path_spec import (ENTROPY, MAX_SEGMENTS, MAX_WEIGHT, REDIRECT, SPARE, USID,  # noqa: F401
                                         PathSpec, addr_text, encode, encoding_of, exact_prefix, flowlabel,
                                         hop_of, hops_of, overhead, parse_peer_sid, parse_prefix,
                                         parse_segments, parse_usid, segments_of, unique_labels)
 from mrc_ebpf.control.peer_table import (DENIED, LAST_HOP, MAX_CLASSES, MAX_PATHS, MAX_PEERS,  # noqa: F401
-                                         POLICIES, POLICY_NAMES, STATE_BAD, STATE_DENIED, STATE_SKIP, STATE_UNKNOWN,
-                                         STATE_UP, UP, UsedCache, change_learnt, change_row,
+                                         POLICIES, POLICY_NAMES, STATE_BAD, STATE_DENIED, STATE_SKIP, STATE_SPARE,
+                                         STATE_UNKNOWN, STATE_UP, UP, UsedCache, change_learnt, change_row,
                                          forget_paths, forget_peer, forget_row, free_peer_id, key_prefix, learnt,
                                          lookup_peer, path_index, path_state, peer_key, route_mtu, row_learnt,
-                                         used_paths)
+                                         stands_in, used_paths)
 from mrc_ebpf.control.spray import rebuild
 from mrc_ebpf.datapath import routes
 from mrc_ebpf.datapath import layout
@@ -76,7 +76,7 @@ def _sync_route(att: Attachment, prefix, peer: layout.Peer,
 
 def _same_path(path: layout.Path, spec: PathSpec) -> bool:
     return bool(path.flags & USID) == spec.usid and bool(path.flags & ENTROPY) == spec.entropy and \
-        segments_of(path) == [str(s) for s in spec.segments]
+        bool(path.flags & SPARE) == spec.spare and segments_of(path) == [str(s) for s in spec.segments]
 
 
 def _check_sid_room(att: Attachment, specs: list[PathSpec]) -> None:
@@ -91,9 +91,11 @@ def _check_sid_room(att: Attachment, specs: list[PathSpec]) -> None:
 
 def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1,
         tclass_name: str | None = None, usids: list[str] = (), entropy: int = 0,
-        entropy_sid: str | None = None, route_metrics_: list[str] = ()) -> list[dict]:
+        entropy_sid: str | None = None, route_metrics_: list[str] = (), spare: int = 0) -> list[dict]:
     """Add paths in one go: segment lists ("S1,S2"), uSID containers and
-    `entropy` entropy paths (EVs) to the peer SID `entropy_sid`;
+    `entropy` entropy paths (EVs) to the peer SID `entropy_sid`, and
+    `spare` more EVs held back as spares (each stands in for an EV of its
+    plane while that one is out: control/spray.py, spares_of);
     `route_metrics_` (KEY=VALUE) override the peer route's TCP metrics.
 
     A path the prefix already has (same segments, same encoding) is left
@@ -103,13 +105,18 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
     from pyroute2 import IPRoute
     overrides = dict(routes.parse_metric(m) for m in route_metrics_)
     specs = [PathSpec.via(v) for v in vias] + [PathSpec.compressed(u) for u in usids]
+    if spare and not entropy:
+        raise MrcError("--spare M needs --entropy N (spares are entropy paths, held back for the N)")
     if entropy or entropy_sid:
         if not entropy_sid:
             raise MrcError("--entropy N needs --sid PEER_SID (where the entropy paths end)")
         if not 1 <= entropy <= MAX_PATHS:
             raise MrcError(f"bad --entropy {entropy}: 1..{MAX_PATHS} paths")
+        if not 0 <= spare <= MAX_PATHS - entropy:
+            raise MrcError(f"bad --spare {spare}: 0..{MAX_PATHS - entropy} (entropy and spare paths "
+                           f"together at most {MAX_PATHS})")
         sid = parse_peer_sid(entropy_sid)
-        specs += [PathSpec.ev(sid) for _ in range(entropy)]
+        specs += [PathSpec.ev(sid) for _ in range(entropy)] + [PathSpec.ev(sid, True) for _ in range(spare)]
     if not specs:
         raise MrcError("a path needs --via SEG1,SEG2,..., --usid CONTAINER or --entropy N --sid SID")
     prefix = parse_prefix(prefix_text)
@@ -360,6 +367,7 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
         if peer.template_id not in rows_learnt:
             rows_learnt[peer.template_id] = row_learnt(att, peer.template_id)
         row = rows_learnt[peer.template_id]
+        standing = stands_in(att, peer, row)
         for path_id, path in used(peer):
             path = _with_last_hop(path, peer)
             mine = row.paths[path_id]
@@ -377,6 +385,8 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
                 "class": names.get(path.tclass, str(path.tclass)),
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                 "flowlabel": path.flowlabel, "ev": path.flowlabel if path.flags & ENTROPY else None,
+                # a spare EV, and the paths out whose turns it takes now
+                "spare": bool(path.flags & SPARE), "stands_in_for": standing.get(path_id, []),
                 "hop": str(hop_of(path) or "") or None,
                 "overhead": overhead(path),
                 # the peer's own packets on the path (the sequence numbers
@@ -449,6 +459,7 @@ def configured(att: Attachment) -> list[dict]:
                     "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
                     "route_metrics": routes.tcp_metrics_of(route) if route is not None else {},
                     "paths": [{"path_id": i, "encoding": encoding_of(p), "segments": segments_of(p),
+                               "spare": bool(p.flags & SPARE),
                                "peer_sid": addr_text(p.peer_sid), "weight": p.weight,
                                "class": names.get(p.tclass, str(p.tclass)), "denied": p.state == DENIED}
                               for i, p in used_paths(att, peer)]})

@@ -30,6 +30,9 @@ STATE_UP, STATE_BAD, STATE_DENIED, STATE_UNKNOWN = "up", "assumed-bad", "denied"
 # up, but left out of the spray for a while: the peer reported it CE-marked
 # (congestion, never a failure: lib/failover.h, failover_skip)
 STATE_SKIP = "skip"
+# a spare EV held back: in no spray list, standing in for no path out
+STATE_SPARE = "spare"
+SPARE = C["MRC_PATH_F_SPARE"]
 
 
 def peer_key(prefix: ipaddress._BaseNetwork) -> layout.PeerKey:
@@ -171,18 +174,37 @@ class UsedCache:
         return self.rows[key]
 
 
+def stands_in(att: Attachment, peer: layout.Peer, row: layout.RowState) -> dict[int, list[int]]:
+    """Spare id -> the paths out (down_ns, in the row's learnt state ROW)
+    whose turns it takes, as TX chooses (lib/path_select.h,
+    path_select_spare: a spare not out itself; TX leaves a path's turn to
+    it except for the packet that probes the path)."""
+    spares = att.maps["spares"].lookup(layout.Index(peer.template_id))
+    out: dict[int, list[int]] = {}
+    if spares is None:
+        return out
+    for i in range(MAX_PATHS):
+        c = spares.of[i]
+        if c and row.paths[i].live.down_ns and not row.paths[c - 1].live.down_ns:
+            out.setdefault(c - 1, []).append(i)
+    return out
+
+
 def path_state(att: Attachment, peer: layout.Peer, path_id: int, path: layout.Path,
                state: layout.PeerState | None = None, row: layout.RowState | None = None) -> str:
     """up, assumed-bad (taken out by the datapath, probed), skip (up, left
     out of the spray for a few turns: the peer reported CE on it), denied
-    (by the operator) or unknown (never yet acknowledged by the peer).
-    The first three are the row's (shared by a template's peers), unknown
+    (by the operator), spare (a spare EV held back: standing in for no
+    path out) or unknown (never yet acknowledged by the peer).
+    The first four are the row's (shared by a template's peers), unknown
     the peer's own."""
     if path.state == DENIED:
         return STATE_DENIED
     row = row_learnt(att, peer.template_id) if row is None else row
     if row.paths[path_id].live.down_ns:
         return STATE_BAD
+    if path.flags & SPARE and not stands_in(att, peer, row).get(path_id):
+        return STATE_SPARE
     if row.paths[path_id].live.skip_left:
         return STATE_SKIP
     state = learnt(att, peer.peer_id) if state is None else state

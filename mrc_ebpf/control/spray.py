@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from mrc_ebpf.control.path_spec import hop_of
+from mrc_ebpf.control.path_spec import ENTROPY, SPARE, hop_of
 from mrc_ebpf.control.peer_table import (MAX_CLASSES, POLICIES, SLOTS, UP, change_row, route_mtu,
                                          used_paths)
 from mrc_ebpf.datapath import layout
@@ -43,9 +43,11 @@ def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
     (class 0) when it has none; class 0 only over the shared ones."""
     used = [(i, p) for i, p in used_paths(att, peer) if p.state == UP]
     quantum = route_mtu(att, peer) + ETH_HLEN if used else 0
-    shared = [(i, p) for i, p in used if p.tclass == 0]
+    # spares are in no list: they take an out path's turns (spares_of)
+    sprayed = [(i, p) for i, p in used if not p.flags & SPARE]
+    shared = [(i, p) for i, p in sprayed if p.tclass == 0]
     for tclass in range(MAX_CLASSES):
-        members = [(i, p) for i, p in used if p.tclass == tclass] if tclass else []
+        members = [(i, p) for i, p in sprayed if p.tclass == tclass] if tclass else []
         members = members or shared
         if peer.policy == POLICIES["weighted"]:
             ids = smooth_weighted({i: p.weight for i, p in members})
@@ -56,8 +58,17 @@ def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
         spray.ids[:len(ids)] = ids
         att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
     # the floor (min_active): how many may be used, how many the datapath took out
-    # and which of them leave by each plane's device (a peer's port status: bpf/lib/ports.h)
+    # and which of them leave by each plane's device (a peer's port status: bpf/lib/ports.h);
+    # spares count: one in use stands in for a path taken out
     att.maps["peer_floor"].update(layout.Index(peer.peer_id), floor_of(att, used))
+    plan = spares_of(used)
+    if plan:
+        spares = layout.Spares()
+        for i, spare in plan.items():
+            spares.of[i] = spare + 1
+        att.maps["spares"].update(layout.Index(peer.peer_id), spares)
+    elif att.maps["spares"].lookup(layout.Index(peer.peer_id)) is not None:
+        att.maps["spares"].delete(layout.Index(peer.peer_id))
 
     def recount(state):
         state.floor_out = sum(1 for i, _ in used if state.paths[i].live.down_ns)
@@ -70,6 +81,44 @@ def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
             by_sid.delete(key)
     for _, path in used_paths(att, peer):
         by_sid.update(layout.Sid.from_buffer_copy(bytes(path.peer_sid)), layout.u32(peer.peer_id))
+
+
+def plane_of(path: layout.Path) -> tuple:
+    """What a spare must share with the path it stands in for: the
+    device, the traffic class and the first-tier hop `path trace
+    --order` recorded (None: not traced)."""
+    return path.oif, path.tclass, hop_of(path)
+
+
+def spares_of(used: list[tuple[int, layout.Path]]) -> dict[int, int]:
+    """Path id -> the spare EV (id) that takes its turns while it is out
+    (struct mrc_spares): among the usable spares of its plane (plane_of;
+    an EV with no recorded hop: of its device and class), the plane's EVs
+    in id order take the plane's spares in turn, so that paths out
+    together stand on different spares while there are enough.  Only
+    entropy paths have spares; a plane without spares: none."""
+    spares = [(i, p) for i, p in used if p.flags & SPARE]
+    if not spares:
+        return {}
+    by_plane: dict[tuple, list[int]] = {}
+    for i, p in spares:
+        by_plane.setdefault(plane_of(p), []).append(i)
+    by_dev: dict[tuple, list[int]] = {}
+    for i, p in spares:
+        by_dev.setdefault(plane_of(p)[:2], []).append(i)
+    taken: dict[tuple, int] = {}
+    out = {}
+    for i, p in used:
+        if p.flags & SPARE or not p.flags & ENTROPY:
+            continue
+        plane = plane_of(p)
+        group = by_plane.get(plane) if plane[2] is not None else by_dev.get(plane[:2])
+        if not group:
+            continue
+        k = taken.get(plane, 0)
+        taken[plane] = k + 1
+        out[i] = group[k % len(group)]
+    return out
 
 
 def floor_of(att: Attachment, used: list[tuple[int, layout.Path]]) -> layout.PeerFloor:

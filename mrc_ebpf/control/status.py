@@ -200,15 +200,16 @@ class _Rows:
 
 def _path_states(att: Attachment, peers, used, active, rows: _Rows) -> dict[str, int]:
     """How many of the peers' paths are in each of MRC's states (up,
-    assumed-bad, denied, unknown).  A peer without learnt state has never
+    assumed-bad, denied, unknown, skip; spare: a spare EV held back).  A peer without learnt state has never
     been acknowledged: its paths are unknown, or denied."""
     counts = {s: 0 for s in (paths.STATE_UP, paths.STATE_BAD, paths.STATE_DENIED, paths.STATE_UNKNOWN,
-                             paths.STATE_SKIP)}
+                             paths.STATE_SKIP, paths.STATE_SPARE)}
     for peer in peers:
         state = active.get(peer.peer_id)
         for path_id, path in used(peer):
             if state is None:
-                counts[paths.STATE_DENIED if path.state == paths.DENIED else paths.STATE_UNKNOWN] += 1
+                counts[paths.STATE_DENIED if path.state == paths.DENIED else
+                       paths.STATE_SPARE if path.flags & paths.SPARE else paths.STATE_UNKNOWN] += 1
             else:
                 counts[paths.path_state(att, peer, path_id, path, state, rows(peer.template_id))] += 1
     return counts

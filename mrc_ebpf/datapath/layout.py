@@ -156,6 +156,11 @@ class PeerFloor(ctypes.Structure):
     _fields_ = [("usable", u64), ("plane_paths", PlanePaths * C["MRC_MAX_DEVICES"])]
 
 
+@mirror("struct mrc_spares")
+class Spares(ctypes.Structure):
+    _fields_ = [("of", u16 * C["MRC_MAX_PATHS"])]
+
+
 @mirror("struct mrc_path_state")
 class PathState(ctypes.Structure):
     _fields_ = [("live", PathLive), ("health", PathHealth), ("heard_ns", u64),
@@ -286,6 +291,7 @@ MAPS = {
     "event_seq": (Index, u64, False),
     "tx_flows": (Index, TxFlow, False),
     "peer_floor": (Index, PeerFloor, False),
+    "spares": (Index, Spares, False),
     "auth": (Index, Auth, False),
     "tx_scratch": (Index, TxScratch, True),
     "hops": (Index, Hop, False),

@@ -27,6 +27,9 @@
  * segments[1], never sent (n_segments is 1), holds the first-tier hop
  * `mrcctl path trace --order` learnt for it, or zeros (control/ev_trace.py). */
 #define MRC_PATH_F_ENTROPY	0x04
+/* A spare EV (issue 29): in no spray list, held back until a path of its
+ * plane is taken out; then it takes that path's turns (struct mrc_spares) */
+#define MRC_PATH_F_SPARE	0x08
 
 /*
  * paths: array indexed by peer_id * MRC_MAX_PATHS + path_id.  The segment
@@ -53,6 +56,19 @@ struct mrc_path {
 	__u8	flags;		/* MRC_PATH_F_* */
 	__u8	tclass;		/* 0: shared; k: reserved for traffic class k */
 	__u8	pad[2];
+};
+
+/*
+ * spares: hash (allocated as used), a row (template_id) -> for each path
+ * id the spare EV that stands in for it while it is taken out (down_ns),
+ * + 1 (0: none): the loader's choice among the row's spares of the
+ * path's plane (the same device and traffic class, and the same first
+ * hop where `path trace --order` recorded one), spread so that the
+ * plane's paths use its spares in turn.  TX sends the path's turns on it
+ * while it is not out itself (lib/path_select.h, path_select_spare).
+ */
+struct mrc_spares {
+	__u16	of[MRC_MAX_PATHS];
 };
 
 /*

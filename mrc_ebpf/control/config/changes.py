@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from mrc_ebpf.control import blocks, bulk, classes, paths, templates
 from mrc_ebpf.control.config.state import read_applied, write_applied
 from mrc_ebpf.control.config.schema import (DEFAULT_POLICY, GRANULARITIES, Config, ConfigError, attrs,
-                                            effective_metrics, expand, ident)
+                                            count, effective_metrics, expand, ident)
 from mrc_ebpf.datapath import auth, layout, offload
 from mrc_ebpf.datapath.loader import Attachment
 from mrc_ebpf.errors import MrcError
@@ -241,7 +241,7 @@ class AddPeer(PeerChange, what="peer", action="add"):
     peer: dict
 
     def describe(self) -> str:
-        n = sum(e.get("entropy", 1) for e in self.peer["paths"])
+        n = sum(count(e) for e in self.peer["paths"])
         return f"peer {self.prefix}: added with {n} paths"
 
     def apply(self, att: Attachment, config: Config) -> None:
@@ -334,7 +334,8 @@ def add_paths(att: Attachment, prefix: str, entries: list[dict], metrics: dict |
         end = start
         while end < len(entries) and attrs(entries[end])[:2] == attributes and \
                 ident(entries[end])[0] == ident(entries[start])[0] and \
-                entries[end].get("sid") == entries[start].get("sid"):
+                entries[end].get("sid") == entries[start].get("sid") and \
+                bool(entries[end].get("spare")) == bool(entries[start].get("spare")):
             end += 1
         run = entries[start:end]
         weight, tclass = attributes
@@ -343,7 +344,8 @@ def add_paths(att: Attachment, prefix: str, entries: list[dict], metrics: dict |
         if first and metrics is not None:
             extra = [f"{k}={v}" for k, v in metrics.items()]
         if "entropy" in run[0]:
-            results = _add_entropy(att, prefix, run[0]["sid"], len(run), weight, tclass_name, extra)
+            results = _add_entropy(att, prefix, run[0]["sid"], len(run), weight, tclass_name, extra,
+                                   spare=bool(run[0].get("spare")))
         else:
             # one kind per run: paths.add numbers its vias before its usids
             results = paths.add(att, prefix, [",".join(e["via"]) for e in run if "via" in e],
@@ -356,20 +358,26 @@ def add_paths(att: Attachment, prefix: str, entries: list[dict], metrics: dict |
         start = end
 
 
-def _add_entropy(att, prefix, sid, count, weight, tclass_name, extra) -> list[dict]:
-    """COUNT more entropy paths to SID: paths.add counts the EVs the peer
-    has to it already, so ask for those plus COUNT, with their weight and
-    class; the new ones then get theirs."""
+def _add_entropy(att, prefix, sid, count, weight, tclass_name, extra, spare: bool = False) -> list[dict]:
+    """COUNT more entropy paths (spares, with SPARE) to SID: paths.add
+    counts the EVs and spares the peer has to it already, so ask for those
+    plus COUNT, with their weight and class; the new ones then get theirs."""
     rows = next((p["paths"] for p in paths.configured(att) if p["prefix"] == prefix), [])
-    existing = [r for r in rows if r["encoding"] == "entropy" and r["peer_sid"] == sid]
+    evs = [r for r in rows if r["encoding"] == "entropy" and r["peer_sid"] == sid]
+    existing = [r for r in evs if r["spare"] == spare]
     have = {(r["weight"], r["class"]) for r in existing}
     if len(have) > 1:
         raise MrcError(f"cannot add entropy paths to {sid} while its {len(existing)} running ones "
                        f"differ in weight or class: change those first")
     base_weight, base_class = have.pop() if have else (weight, tclass_name or classes.DEFAULT)
-    results = paths.add(att, prefix, [], base_weight,
-                        None if base_class == classes.DEFAULT else base_class, [],
-                        len(existing) + count, sid, extra)
+    if spare:
+        results = paths.add(att, prefix, [], base_weight,
+                            None if base_class == classes.DEFAULT else base_class, [],
+                            len(evs) - len(existing), sid, extra, spare=len(existing) + count)
+    else:
+        results = paths.add(att, prefix, [], base_weight,
+                            None if base_class == classes.DEFAULT else base_class, [],
+                            len(existing) + count, sid, extra)
     new = [r for r in results if not r["existed"]]
     tclass = classes.class_id(att, tclass_name) if tclass_name else 0
     if (base_weight, base_class) != (weight, tclass_name or classes.DEFAULT):

@@ -276,13 +276,16 @@ def _paths(r: _Reader, node, prefix: str, class_names: set, lines: dict) -> list
     if not items:
         r.fail(node, f"peer {prefix} needs at least one path")
     for item in items:
-        m = r.mapping(item, "a path", optional=("via", "usid", "entropy", "sid", "weight", "class", "denied"))
+        m = r.mapping(item, "a path", optional=("via", "usid", "entropy", "sid", "spare", "weight", "class",
+                                                "denied"))
         kinds = [k for k in ("via", "usid", "entropy") if k in m]
         if len(kinds) != 1:
             r.fail(item, "a path is one of via: [SEG, ...], usid: CONTAINER or entropy: N with sid: PEER_SID")
         kind = kinds[0]
         if "sid" in m and kind != "entropy":
             r.fail(m["sid"][0], "sid: is the peer SID of entropy paths (entropy: N)")
+        if "spare" in m and kind != "entropy":
+            r.fail(m["spare"][0], "spare: M is for entropy paths (entropy: N, spare: M, sid: PEER_SID)")
         value_node = m[kind][1]
         if kind == "via":
             segs = [r.address(s, "segment") for s in r.sequence(value_node, "via")]
@@ -300,6 +303,11 @@ def _paths(r: _Reader, node, prefix: str, class_names: set, lines: dict) -> list
             if "sid" not in m:
                 r.fail(item, "entropy: N needs sid: PEER_SID (where the entropy paths end)")
             entry, ident = {"entropy": count, "sid": r.address(m["sid"][1], "sid")}, None
+            # spares: M more EVs held back, each standing in for an EV of its plane while that one is out
+            spare = r.integer(m["spare"][1], "spare", 0, paths.MAX_PATHS) if "spare" in m else 0
+            if spare:
+                entry["spare"] = spare
+                count += spare
         if ident is not None:
             line = value_node.start_mark.line + 1
             if ident in seen:

@@ -60,7 +60,7 @@ def ident(entry: dict):
         return ("via", tuple(entry["via"]))
     if "usid" in entry:
         return ("usid", entry["usid"])
-    return ("entropy", entry["sid"])
+    return ("entropy", entry["sid"], bool(entry.get("spare")))
 
 
 def attrs(entry: dict) -> tuple:
@@ -69,27 +69,39 @@ def attrs(entry: dict) -> tuple:
 
 
 def expand(entries: list[dict]) -> list[dict]:
-    """One item per path (an entropy entry of N is N paths), with the
-    index of the entry it came from."""
+    """One item per path (an entropy entry of N is N paths, and its
+    spare: M M more, each {"entropy": 1, "spare": 1}), with the index of
+    the entry it came from."""
     out = []
     for index, e in enumerate(entries):
-        for _ in range(e.get("entropy", 1)):
+        for k in range(e.get("entropy", 1) + e.get("spare", 0)):
             one = dict(e)
+            one.pop("spare", None)
             if "entropy" in one:
                 one["entropy"] = 1
+                if k >= e["entropy"]:
+                    one["spare"] = 1
             out.append({"entry": one, "index": index})
     return out
 
 
+def count(entry: dict) -> int:
+    """The paths an entry stands for (an entropy entry: its EVs and spares)."""
+    return entry.get("entropy", 1) + entry.get("spare", 0)
+
+
 def merge_entropy(entries: list[dict]) -> list[dict]:
-    """Neighbouring entropy entries alike in all but their count are one."""
+    """Neighbouring entropy entries alike in all but their counts (EVs,
+    spares) are one."""
     out = []
     for e in entries:
         prev = out[-1] if out else None
         if prev is not None and "entropy" in e and "entropy" in prev and \
-                {k: v for k, v in e.items() if k != "entropy"} == \
-                {k: v for k, v in prev.items() if k != "entropy"}:
+                {k: v for k, v in e.items() if k not in ("entropy", "spare")} == \
+                {k: v for k, v in prev.items() if k not in ("entropy", "spare")}:
             prev["entropy"] += e["entropy"]
+            if e.get("spare"):
+                prev["spare"] = prev.get("spare", 0) + e["spare"]
         else:
             out.append(dict(e))
     return out

@@ -165,7 +165,9 @@ def running_templates(att: Attachment) -> list[dict]:
 
 def _entry(row: dict) -> dict:
     if row["encoding"] == "entropy":
-        entry = {"entropy": 1, "sid": row["peer_sid"]}
+        # a spare: merged into its EVs' entry as spare: M (merge_entropy)
+        entry = {"entropy": 0, "spare": 1, "sid": row["peer_sid"]} if row.get("spare") else \
+            {"entropy": 1, "sid": row["peer_sid"]}
     elif row["encoding"] == "usid":
         entry = {"usid": row["segments"][0]}
     else:
