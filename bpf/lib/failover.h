@@ -193,7 +193,12 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 	if (!acks->last_ns)
 		return PATH_USE;
 	acked = clock->acked_ns;
-	if (since && acked > clock->clock_after_ns) {
+	/* stopped by an acknowledgement past the send before it, or void: a
+	 * send from before the path's last down (down_after_ns) was judged
+	 * by that down; the path came back since, perhaps on another of the
+	 * row's peers' answer, and this peer's stale clock must not take it
+	 * out again */
+	if (since && (acked > clock->clock_after_ns || since <= live->down_after_ns)) {
 		clock->unacked_since_ns = 0;
 		since = 0;
 	}
