@@ -75,7 +75,7 @@ def _load(runs, name):
     assert doc["params"].get("tcp_congestion") == (None if name == "cost" else "cubic")
     # and every fabric host the run's sysctls (the default set here)
     assert doc["params"].get("host_sysctls") == (None if name == "cost" else list(DEFAULT_HOST_SYSCTLS))
-    assert doc["params"].get("ecn_threshold") == {"collisions": "1ms"}.get(name)
+    assert doc["params"].get("ecn_threshold") == {"collisions": "1ms", "congested-spine": "1ms"}.get(name)
     # every fabric's hash, read back from its leaves when built (cost builds none)
     assert set(doc["fabric_hash"].values()) == (set() if name == "cost" else {"l4"})
     return doc["results"]
@@ -194,6 +194,28 @@ def test_failover(runs):
     for run in r["modes"]["mrc"]["tcp"]["runs"]:
         assert 0 <= run["pre_failure_windows_below_capacity"] <= 1
         assert run["paths"][str(run["dead_path_id"])]["tx_minus_rx"] > 0
+
+
+def test_congested_spine(runs):
+    """A real 70% cross flow on s1 (h2 counted its datagrams over the TCP
+    flow), marks where it queues (the switch's own counter), the receiver
+    counting them on the path via s1, and skip only with skip_rotations."""
+    r = _load(runs, "congested-spine")
+    assert set(r["modes"]) >= {"ecmp", "rr", "rr-skip"}
+    for mode, m in r["modes"].items():
+        run = m["runs"][0]
+        assert 0.5 <= run["cross"]["load_measured"] <= 0.9, (mode, run["cross"])
+        assert 0 < run["of_left"] <= 1.2 and run["goodput_bps"] > 0
+    for mode in ("rr", "rr-skip"):
+        run = r["modes"][mode]["runs"][0]
+        assert run["marks"]["s1>l2"]["marked"] > 0, run["marks"]
+        # path 0 crosses s1: the receiver counted most of its CE marks there
+        ce = {int(k): v for k, v in run["mrc"]["rx_ce"].items()}
+        assert ce[0] == max(ce.values()) > 0, ce
+        assert run["mrc"]["ce_reports"] and run["spines"]["packets"]["s1"] > 0
+    assert r["modes"]["rr"]["skips"]["max"] == 0 and r["modes"]["rr-skip"]["skips"]["min"] > 0
+    # skipping moves packets off the congested spine
+    assert r["modes"]["rr-skip"]["cross_spine_share"]["median"] < 0.24
 
 
 def test_collisions(runs):

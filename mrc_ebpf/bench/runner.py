@@ -44,7 +44,7 @@ from mrc_ebpf.lab import netns, procs
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "cost",
              "collisions": "collisions", "reorder": "reorder", "shared-fate": "shared_fate",
-             "line-rate": "line_rate"}
+             "line-rate": "line_rate", "congested-spine": "congested_spine"}
 # Scenarios that need the VM's kernel (rdma_rxe): named, not in `all`
 VM_SCENARIOS = {"roce": "roce"}
 VERSION = 1

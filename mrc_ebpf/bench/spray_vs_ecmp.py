@@ -112,7 +112,7 @@ def _events_since(env, fab, mark: dict) -> dict:
     return counts
 
 
-def _ceilings(env, fab, modes) -> dict:
+def ceilings(env, fab, modes) -> dict:
     """mode -> the goodput fraction headers leave when every link is busy
     (the MRC modes' route exists only while MRC is attached)."""
     h1 = fab.ns("h1")
@@ -224,7 +224,7 @@ def _run_mtu(p: dict, env, mtu: int, capacity: int) -> dict:
                                key=lambda r: len(r["spines"]["carrying"]))
                     proofs[mode] = contenders.proof(mode, rec, best["spines"], contenders.delta_of(c0, c1),
                                                     best["mptcp_subflows"])
-        ceiling = _ceilings(env, fab, p["modes"])
+        ceiling = ceilings(env, fab, p["modes"])
     summary = {m: {n: {"fraction": spread([r["fraction"] for r in runs]),
                        "spines_carrying": spread([len(r["spines"]["carrying"]) for r in runs]),
                        "of_ceiling": (spread([r["fraction"] / ceiling[m] for r in runs])
