@@ -41,7 +41,7 @@ import time
 from mrc_ebpf.bench import contenders
 from mrc_ebpf.bench.congested_spine_analysis import (UDP_WIRE, CrossFlow, Measured, MrcView, Run,  # noqa: F401
                                                      plot, summarize, table)
-from mrc_ebpf.bench.runner import log
+from mrc_ebpf.bench.runner import log, set_attach
 from mrc_ebpf.perf.iperf_json import read_result
 
 TITLE = "one sprayed TCP flow beside a 70% UDP cross flow on 1 of 4 spines: rr vs rr + skip, ECMP, PRR, MPTCP"
@@ -68,22 +68,6 @@ def check(p: dict) -> None:
         raise MrcError(f"congested-spine: cross_load {p['cross_load']}: between 0 and 1")
     if p["cross_spine"] not in [f"s{k}" for k in range(1, p["spines"] + 1)]:
         raise MrcError(f"congested-spine: cross_spine {p['cross_spine']!r} is not one of s1..s{p['spines']}")
-
-
-def _set_skip(env, fab, state: dict, hosts, turns: int) -> None:
-    """skip_rotations on a running datapath: its config changed in place
-    (`show-config | apply`: no re-attach, no new verification)."""
-    key = ["--key-file", state["key_file"]] if state.get("key_file") else []
-    for h in hosts:
-        ns = fab.ns(h)
-        doc = json.loads(env.mrcctl(ns, "show-config", "-j", *key).stdout)
-        doc["attach"]["skip_rotations"] = turns
-        env.run(None, [*env_mrcctl(ns), "apply", "-"], input=json.dumps(doc))
-
-
-def env_mrcctl(ns: str) -> list[str]:
-    from mrc_ebpf.lab import procs
-    return [*procs.MRCCTL, "--netns", ns]
 
 
 def _mrc_view(env, fab) -> MrcView:
@@ -195,7 +179,7 @@ def measure(p: dict, env) -> Measured:
                     time.sleep(0.5)
                 turns = p["skip_rotations"] if mode == "rr-skip" else 0
                 if attached != turns:
-                    _set_skip(env, fab, fab_mod.load(fab.name), ("h1", "h2"), turns)
+                    set_attach(env, fab, ("h1", "h2"), skip_rotations=turns)
                     attached = turns
             with contenders.mode(env, fab, mode, [1, 2]) as rec:
                 measured.mode_setup[mode] = rec

@@ -44,7 +44,8 @@ from mrc_ebpf.lab import netns, procs
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "cost",
              "collisions": "collisions", "reorder": "reorder", "shared-fate": "shared_fate",
-             "line-rate": "line_rate", "congested-spine": "congested_spine"}
+             "line-rate": "line_rate", "congested-spine": "congested_spine",
+             "probe-budget": "probe_budget"}
 # Scenarios that need the VM's kernel (rdma_rxe): named, not in `all`
 VM_SCENARIOS = {"roce": "roce"}
 VERSION = 1
@@ -201,6 +202,20 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
             except MrcError as e:
                 log(f"fabric down {name}: {e}")
                 netns.delete([ns for ns in netns.existing() if ns.startswith(f"{name}-")])
+
+
+def set_attach(env, fab, hosts, **fields) -> None:
+    """Change attach settings (skip_rotations, probe_max_us, ...) of the
+    running datapaths of fab's hosts in place: `show-config | apply`, no
+    re-attach (no new verification), counters and learnt state kept."""
+    from mrc_ebpf.lab import fabric as fab_mod
+    key_file = fab_mod.load(fab.name).get("key_file")
+    key = ["--key-file", key_file] if key_file else []
+    for h in hosts:
+        ns = fab.ns(h)
+        doc = json.loads(env.mrcctl(ns, "show-config", "-j", *key).stdout)
+        doc["attach"].update(fields)
+        env.run(None, [*procs.MRCCTL, "--netns", ns, "apply", "-"], input=json.dumps(doc))
 
 
 @contextlib.contextmanager
