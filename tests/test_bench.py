@@ -77,7 +77,8 @@ def _load(runs, name):
     assert doc["params"].get("host_sysctls") == (None if name == "cost" else list(DEFAULT_HOST_SYSCTLS))
     assert doc["params"].get("ecn_threshold") == {"collisions": "1ms", "congested-spine": "1ms"}.get(name)
     # every fabric's hash, read back from its leaves when built (cost builds none)
-    assert set(doc["fabric_hash"].values()) == (set() if name == "cost" else {"l4"})
+    # (probe-budget's fabric is --encoding ev: its leaves hash the flow label, no --hash to read back)
+    assert set(doc["fabric_hash"].values()) == {"cost": set(), "probe-budget": {None}}.get(name, {"l4"})
     return doc["results"]
 
 
@@ -216,6 +217,23 @@ def test_congested_spine(runs):
     assert r["modes"]["rr"]["skips"]["max"] == 0 and r["modes"]["rr-skip"]["skips"]["min"] > 0
     # skipping moves packets off the congested spine
     assert r["modes"]["rr-skip"]["cross_spine_share"]["median"] < 0.24
+
+
+def test_probe_budget(runs):
+    """s1 black-holed under one TCP flow over 64 EVs: its EVs go out, and
+    once they are out the packets l1 still sends into s1 (its own uplink
+    counter) are probes: a large share of a live spine's with fixed
+    probing, a small one with backoff + budget; every EV back after the
+    heal in both."""
+    r = _load(runs, "probe-budget")
+    fixed, backoff = r["modes"]["fixed"]["runs"][0], r["modes"]["backoff"]["runs"][0]
+    for run in (fixed, backoff):
+        assert 8 <= run["paths_down"] <= 32, run["out_ms"]        # ~16 of 64 EVs cross s1
+        assert run["dropped_after_settle"] > 0 and not run["not_back"], run
+        assert run["all_back_ms"] is not None
+    assert backoff["probe_copies_per_s"] < fixed["probe_copies_per_s"] / 5
+    assert backoff["dead_over_live"] < 0.05 < fixed["dead_over_live"], (backoff, fixed)
+    assert backoff["probing_status"]["probe_max_us"] == 1_000_000
 
 
 def test_collisions(runs):
