@@ -236,6 +236,18 @@ def test_probe_budget(runs):
     assert backoff["probing_status"]["probe_max_us"] == 1_000_000
 
 
+def test_port_down(runs):
+    """h4's plane-1 link cut under 4 flows: every peer takes its plane-1
+    paths out, by its clock (100 ms) without the watcher, by h4's port
+    status with it (events `port-down`, kernel timestamps), sooner."""
+    r = _load(runs, "port-down")
+    clock, told = r["modes"]["ack-clock"]["runs"][0], r["modes"]["port-status"]["runs"][0]
+    assert not clock["not_out"] and not told["not_out"], (clock, told)
+    assert clock["by_port_status"] == 0 and told["by_port_status"] == 4, told["peers"]
+    assert told["watcher_told"] and told["watcher_told"][0] >= 4
+    assert told["all_out_ms"] < clock["all_out_ms"]
+
+
 def test_collisions(runs):
     r = _load(runs, "collisions")
     for per in r["modes"].values():
