@@ -248,6 +248,20 @@ def test_port_down(runs):
     assert told["all_out_ms"] < clock["all_out_ms"]
 
 
+def test_trim_incast(runs):
+    """Incast rounds: the switches trim only with trimming on (their own
+    counters), the receiver counts the trims it got and does not count
+    them as lost; every round takes at least its ideal."""
+    r = _load(runs, "trim-incast")
+    trim, drop, ecmp = (r["modes"][m] for m in ("mrc-trim", "mrc-drop", "ecmp"))
+    assert drop["switch_trimmed"] == 0 and drop["receiver"]["trimmed"] == 0
+    assert 0 < trim["receiver"]["trimmed"] <= trim["switch_trimmed"], trim
+    assert trim["receiver"]["lost"] < trim["receiver"]["trimmed"], trim["receiver"]
+    assert ecmp["path_downs"] is None and isinstance(trim["path_downs"], int)
+    for m in (trim, drop, ecmp):
+        assert m["round_p99_over_ideal"] >= 0.9 and m["round_ms"]["n"] == 3
+
+
 def test_collisions(runs):
     r = _load(runs, "collisions")
     for per in r["modes"].values():

@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "cost",
              "collisions": "collisions", "reorder": "reorder", "shared-fate": "shared_fate",
              "line-rate": "line_rate", "congested-spine": "congested_spine",
-             "probe-budget": "probe_budget", "port-down": "port_down"}
+             "probe-budget": "probe_budget", "port-down": "port_down",
+             "trim-incast": "trim_incast"}
 # Scenarios that need the VM's kernel (rdma_rxe): named, not in `all`
 VM_SCENARIOS = {"roce": "roce"}
 VERSION = 1
@@ -177,7 +178,7 @@ def no_interrupt():
 @contextlib.contextmanager
 def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, rate: str | None = "100mbit",
            host_rate: str | None = None, mtu: int = 1500, host_sysctls=(), ecn_threshold: str | None = None,
-           ask_ecn: bool = True, encoding: str = "srh", planes: int = 1):
+           ask_ecn: bool = True, encoding: str = "srh", planes: int = 1, trim_threshold: str | None = None):
     """A fabric of its own (unique name), always removed on the way out.
     With ECN marking the hosts ask for ECN (net.ipv4.tcp_ecn=1) too, unless
     ask_ecn is False (marking only for a mode that asks by itself)."""
@@ -189,9 +190,10 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
     log(f"fabric {name}: {f'{planes} planes x ' if planes > 1 else ''}{spines} spines x {leaves} leaves x "
         f"{hosts_per_leaf} hosts, rate {rate}, "
         f"MTU {mtu}{f', ECN marking above {ecn_threshold}' if ecn_threshold else ''}"
+        f"{f', trimming above {trim_threshold}' if trim_threshold else ''}"
         f"{''.join(', ' + kv for kv in host_sysctls)}")
     fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, list(host_sysctls),
-               ecn_threshold)
+               ecn_threshold, trim_threshold=trim_threshold)
     try:
         fab = fab_mod.Fabric(fab_mod.load(name)["spec"])
         HASHED[name] = fab_mod.read_hash(fab)
