@@ -77,10 +77,12 @@ def _mrc_view(env, fab) -> MrcView:
     rows = [r for r in json.loads(env.mrcctl(fab.ns("h1"), "path", "list", "-j").stdout)
             if r["prefix"] == fab.prefix6(2)]
     rx = json.loads(env.mrcctl(fab.ns("h2"), "stats", "--paths", "-j").stdout)["received"]
+    counters = json.loads(env.mrcctl(fab.ns("h1"), "stats", "-j").stdout)["counters"]
     return MrcView(evs, {r["path_id"]: {"ce_reports": r.get("ce_reports", 0), "downs": r.get("downs", 0),
                                         "tx_packets": r.get("tx_packets", 0), "state": r.get("state")}
                          for r in rows},
-                   {r["path_id"]: r.get("ce", 0) for r in rx if r["from"] == fab.host_sid(1)})
+                   {r["path_id"]: r.get("ce", 0) for r in rx if r["from"] == fab.host_sid(1)},
+                   {k: counters.get(k, 0) for k in ("tx_skip", "rx_fb_ce")})
 
 
 def ecn_marks(env, fab) -> dict[str, dict]:

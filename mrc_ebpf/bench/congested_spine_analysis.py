@@ -32,6 +32,7 @@ class MrcView:
     events: list[dict]
     paths: dict[int, dict]
     rx_ce: dict[int, int]           # h2: packets from h1 that arrived CE-marked, per path
+    counters: dict[str, int]        # h1's tx_skip (turns skipped), rx_fb_ce (CE reports filed)
 
 
 @dataclasses.dataclass
@@ -68,9 +69,14 @@ def _mrc_counts(before: MrcView, after: MrcView, t0: int, t1: int) -> dict:
     tx = {pid: row["tx_packets"] - before.paths.get(pid, {}).get("tx_packets", 0)
           for pid, row in after.paths.items()}
     rx_ce = {pid: n - before.rx_ce.get(pid, 0) for pid, n in after.rx_ce.items()}
-    return {"events": by_type, "rx_ce": rx_ce, "paths_down": sum(by_type.get(t, 0) for t in DOWN_TYPES),
-            "skips": by_type.get("skip", 0), "ce_reports": ce, "tx_packets": tx,
-            "down_paths": sorted({e["path_id"] for e in new if e["type"] in DOWN_TYPES})}
+    downs = {pid: row["downs"] - before.paths.get(pid, {}).get("downs", 0) for pid, row in after.paths.items()}
+    # the paths' own down counters and h1's skip counter: the event log is
+    # a ring of 1,024 entries, which a run's skip events overrun
+    return {"events": by_type, "rx_ce": rx_ce, "downs": downs,
+            "paths_down": sum(downs.values()), "paths_down_events": sum(by_type.get(t, 0) for t in DOWN_TYPES),
+            "skips": after.counters["tx_skip"] - before.counters["tx_skip"], "skip_events": by_type.get("skip", 0),
+            "ce_reports": ce, "tx_packets": tx,
+            "down_paths": sorted(pid for pid, n in downs.items() if n)}
 
 
 def analyse_run(p: dict, r: Run, ceiling: float | None) -> dict:
@@ -112,8 +118,8 @@ def summarize(p: dict, m: Measured) -> dict:
              f"header ceiling ecmp {m.ceiling.get('ecmp')}, MRC {m.ceiling.get('rr')}"]
     for mode in ("rr", "rr-skip"):
         if mode in modes and modes[mode]["paths_down"]:
-            notes.append(f"{mode}: {modes[mode]['paths_down']['max']} path(s) taken down at most in a run "
-                         f"(target 0), {modes[mode]['skips']['median']} skips (median)")
+            notes.append(f"{mode}: {modes[mode]['paths_down']['max']} path downs at most in a run "
+                         f"(target 0), {modes[mode]['skips']['median']} turns skipped (median)")
     best = max(modes, key=lambda k: modes[k]["of_left"]["median"] or 0) if modes else None
     if best:
         notes.append(f"best: {best} at {modes[best]['of_left']['median']:.2f} of the capacity left "
@@ -131,7 +137,7 @@ def _order(results: dict) -> list[str]:
 
 def table(results: dict):
     headers = ["mode", "of capacity left", "of header ceiling", "goodput Mbit/s", "share via cross spine",
-               "cross load measured", "paths down", "skips", "retrans"]
+               "cross load measured", "path downs", "turns skipped", "retrans"]
     rows = []
     for mode in _order(results):
         r = results["modes"][mode]
