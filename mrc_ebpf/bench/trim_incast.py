@@ -72,11 +72,14 @@ def _set_trimming(fab, threshold_ns: int) -> None:
 
 
 def _rx(env, fab) -> dict[int, dict]:
-    """The receiver's per-sender totals (lost, trimmed, rx) from `stats --paths`."""
+    """The receiver's per-sender totals (rx_packets, lost, late, trimmed)
+    from `stats --paths`.  A packet overtaken on its path counts as a gap
+    (lost) when the one behind it arrives, then as late when it does: what
+    was lost is lost - late."""
     rx = json.loads(env.mrcctl(fab.ns(fab.host(RECEIVER)), "stats", "--paths", "-j").stdout)["received"]
     out: dict = {}
     for r in rx:
-        t = out.setdefault(r["from"], {"rx": 0, "lost": 0, "late": 0, "trimmed": 0})
+        t = out.setdefault(r["from"], {"rx_packets": 0, "lost": 0, "late": 0, "trimmed": 0})
         for k in t:
             t[k] += r.get(k, 0) or 0
     return out

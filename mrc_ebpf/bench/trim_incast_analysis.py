@@ -31,12 +31,13 @@ class Measured:
 def _rx_delta(r: ModeRun, sids: dict[str, int]) -> dict | None:
     if r.rx_after is None:
         return None
-    tot = {"rx": 0, "lost": 0, "late": 0, "trimmed": 0}
+    tot = {"rx_packets": 0, "lost": 0, "late": 0, "trimmed": 0}
     for sid, row in r.rx_after.items():
         if sid not in sids:
             continue
         for k in tot:
             tot[k] += row[k] - (r.rx_before or {}).get(sid, {}).get(k, 0)
+    tot["net_lost"] = tot["lost"] - tot["late"]     # gaps never filled
     return tot
 
 
@@ -63,19 +64,20 @@ def summarize(p: dict, m: Measured) -> dict:
         rx = r["receiver"]
         notes.append(f"{mode}: round p99/ideal {r['round_p99_over_ideal']:.2f}, {r['rtos']} RTOs"
                      + ("" if rx is None else f", {r['path_downs']} false path-downs, switches trimmed "
-                        f"{r['switch_trimmed']}, receiver counted {rx['trimmed']} trimmed and {rx['lost']} lost"))
+                        f"{r['switch_trimmed']}, receiver counted {rx['trimmed']} trimmed, {rx['lost']} gaps of which "
+                        f"{rx['late']} filled late ({rx['net_lost']} lost)"))
     return {"ideal_ms": ideal, "capacity_bps": cap, "modes": modes, "notes": notes}
 
 
 def table(results: dict):
     headers = ["mode", "round p50/ideal", "round p99/ideal", "RTOs", "retrans", "false path-downs",
-               "switches trimmed", "receiver trimmed", "receiver lost"]
+               "switches trimmed", "receiver trimmed", "receiver lost (gaps - late)"]
     rows = []
     for mode, r in results["modes"].items():
         rx = r["receiver"] or {}
         rows.append([mode, f"{r['round_p50_over_ideal']:.2f}", f"{r['round_p99_over_ideal']:.2f}", r["rtos"],
                      r["retransmits"], "-" if r["path_downs"] is None else r["path_downs"], r["switch_trimmed"],
-                     rx.get("trimmed", "-"), rx.get("lost", "-")])
+                     rx.get("trimmed", "-"), rx.get("net_lost", "-")])
     return headers, rows
 
 
