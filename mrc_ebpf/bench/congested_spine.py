@@ -91,7 +91,8 @@ def ecn_marks(env, fab) -> dict[str, dict]:
     `fabric show`."""
     from mrc_ebpf.lab import procs
     shown = json.loads(env.run(None, [*procs.MRCCTL, "fabric", "show", fab.name, "-j"]).stdout)
-    return {e["ecn"]["direction"]: {k: e["ecn"][k] for k in ("packets", "ect", "marked")} for lk in shown["links"] for e in lk["ends"]
+    return {e["ecn"]["direction"]: {k: e["ecn"][k] for k in ("packets", "ect", "marked")}
+            for lk in shown["links"] for e in lk["ends"]
             if e.get("ecn")}
 
 

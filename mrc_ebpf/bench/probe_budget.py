@@ -37,7 +37,8 @@ from mrc_ebpf.bench import contenders
 from mrc_ebpf.bench.probe_budget_analysis import Measured, Run, plot, summarize, table  # noqa: F401
 from mrc_ebpf.bench.runner import PY, log, set_attach
 
-TITLE = "probes into a black-holed spine as a share of a live spine's packets, and the way back: fixed vs backoff + budget"
+TITLE = ("probes into a black-holed spine as a share of a live spine's packets, and the way back: "
+         "fixed vs backoff + budget")
 MODES_ALLOWED = ("fixed", "backoff")
 SETTINGS = {"fixed": {"probe_max_us": 0, "probe_budget": 0}}
 

@@ -85,7 +85,8 @@ def analyse_run(r: Run) -> dict:
             "first_back_ms": min(late) if late else None, "not_back": [p for p, v in back.items() if v is None],
             "probing_status": r.probing, "uplinks": r.uplinks,
             "events_after_heal": _types([e for e in r.events if e["ns"] >= r.t_heal]),
-            "events_in_hole": _types([e for e in r.events if r.t_fail <= e["ns"] < r.t_heal]), "heal_write_us": r.heal_ns / 1e3}
+            "events_in_hole": _types([e for e in r.events if r.t_fail <= e["ns"] < r.t_heal]),
+            "heal_write_us": r.heal_ns / 1e3}
 
 
 def summarize(p: dict, m: Measured) -> dict:
@@ -95,7 +96,8 @@ def summarize(p: dict, m: Measured) -> dict:
         for x in rows:
             x["back_in_hole_n"] = len(x["back_in_hole"])
         modes[mode] = {k: spread([x[k] for x in rows]) for k in
-                       ("dead_over_live", "dead_over_live_whole_hole", "probe_copies_per_s", "paths_down", "back_in_hole_n", "all_out_ms",
+                       ("dead_over_live", "dead_over_live_whole_hole", "probe_copies_per_s", "paths_down",
+                        "back_in_hole_n", "all_out_ms",
                         "all_back_ms", "first_back_ms")}
         modes[mode]["runs"] = rows
     notes = []
@@ -109,12 +111,14 @@ def summarize(p: dict, m: Measured) -> dict:
 
 def table(results: dict):
     headers = ["mode", "s1 / live spine (after settle)", "s1 / live (whole hole)", "probe copies/s",
-               "all s1's EVs out ms", "EVs out at the heal", "EVs down and back in the hole", "all back ms", "first back ms"]
+               "all s1's EVs out ms", "EVs out at the heal", "EVs down and back in the hole", "all back ms",
+               "first back ms"]
     rows = []
     for mode, r in results["modes"].items():
         rows.append([mode, fmt_spread(r["dead_over_live"]), fmt_spread(r["dead_over_live_whole_hole"]),
                      fmt_spread(r["probe_copies_per_s"]), fmt_spread(r["all_out_ms"]),
-                     fmt_spread(r["paths_down"]), fmt_spread(r["back_in_hole_n"]), fmt_spread(r["all_back_ms"]), fmt_spread(r["first_back_ms"])])
+                     fmt_spread(r["paths_down"]), fmt_spread(r["back_in_hole_n"]), fmt_spread(r["all_back_ms"]),
+                     fmt_spread(r["first_back_ms"])])
     return headers, rows
 
 

@@ -37,7 +37,8 @@ from mrc_ebpf.bench.collisions import close_all, connect_all, run_round
 from mrc_ebpf.bench.runner import log
 from mrc_ebpf.bench.trim_incast_analysis import Measured, ModeRun, plot, summarize, table  # noqa: F401
 
-TITLE = "8-to-1 incast rounds on a trimming fabric: false path-downs, loss vs trims, completion p99/ideal, trim vs drop vs ECMP"
+TITLE = ("8-to-1 incast rounds on a trimming fabric: false path-downs, loss vs trims, completion p99/ideal, "
+         "trim vs drop vs ECMP")
 MODES_ALLOWED = ("ecmp", "mrc-drop", "mrc-trim")
 RECEIVER = 1
 OFF_NS = 10 ** 12            # a threshold no queue reaches: trimming off
