@@ -66,6 +66,9 @@ def check(p: dict) -> None:
     from mrc_ebpf.errors import MrcError
     if not 0 < p["cross_load"] < 1:
         raise MrcError(f"congested-spine: cross_load {p['cross_load']}: between 0 and 1")
+    import shutil
+    if not shutil.which("iperf3"):
+        raise MrcError("congested-spine needs iperf3 for its cross flow: apt-get install iperf3 (scripts/setup.sh)")
     if p["cross_spine"] not in [f"s{k}" for k in range(1, p["spines"] + 1)]:
         raise MrcError(f"congested-spine: cross_spine {p['cross_spine']!r} is not one of s1..s{p['spines']}")
 
