@@ -48,7 +48,8 @@ from mrc_ebpf.cli.progress import Progress, progress_option
 @progress_option
 def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_threshold, hosts_default, modes,
           params, json_, progress):
-    """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):
+    """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, shared-fate, line-rate,
+    congested-spine, probe-budget, port-down, trim-incast, all):
     JSON + PNG under --out and a table of min/median/max.  roce (soft-RoCE)
     runs only in the VM (`make vm-test`: its kernel has rdma_rxe); not in all."""
     from mrc_ebpf.bench import runner, steps
