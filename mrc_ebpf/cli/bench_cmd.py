@@ -31,8 +31,8 @@ from mrc_ebpf.cli.progress import Progress, progress_option
               help="Link MTU of every fabric the scenarios build (default: each scenario's own; "
                    "spray-vs-ecmp runs 1500 and 9000).")
 @click.option("--ecn-threshold", "ecn_threshold", metavar="TIME|none",
-              help="Where the fabric's switches mark ECN, for collisions and congested-spine (default 1ms) and failover "
-                   "(default none: no marking, loss is the only congestion signal); the other "
+              help="Where the fabric's switches mark ECN, for collisions and congested-spine (default 1ms) "
+                   "and failover (default none: no marking, loss is the only congestion signal); the other "
                    "scenarios ignore it.")
 @click.option("--hosts-default", "hosts_default", is_flag=True,
               help="Leave the hosts as a user's are: no sysctls set and their own default congestion "
