@@ -29,7 +29,7 @@ fuzz: setup
 # virtme-ng first.  TESTS='pytest args' runs something else in the VM.
 vm-test: setup
 	@bash vm_tests/setup.sh $(CURDIR)/.venv
-	$(PY) vm_tests/run.py --tests '$(or $(TESTS),vm_tests)' $(if $(KERNEL),--kernel $(KERNEL))
+	$(PY) vm_tests/run.py $(if $(TESTS),--tests '$(TESTS)') $(if $(KERNEL),--kernel $(KERNEL))
 
 bench: setup
 	$(PY) -m mrc_ebpf.cli.mrcctl bench all

@@ -75,9 +75,10 @@ def _load(runs, name):
     assert doc["params"].get("tcp_congestion") == (None if name == "cost" else "cubic")
     # and every fabric host the run's sysctls (the default set here)
     assert doc["params"].get("host_sysctls") == (None if name == "cost" else list(DEFAULT_HOST_SYSCTLS))
-    assert doc["params"].get("ecn_threshold") == {"collisions": "1ms"}.get(name)
+    assert doc["params"].get("ecn_threshold") == {"collisions": "1ms", "congested-spine": "1ms"}.get(name)
     # every fabric's hash, read back from its leaves when built (cost builds none)
-    assert set(doc["fabric_hash"].values()) == (set() if name == "cost" else {"l4"})
+    # (probe-budget's fabric is --encoding ev: its leaves hash the flow label, no --hash to read back)
+    assert set(doc["fabric_hash"].values()) == {"cost": set(), "probe-budget": {None}}.get(name, {"l4"})
     return doc["results"]
 
 
@@ -194,6 +195,72 @@ def test_failover(runs):
     for run in r["modes"]["mrc"]["tcp"]["runs"]:
         assert 0 <= run["pre_failure_windows_below_capacity"] <= 1
         assert run["paths"][str(run["dead_path_id"])]["tx_minus_rx"] > 0
+
+
+def test_congested_spine(runs):
+    """A real 70% cross flow on s1 (h2 counted its datagrams over the TCP
+    flow), marks where it queues (the switch's own counter), the receiver
+    counting them on the path via s1, and skip only with skip_rotations."""
+    r = _load(runs, "congested-spine")
+    assert set(r["modes"]) >= {"ecmp", "rr", "rr-skip"}
+    for mode, m in r["modes"].items():
+        run = m["runs"][0]
+        assert 0.5 <= run["cross"]["load_measured"] <= 0.9, (mode, run["cross"])
+        assert 0 < run["of_left"] <= 1.2 and run["goodput_bps"] > 0
+    for mode in ("rr", "rr-skip"):
+        run = r["modes"][mode]["runs"][0]
+        assert run["marks"]["s1>l2"]["marked"] > 0, run["marks"]
+        # path 0 crosses s1: the receiver counted most of its CE marks there
+        ce = {int(k): v for k, v in run["mrc"]["rx_ce"].items()}
+        assert ce[0] == max(ce.values()) > 0, ce
+        assert run["mrc"]["ce_reports"] and run["spines"]["packets"]["s1"] > 0
+    assert r["modes"]["rr"]["skips"]["max"] == 0 and r["modes"]["rr-skip"]["skips"]["min"] > 0
+    # skipping moves packets off the congested spine
+    assert r["modes"]["rr-skip"]["cross_spine_share"]["median"] < 0.24
+
+
+def test_probe_budget(runs):
+    """s1 black-holed under one TCP flow over 64 EVs: its EVs go out, and
+    once they are out the packets l1 still sends into s1 (its own uplink
+    counter) are probes: a large share of a live spine's with fixed
+    probing, a small one with backoff + budget; every EV back after the
+    heal in both."""
+    r = _load(runs, "probe-budget")
+    fixed, backoff = r["modes"]["fixed"]["runs"][0], r["modes"]["backoff"]["runs"][0]
+    for run in (fixed, backoff):
+        assert 8 <= run["paths_down"] <= 32, run["out_ms"]        # ~16 of 64 EVs cross s1
+        assert run["dropped_after_settle"] > 0 and not run["not_back"], run
+        assert run["all_back_ms"] is not None
+    assert backoff["probe_copies_per_s"] < fixed["probe_copies_per_s"] / 5
+    assert backoff["dead_over_live"] < 0.05 < fixed["dead_over_live"], (backoff, fixed)
+    assert backoff["probing_status"]["probe_max_us"] == 1_000_000
+
+
+def test_port_down(runs):
+    """h4's plane-1 link cut under 4 flows: every peer takes its plane-1
+    paths out, by its clock (100 ms) without the watcher, by h4's port
+    status with it (events `port-down`, kernel timestamps), sooner."""
+    r = _load(runs, "port-down")
+    clock, told = r["modes"]["ack-clock"]["runs"][0], r["modes"]["port-status"]["runs"][0]
+    assert not clock["not_out"] and not told["not_out"], (clock, told)
+    assert clock["by_port_status"] == 0 and told["by_port_status"] == 4, told["peers"]
+    assert told["watcher_told"] and told["watcher_told"][0] >= 4
+    assert told["all_out_ms"] < clock["all_out_ms"]
+
+
+def test_trim_incast(runs):
+    """Incast rounds: the switches trim only with trimming on (their own
+    counters), the receiver counts the trims it got and does not count
+    them as lost; every round takes at least its ideal."""
+    r = _load(runs, "trim-incast")
+    trim, drop, ecmp = (r["modes"][m] for m in ("mrc-trim", "mrc-drop", "ecmp"))
+    assert drop["switch_trimmed"] == 0 and drop["receiver"]["trimmed"] == 0
+    assert 0 < trim["receiver"]["trimmed"] <= trim["switch_trimmed"], trim
+    assert trim["receiver"]["net_lost"] < trim["receiver"]["trimmed"] <= trim["receiver"]["rx_packets"], trim
+    assert trim["receiver"]["late"] <= trim["receiver"]["lost"]
+    assert ecmp["path_downs"] is None and isinstance(trim["path_downs"], int)
+    for m in (trim, drop, ecmp):
+        assert m["round_p99_over_ideal"] >= 0.9 and m["round_ms"]["n"] == 3
 
 
 def test_collisions(runs):

@@ -73,7 +73,7 @@ def params(short: bool) -> dict:
             "ideal": "bytes one leaf sends the other per round / (spines x rate)"}
 
 
-def _connect_all(fab, pairs, port, cc: str | None, mptcp: bool = False, keep: list | None = None):
+def connect_all(fab, pairs, port, cc: str | None, mptcp: bool = False, keep: list | None = None):
     """(src, dst) -> (sending socket, receiving socket).  With `keep` the
     listeners stay open (appended to it): MPTCP's MP_JOINs are answered by
     the listener, and one that is gone answers them with a reset."""
@@ -107,7 +107,7 @@ def _connect_all(fab, pairs, port, cc: str | None, mptcp: bool = False, keep: li
     return conns
 
 
-def _round(conns, transfers, size):
+def run_round(conns, transfers, size):
     buf = bytes(size)
     done = {}
     start = threading.Barrier(len(transfers) * 2 + 1)
@@ -238,12 +238,12 @@ def measure(p: dict, env) -> Measured:
                 u0 = contenders.uplinks(env, fab)
                 listeners = []
                 stack.callback(lambda: [ls.close() for ls in listeners])
-                conns = _connect_all(fab, pairs, 5600 + mi, env.cc, env.mptcp, listeners)
-                stack.callback(_close_all, conns)
+                conns = connect_all(fab, pairs, 5600 + mi, env.cc, env.mptcp, listeners)
+                stack.callback(close_all, conns)
                 if env.mptcp:
                     # the client's path manager opens subflows once the
                     # connection is fully established, after its first data
-                    _round(conns, pairs, 4096)
+                    run_round(conns, pairs, 4096)
                     time.sleep(0.3)
                     rec["subflows"] = _subflows(conns)
                 for kind, n_rounds in p["rounds"].items():
@@ -261,7 +261,7 @@ def measure(p: dict, env) -> Measured:
                             per_dir = H * H
                         log(f"collisions: {mode} {kind} round {r + 1}/{n_rounds} ({len(tr)} messages)",
                             step=True)
-                        times = _round(conns, tr, p["size"])
+                        times = run_round(conns, tr, p["size"])
                         msgs += times
                         rounds.append(max(times))
                     t_to = time.monotonic_ns()
@@ -275,7 +275,7 @@ def measure(p: dict, env) -> Measured:
     return measured
 
 
-def _close_all(conns):
+def close_all(conns):
     for c, a in conns.values():
         c.close()
         a.close()

@@ -44,7 +44,9 @@ from mrc_ebpf.lab import netns, procs
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCENARIOS = {"spray-vs-ecmp": "spray_vs_ecmp", "failover": "failover", "cost": "cost",
              "collisions": "collisions", "reorder": "reorder", "shared-fate": "shared_fate",
-             "line-rate": "line_rate", "active-peers": "active_peers"}
+             "line-rate": "line_rate", "active-peers": "active_peers",
+             "congested-spine": "congested_spine", "probe-budget": "probe_budget", "port-down": "port_down",
+             "trim-incast": "trim_incast"}
 # Scenarios that need the VM's kernel (rdma_rxe): named, not in `all`
 VM_SCENARIOS = {"roce": "roce"}
 VERSION = 1
@@ -176,7 +178,7 @@ def no_interrupt():
 @contextlib.contextmanager
 def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, rate: str | None = "100mbit",
            host_rate: str | None = None, mtu: int = 1500, host_sysctls=(), ecn_threshold: str | None = None,
-           ask_ecn: bool = True, encoding: str = "srh"):
+           ask_ecn: bool = True, encoding: str = "srh", planes: int = 1, trim_threshold: str | None = None):
     """A fabric of its own (unique name), always removed on the way out.
     With ECN marking the hosts ask for ECN (net.ipv4.tcp_ecn=1) too, unless
     ask_ecn is False (marking only for a mode that asks by itself)."""
@@ -185,11 +187,13 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
         host_sysctls = [*host_sysctls, "net.ipv4.tcp_ecn=1"]
     name = unique_name(tag)
     MADE.append(name)
-    log(f"fabric {name}: {spines} spines x {leaves} leaves x {hosts_per_leaf} hosts, rate {rate}, "
+    log(f"fabric {name}: {f'{planes} planes x ' if planes > 1 else ''}{spines} spines x {leaves} leaves x "
+        f"{hosts_per_leaf} hosts, rate {rate}, "
         f"MTU {mtu}{f', ECN marking above {ecn_threshold}' if ecn_threshold else ''}"
+        f"{f', trimming above {trim_threshold}' if trim_threshold else ''}"
         f"{''.join(', ' + kv for kv in host_sysctls)}")
-    fab_mod.up(name, spines, leaves, hosts_per_leaf, 1, rate, host_rate, encoding, mtu, list(host_sysctls),
-               ecn_threshold)
+    fab_mod.up(name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encoding, mtu, list(host_sysctls),
+               ecn_threshold, trim_threshold=trim_threshold)
     try:
         fab = fab_mod.Fabric(fab_mod.load(name)["spec"])
         HASHED[name] = fab_mod.read_hash(fab)
@@ -201,6 +205,20 @@ def fabric(tag: str, spines: int = 4, leaves: int = 2, hosts_per_leaf: int = 1, 
             except MrcError as e:
                 log(f"fabric down {name}: {e}")
                 netns.delete([ns for ns in netns.existing() if ns.startswith(f"{name}-")])
+
+
+def set_attach(env, fab, hosts, **fields) -> None:
+    """Change attach settings (skip_rotations, probe_max_us, ...) of the
+    running datapaths of fab's hosts in place: `show-config | apply`, no
+    re-attach (no new verification), counters and learnt state kept."""
+    from mrc_ebpf.lab import fabric as fab_mod
+    key_file = fab_mod.load(fab.name).get("key_file")
+    key = ["--key-file", key_file] if key_file else []
+    for h in hosts:
+        ns = fab.ns(h)
+        doc = json.loads(env.mrcctl(ns, "show-config", "-j", *key).stdout)
+        doc["attach"].update(fields)
+        env.run(None, [*procs.MRCCTL, "--netns", ns, "apply", "-"], input=json.dumps(doc))
 
 
 @contextlib.contextmanager

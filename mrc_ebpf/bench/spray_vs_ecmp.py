@@ -234,11 +234,11 @@ def _run_mtu(p: dict, env, mtu: int) -> MtuMeasured:
                             contenders.delta_of(t0, contenders.counters(env, fab, [1], TCP_KEYS)) if ev else None))
                 if mode in contenders.CONTENDERS:
                     out.counters[mode] = contenders.delta_of(c0, contenders.counters(env, fab, [1, 2], keys))
-        out.link_mtu, out.mrc_mss = _route_mss(env, fab)
+        out.link_mtu, out.mrc_mss = route_mss(env, fab)
     return out
 
 
-def _route_mss(env, fab) -> tuple[int, int]:
+def route_mss(env, fab) -> tuple[int, int]:
     """h1's link MTU, and the MSS of its route to h2 (MRC's while MRC is attached)."""
     h1 = fab.ns("h1")
     link_mtu = json.loads(env.run(h1, ["ip", "-j", "link", "show", "eth0"]).stdout)[0]["mtu"]

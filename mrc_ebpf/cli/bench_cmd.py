@@ -31,8 +31,8 @@ from mrc_ebpf.cli.progress import Progress, progress_option
               help="Link MTU of every fabric the scenarios build (default: each scenario's own; "
                    "spray-vs-ecmp runs 1500 and 9000).")
 @click.option("--ecn-threshold", "ecn_threshold", metavar="TIME|none",
-              help="Where the fabric's switches mark ECN, for collisions (default 1ms) and failover "
-                   "(default none: no marking, loss is the only congestion signal); the other "
+              help="Where the fabric's switches mark ECN, for collisions and congested-spine (default 1ms) "
+                   "and failover (default none: no marking, loss is the only congestion signal); the other "
                    "scenarios ignore it.")
 @click.option("--hosts-default", "hosts_default", is_flag=True,
               help="Leave the hosts as a user's are: no sysctls set and their own default congestion "
@@ -48,7 +48,8 @@ from mrc_ebpf.cli.progress import Progress, progress_option
 @progress_option
 def bench(scenario, short, out, repeat, congestion, host_sysctls, mtu, ecn_threshold, hosts_default, modes,
           params, json_, progress):
-    """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, all):
+    """Run SCENARIO (spray-vs-ecmp, failover, cost, collisions, reorder, shared-fate, line-rate,
+    congested-spine, probe-budget, port-down, trim-incast, all):
     JSON + PNG under --out and a table of min/median/max.  roce (soft-RoCE)
     runs only in the VM (`make vm-test`: its kernel has rdma_rxe); not in all."""
     from mrc_ebpf.bench import runner, steps
