@@ -141,6 +141,21 @@ def test_cost(runs):
     assert "tx_1000_over_1_in_plan" in r["flatness_peers"]
 
 
+def test_active_peers(runs):
+    """K peers of one template sent to in turn (the real mrc_tx, frames
+    read back): every peer over all its paths, equal path shares, nothing
+    failed open, one learnt state each (the LRU holds them all)."""
+    doc, o = _load_doc(runs, "active-peers", "active-peers")
+    points = doc["results"]["points"]
+    assert [p["k"] for p in points] == doc["params"]["ks"] and points[-1]["k"] >= 1024
+    for p in points:
+        assert p["packets"] == p["k"] * p["paths"]
+        assert p["min_used"] >= 0.9 and 0.9 <= p["share_min"] <= p["share_max"] <= 1.1, p
+        assert p["fail_open"] == 0 and p["state_fail"] == 0, p
+        assert p["state_new"] == p["k"] and p["state_remade"] == 0, p
+    assert "least/median paths used" in o
+
+
 def test_line_rate(runs):
     """Every mode moved data on the pair and on the unshaped fabric; the
     default attach sprays bursts (status says so) over all 4 spines in
