@@ -76,7 +76,9 @@ def _shares(f, before: list[dict]) -> list[float]:
 def _one(f, p, mode: str, qps: int) -> dict:
     from mrc_ebpf.lab import roce as lab
     rxe0, mrc0, paths0 = lab.rxe_counters(lab.RXE_A), f.counters(f.A), f.roce_stats(f.A)["paths"]
+    known = {q["sport"] for q in f.roce_stats(f.A)["qps"]}
     r = f.write_bw(qps=qps, seconds=p["seconds"], size=p["size"])
+    new = [q for q in f.roce_stats(f.A)["qps"] if q["sport"] not in known and q["tx_packets"]]
     rxe, mrc = _delta(lab.rxe_counters(lab.RXE_A), rxe0), _delta(f.counters(f.A), mrc0)
     mb = r.get("bytes", 0) * r.get("iterations", 0) / 1e6
     naks = rxe.get("rcvd_seq_err", 0)
@@ -85,7 +87,7 @@ def _one(f, p, mode: str, qps: int) -> dict:
             "naks_seq_rxe": naks, "naks_seq_mrc": mrc.get("rx_roce_nak_seq", 0),
             "naks_per_mb": round(naks / mb, 3) if mb else None,
             "retrans_psns": mrc.get("tx_roce_retrans", 0), "retry_exceeded": rxe.get("retry_exceeded_err", 0),
-            "shares": _shares(f, paths0)}
+            "shares": _shares(f, paths0), "qps_moved": sum(1 for q in new if q["moves"])}
 
 
 def _failover(f, p, mode: str) -> dict:
