@@ -83,6 +83,13 @@ def rdma_statistic(dev: str) -> dict[str, int]:
     return {k: int(v) for k, v in zip(out[at::2], out[at + 1::2])}
 
 
+# perftest's QP timeout (-u): 4.096 us << 17 = 537 ms.  Its default (14:
+# 67 ms) is below the emulated fabric's round trip under a window of
+# writes (hundreds of ms under TCG): rxe resent ~90% of its packets on a
+# healthy fabric (tx_roce_retrans), and the queues of resent windows
+# delayed paths by over a second.  A black hole must still be routed
+# around well within its 7 retries (~4 s).
+QP_TIMEOUT = 17
 PERFTEST_PORT = 18515                  # rdma-core's and perftest's default TCP port
 
 
@@ -298,6 +305,18 @@ class RoceFabric:
                 self.t.exec(r, ["ip", "-6", "route", "replace", prefix, "via", via])
 
     # ---- traffic -----------------------------------------------------------------
+    @staticmethod
+    def _wait_writes(client: subprocess.Popen, packets: int = 200, timeout: float = 60) -> None:
+        """Until rxe A has sent PACKETS more: ib_write_bw took seconds under
+        TCG to start and connect its QPs, and a failure timed from the
+        client's start came before any write (no ACK to measure around it)."""
+        start = rxe_counters(RXE_A)["sent_pkts"]
+        deadline = time.monotonic() + timeout * procs.timeout_scale()
+        while time.monotonic() < deadline and client.poll() is None:
+            if rxe_counters(RXE_A)["sent_pkts"] - start >= packets:
+                note("writes flowing")
+                return
+            time.sleep(0.05)
     def rc_pingpong(self, iters: int = 100, size: int = 4096, timeout: float = 60) -> dict:
         note(f"rc_pingpong {iters}")
         server = procs.popen(["ibv_rc_pingpong", "-d", RXE_B, "-g", str(self.gid_b), "-n", str(iters),
@@ -316,11 +335,12 @@ class RoceFabric:
         return {"rc": client.returncode, "client": client.stdout + client.stderr, "server": out}
 
     def write_bw(self, qps: int, seconds: float = 3, size: int = 4096, during=None,
-                 extra: tuple[str, ...] = ()) -> dict:
+                 extra: tuple[str, ...] = (), qp_timeout: int = QP_TIMEOUT) -> dict:
         """ib_write_bw from A to B: `qps` RC QPs for `seconds`; `during`
-        (if given) is called once the client runs.  Its report, parsed."""
+        (if given) is called once the writes flow.  Its report, parsed."""
         note(f"write_bw {qps} QPs {seconds} s")
-        args = ["-x", None, "-q", str(qps), "-s", str(size), "-D", str(seconds), "-F", *extra]
+        args = ["-x", None, "-q", str(qps), "-s", str(size), "-D", str(seconds), "-F",
+                "-u", str(qp_timeout), *extra]
         srv = [a if a is not None else str(self.gid_b) for a in args]
         cli = [a if a is not None else str(self.gid_a) for a in args]
         server = procs.popen(["ib_write_bw", "-d", RXE_B, *srv], None, stdout=subprocess.PIPE,
@@ -332,6 +352,7 @@ class RoceFabric:
             try:
                 started = time.monotonic()
                 if during is not None:
+                    self._wait_writes(client)
                     during()
                 out, _ = client.communicate(timeout=(seconds + 60) * procs.timeout_scale())
                 wall = time.monotonic() - started
