@@ -106,8 +106,8 @@ def test_vm_write_bw_8_qps_on_4_paths(fab):
 
 
 def test_vm_blackhole_under_write_bw_no_qp_errors(fab):
-    """One path black-holed (both ways, by its router) 2 s into an 8-QP
-    ib_write_bw: the run completes without a completion error, rxe counts
+    """One path black-holed (both ways, by its router) 2 s after an 8-QP
+    ib_write_bw's writes began: the run completes without a completion error, rxe counts
     no retry exceeded, the datapath takes the path down and the QPs that
     were on it move to live paths."""
     before = _snap(fab)
