@@ -40,7 +40,7 @@ OUT = HERE / "out"
 DEFAULT_TESTS = "vm_tests tests/datapath/test_congestion.py tests/datapath/test_ports.py"
 # Files the guest writes into OUT (cleared before each run).
 RESULT_FILES = ("rc", "pytest.txt", "junit.xml", "dmesg.txt", "console.log",
-                "guest.sh", "timing.txt")
+                "guest.sh", "timing.txt", "roce.log")
 
 
 def say(msg: str) -> None:
@@ -211,6 +211,8 @@ export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # For tests: they run under TCG emulation, ~5-50x slower than the host
 # (a bcc compile takes ~1 min): scale subprocess timeouts by this.
 export MRC_IN_VM=1 MRC_TIMEOUT_SCALE=5
+# the RoCE lab's timestamped steps (mrc_ebpf/lab/roce.py)
+export MRC_ROCE_LOG="$out/roce.log"
 # the guest's compiled datapaths (its kernel's), kept in its own /tmp
 export MRC_EBPF_CACHE=/tmp/mrc-ebpf-cache
 # SIGINT first, so pytest still prints what it has (and the junit XML);

@@ -19,11 +19,13 @@ Modes (the gateways' policy for the RoCE peer prefix):
 The spray and roce modes run with the ack timeout ack_timeout_us.
 
 Per mode and QP count: ib_write_bw (RC, `size`-byte writes, `seconds`)
-goodput from perftest's report; NAK sequence errors as rxe A's completer
+goodput from perftest's report (QP timeout `qp_timeout`, perftest's -u:
+537 ms at 17, as lab.QP_TIMEOUT); NAK sequence errors as rxe A's completer
 counted them (hw_counters rcvd_seq_err) and as A's gateway read them in
 the ACKs' AETH (rx_roce_nak_seq); PSNs sent again (tx_roce_retrans); each
 path's share of the RoCE packets (roce_paths).  Failover, 8 QPs: path 2
-(router R2) black-holed both ways `fail_at_s` into a `fail_seconds` run;
+(router R2) black-holed both ways `fail_at_s` after the writes began, in
+a `fail_seconds` run;
 per QP the longest time without an ACK reaching rxe A (tcpdump at A's
 gateway) from 0.5 s before the failure to fail_window_s after, and
 whether a QP errored out (perftest's completion error, rxe's
@@ -46,7 +48,7 @@ def params(short: bool) -> dict:
     return {"modes": list(MODES), "qps": [1, 8], "seconds": 2 if short else 4, "size": 4096,
             "repeat": 1 if short else 2, "ack_timeout_us": 50000, "probe_us": 100000,
             "ecmp_ack_timeout_us": 10_000_000, "fail_at_s": 2, "fail_seconds": 5 if short else 7,
-            "fail_window_s": 2.0, "fail_path": 2}
+            "fail_window_s": 2.0, "fail_path": 2, "qp_timeout": 17}
 
 
 def check(p: dict) -> None:
@@ -76,7 +78,9 @@ def _shares(f, before: list[dict]) -> list[float]:
 def _one(f, p, mode: str, qps: int) -> dict:
     from mrc_ebpf.lab import roce as lab
     rxe0, mrc0, paths0 = lab.rxe_counters(lab.RXE_A), f.counters(f.A), f.roce_stats(f.A)["paths"]
-    r = f.write_bw(qps=qps, seconds=p["seconds"], size=p["size"])
+    known = {q["sport"] for q in f.roce_stats(f.A)["qps"]}
+    r = f.write_bw(qps=qps, seconds=p["seconds"], size=p["size"], qp_timeout=p["qp_timeout"])
+    new = [q for q in f.roce_stats(f.A)["qps"] if q["sport"] not in known and q["tx_packets"]]
     rxe, mrc = _delta(lab.rxe_counters(lab.RXE_A), rxe0), _delta(f.counters(f.A), mrc0)
     mb = r.get("bytes", 0) * r.get("iterations", 0) / 1e6
     naks = rxe.get("rcvd_seq_err", 0)
@@ -85,7 +89,7 @@ def _one(f, p, mode: str, qps: int) -> dict:
             "naks_seq_rxe": naks, "naks_seq_mrc": mrc.get("rx_roce_nak_seq", 0),
             "naks_per_mb": round(naks / mb, 3) if mb else None,
             "retrans_psns": mrc.get("tx_roce_retrans", 0), "retry_exceeded": rxe.get("retry_exceeded_err", 0),
-            "shares": _shares(f, paths0)}
+            "shares": _shares(f, paths0), "qps_moved": sum(1 for q in new if q["moves"])}
 
 
 def _failover(f, p, mode: str) -> dict:
@@ -100,7 +104,8 @@ def _failover(f, p, mode: str) -> dict:
         mark["t"] = time.time()
         f.blackhole(p["fail_path"])
     try:
-        r = f.write_bw(qps=8, seconds=p["fail_seconds"], size=p["size"], during=fail)
+        r = f.write_bw(qps=8, seconds=p["fail_seconds"], size=p["size"], during=fail,
+                       qp_timeout=p["qp_timeout"])
     finally:
         f.blackhole(p["fail_path"], on=False)
         packets = cap.stop()

@@ -83,6 +83,35 @@ def rdma_statistic(dev: str) -> dict[str, int]:
     return {k: int(v) for k, v in zip(out[at::2], out[at + 1::2])}
 
 
+# perftest's QP timeout (-u): 4.096 us << 17 = 537 ms.  Its default (14:
+# 67 ms) is below the emulated fabric's round trip under a window of
+# writes (hundreds of ms under TCG): rxe resent ~90% of its packets on a
+# healthy fabric (tx_roce_retrans), and the queues of resent windows
+# delayed paths by over a second.  A black hole must still be routed
+# around well within its 7 retries (~4 s).
+QP_TIMEOUT = 17
+PERFTEST_PORT = 18515                  # rdma-core's and perftest's default TCP port
+
+
+def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
+    """Until a TCP socket of this namespace listens on PORT (the server's
+    exchange of QP numbers): a server started from the host's filesystem
+    over 9p took over a second to listen under TCG, and a client started a
+    second after it found nobody there ("Couldn't connect")."""
+    deadline = time.monotonic() + timeout * procs.timeout_scale()
+    while time.monotonic() < deadline:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                rows = [ln.split() for ln in f.readlines()[1:]]
+            # local address ADDR:PORT (hex), state 0A: LISTEN
+            if any(r[1].endswith(f":{port:04X}") and r[3] == "0A" for r in rows):
+                return
+        if proc.poll() is not None:
+            raise procs.CommandError(f"{proc.args[0]} exited ({proc.returncode}) before listening")
+        time.sleep(0.1)
+    raise procs.CommandError(f"nothing listens on TCP port {port} after {timeout} s")
+
+
 def parse_write_bw(text: str) -> dict:
     """ib_write_bw's report: the result line (bytes, iterations, peak and
     average MB/s, Mpps) and whether a completion failed."""
@@ -182,6 +211,7 @@ class RoceFabric:
 
     # ---- mrc-ebpf on the gateways ------------------------------------------------
     def attach(self, policy: str, *options: str) -> None:
+        from mrc_ebpf.control import paths
         d = self.d
         note(f"attach A {options}")
         # the verifier's run over mrc_tx took 8.5 min under TCG on a
@@ -190,12 +220,12 @@ class RoceFabric:
         note("attach B")
         procs.mrcctl(self.B, "attach", "b0", "--sid", d.B_SID, *options, timeout=480)
         note("paths")
-        # all paths in one call each (--via repeated): a Python start-up
-        # costs tens of seconds under emulation
-        procs.mrcctl(self.A, "path", "add", PREFIX_B,
-                     *[a for k in range(1, self.n + 1) for a in d.path_args(k, d.B_SID)])
-        procs.mrcctl(self.B, "path", "add", PREFIX_A,
-                     *[a for k in range(1, self.n + 1) for a in d.path_args(k, d.A_SID)])
+        # `mrcctl path add`, all paths in one change, in this process: an
+        # mrcctl call took 1.5-2 min under TCG on a loaded machine
+        self._change(self.A, lambda att: paths.add(att, PREFIX_B, [d.path_via(k, d.B_SID)
+                                                                  for k in range(1, self.n + 1)]))
+        self._change(self.B, lambda att: paths.add(att, PREFIX_A, [d.path_via(k, d.A_SID)
+                                                                  for k in range(1, self.n + 1)]))
         self.policy(policy)
         note("attached")
 
@@ -224,6 +254,15 @@ class RoceFabric:
         self._read(self.B, lambda att: paths.set_policy(att, PREFIX_A, name))
         note(f"policy {name}")
 
+    def _change(self, ns: str, what):
+        """what(attachment) of the gateway NS's attachment as `mrcctl` changes
+        it (the writer lock, all or nothing), in this process."""
+        from mrc_ebpf.datapath import loader
+        from mrc_ebpf.lab.enter import inside
+        with inside(ns):
+            with loader.changing("a0" if ns == self.A else "b0") as att:
+                return what(att)
+
     def _read(self, ns: str, what):
         """what(attachment) of the gateway NS's attachment, read in this
         process: what `mrcctl stats` reads, without a Python start-up per
@@ -241,6 +280,11 @@ class RoceFabric:
         """As `mrcctl stats --roce -j`: {"qps": [...], "paths": [...]}."""
         from mrc_ebpf.control import roce
         return self._read(ns, lambda att: {"qps": roce.qps(att), "paths": roce.paths(att)})
+
+    def events(self, ns: str) -> list[dict]:
+        """As `mrcctl stats --events -j`'s events (path downs and ups)."""
+        from mrc_ebpf.control import events
+        return self._read(ns, lambda att: events.read(att))
 
     def counters(self, ns: str) -> dict:
         """As `mrcctl stats -j`'s counters."""
@@ -261,37 +305,54 @@ class RoceFabric:
                 self.t.exec(r, ["ip", "-6", "route", "replace", prefix, "via", via])
 
     # ---- traffic -----------------------------------------------------------------
+    @staticmethod
+    def _wait_writes(client: subprocess.Popen, packets: int = 200, timeout: float = 60) -> None:
+        """Until rxe A has sent PACKETS more: ib_write_bw took seconds under
+        TCG to start and connect its QPs, and a failure timed from the
+        client's start came before any write (no ACK to measure around it)."""
+        start = rxe_counters(RXE_A)["sent_pkts"]
+        deadline = time.monotonic() + timeout * procs.timeout_scale()
+        while time.monotonic() < deadline and client.poll() is None:
+            if rxe_counters(RXE_A)["sent_pkts"] - start >= packets:
+                note("writes flowing")
+                return
+            time.sleep(0.05)
     def rc_pingpong(self, iters: int = 100, size: int = 4096, timeout: float = 60) -> dict:
         note(f"rc_pingpong {iters}")
         server = procs.popen(["ibv_rc_pingpong", "-d", RXE_B, "-g", str(self.gid_b), "-n", str(iters),
                               "-s", str(size)], None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
         try:
-            time.sleep(1)
+            wait_listening(PERFTEST_PORT, server)
             client = procs.run(["ibv_rc_pingpong", "-d", RXE_A, "-g", str(self.gid_a), "-n", str(iters),
                                 "-s", str(size), "127.0.0.1"], check=False, timeout=timeout)
-            out, _ = server.communicate(timeout=30 * procs.timeout_scale())
+            try:
+                out, _ = server.communicate(timeout=30 * procs.timeout_scale())
+            except subprocess.TimeoutExpired:   # the client's report says why
+                out = "(server did not finish)"
         finally:
             procs.end(server)
         return {"rc": client.returncode, "client": client.stdout + client.stderr, "server": out}
 
     def write_bw(self, qps: int, seconds: float = 3, size: int = 4096, during=None,
-                 extra: tuple[str, ...] = ()) -> dict:
+                 extra: tuple[str, ...] = (), qp_timeout: int = QP_TIMEOUT) -> dict:
         """ib_write_bw from A to B: `qps` RC QPs for `seconds`; `during`
-        (if given) is called once the client runs.  Its report, parsed."""
+        (if given) is called once the writes flow.  Its report, parsed."""
         note(f"write_bw {qps} QPs {seconds} s")
-        args = ["-x", None, "-q", str(qps), "-s", str(size), "-D", str(seconds), "-F", *extra]
+        args = ["-x", None, "-q", str(qps), "-s", str(size), "-D", str(seconds), "-F",
+                "-u", str(qp_timeout), *extra]
         srv = [a if a is not None else str(self.gid_b) for a in args]
         cli = [a if a is not None else str(self.gid_a) for a in args]
         server = procs.popen(["ib_write_bw", "-d", RXE_B, *srv], None, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
         try:
-            time.sleep(1)
+            wait_listening(PERFTEST_PORT, server)
             client = procs.popen(["ib_write_bw", "-d", RXE_A, *cli, "127.0.0.1"], None,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             try:
                 started = time.monotonic()
                 if during is not None:
+                    self._wait_writes(client)
                     during()
                 out, _ = client.communicate(timeout=(seconds + 60) * procs.timeout_scale())
                 wall = time.monotonic() - started
@@ -310,11 +371,16 @@ class Capture:
     receives them, unencapsulated): per QP, the arrival times of the ACKs
     rxe A receives, an independent witness of when its completions came."""
 
-    def __init__(self, ns: str, dev: str = GA, path: str = "/tmp/mrc-roce-ga.pcap"):
-        self.path = path
-        self.p = procs.popen(["tcpdump", "-i", dev, "-n", "-s", "96", "-w", path, "udp", "port", "4791"],
-                             ns, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1)
+    def __init__(self, ns: str, dev: str = GA, path: str | None = None):
+        self.path = path or ("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp") + "/mrc-roce-ga.pcap"
+        self.stats = ""
+        # only what rxe A receives (the requests are most of the traffic),
+        # into memory, with a large buffer: under TCG the kernel dropped
+        # what tcpdump did not read in time
+        self.p = procs.popen(["tcpdump", "-i", dev, "-n", "-s", "96", "-B", "16384", "-w", self.path,
+                              "ip6", "dst", HOST_A6, "and", "udp", "dst", "port", "4791"],
+                             ns, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(2)
 
     def stop(self) -> list[tuple[float, int, int, int]]:
         """(time, UDP source port, opcode, PSN) of each RoCE packet rxe A received."""
@@ -322,7 +388,9 @@ class Capture:
         if self.p.poll() is None:
             os.killpg(self.p.pid, signal.SIGINT)
         try:
-            self.p.wait(timeout=20 * procs.timeout_scale())
+            _, err = self.p.communicate(timeout=20 * procs.timeout_scale())
+            # tcpdump's own count: "N packets captured ... M dropped by kernel"
+            self.stats = " ".join(ln for ln in err.splitlines() if "packets" in ln)
         except subprocess.TimeoutExpired:
             procs.end(self.p)
         from scapy.contrib.roce import BTH
