@@ -94,7 +94,7 @@ struct mrc_class_name {
  * peer_floor: array by peer_id, MRC's ev_min_active: the datapath takes
  * no path out that would leave the peer fewer than config.min_active
  * usable ones (lib/floor.h).  How many it has taken out is learnt state:
- * mrc_peer_state.floor_out.
+ * mrc_row_state.floor_out.
  */
 /* a struct, not __u64[N][M], so bcc's ctypes for maps get it right */
 struct mrc_plane_paths {
