@@ -73,7 +73,7 @@ def _send_in_turn(tx, frames: list[bytes], rounds: int) -> tuple[dict[int, list[
             ret, t, out = bpfsys.prog_test_run(tx.fd, frame, 1)
             if ret != 0 or len(out) <= len(frame):
                 raise RuntimeError(f"TX did not encapsulate the packet to peer {h} (ret {ret})")
-            at = cost.tlv_at(out) + layout.MrcTlv.path_id.offset
+            at = cost.tlv_offset(out) + layout.MrcTlv.path_id.offset
             taken[h].append(int.from_bytes(out[at:at + 2], "big"))
             ns.append(t)
     return taken, ns

@@ -138,7 +138,7 @@ def _timed_tx(tx, packet: bytes, n: int, feedback: bool = False) -> list[int]:
     for _ in range(n):
         ret, t, out = bpfsys.prog_test_run(tx.fd, packet, 1)
         assert ret == 0 and len(out) > len(packet), "TX did not encapsulate"
-        assert not feedback or out[tlv_at(out) + layout.MrcTlv.flags.offset] & layout.C["MRC_F_FEEDBACK"], \
+        assert not feedback or out[tlv_offset(out) + layout.MrcTlv.flags.offset] & layout.C["MRC_F_FEEDBACK"], \
             "TX sent no feedback"
         ns.append(t)
     return ns
@@ -265,7 +265,7 @@ def set_key(module, keyed: bool) -> None:
     module["mrc_rx_peers"].clear()
 
 
-def tlv_at(frame) -> int:
+def tlv_offset(frame) -> int:
     """Where an SRH frame's TLV begins (after Ethernet, IPv6, the SRH's segments)."""
     return 14 + 40 + 8 + 16 * (frame[14 + 40 + 4] + 1)
 
@@ -273,7 +273,7 @@ def tlv_at(frame) -> int:
 def _sign(frame: bytearray) -> None:
     """The MAC a peer holding BENCH_KEY would put on this frame's TLV."""
     from mrc_ebpf.datapath import auth
-    at = tlv_at(frame)
+    at = tlv_offset(frame)
     mac_at = at + layout.C["MRC_TLV_MAC_OFF"]
     frame[mac_at:mac_at + 8] = auth.tlv_mac(BENCH_KEY, PEER_SID, SID, bytes(frame[at:at + layout.C["MRC_TLV_SIZE"]]))
 
@@ -290,7 +290,7 @@ def _inbound(out: bytes, runs: int, keyed: bool, feedback: bool = False,
     inbound[14 + 24:14 + 40] = ipaddress.IPv6Address(SID).packed
     inbound[14 + 40 + 3] = 0                  # segments left: we are the last
     inbound[14 + 48:14 + 64] = ipaddress.IPv6Address(SID).packed
-    tlv_at = tlv_at(inbound)
+    tlv_at = tlv_offset(inbound)
     assert inbound[tlv_at] == layout.C["MRC_TLV_TYPE"]
     if feedback:
         inbound[tlv_at + layout.MrcTlv.flags.offset] |= layout.C["MRC_F_FEEDBACK"]
@@ -308,7 +308,7 @@ def _acked(frame: bytes, keyed: bool) -> bytes:
     """The frame acknowledging, in its feedback, what TX sent on its path
     up to now (bpf_ktime_get_ns is CLOCK_MONOTONIC)."""
     f = bytearray(frame)
-    at = tlv_at(f) + layout.MrcTlv.fb_path_tx32.offset
+    at = tlv_offset(f) + layout.MrcTlv.fb_path_tx32.offset
     f[at:at + 4] = (time.monotonic_ns() & 0xffffffff).to_bytes(4, "big")
     if keyed:
         _sign(f)
