@@ -244,8 +244,10 @@ def test_every_path_ce_keeps_one_in_the_spray(four_paths):
 
 # --------------------------------------------------------------------------- probes: backoff, budget
 
-def take_down(dp, path_id, now=None):
-    """Path `path_id` out, as the datapath takes a path out, due a probe now."""
+def take_down(dp, path_id, now=None, due_in_ns=None, gap_us=None):
+    """Path `path_id` out, as the datapath takes a path out, due a probe
+    now (or in `due_in_ns`), its probe interval probe_us (or `gap_us`).
+    The peer state is started first if it has none."""
     now = now or time.monotonic_ns()
     st = state(dp)
     if st is None:
@@ -257,8 +259,8 @@ def take_down(dp, path_id, now=None):
     live = rs.paths[path_id].live
     live.down_ns = now - 1000
     live.down_after_ns = now - 2000
-    live.next_probe_ns = 0
-    live.probe_gap_us = dp.att.maps["config"].lookup(layout.Index(0)).probe_us
+    live.next_probe_ns = 0 if due_in_ns is None else now + due_in_ns
+    live.probe_gap_us = gap_us or dp.att.maps["config"].lookup(layout.Index(0)).probe_us
     rs.floor_out += 1
     put_row(dp, rs)
 

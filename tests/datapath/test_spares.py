@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
-import time
 
 import pytest
 
@@ -21,7 +20,7 @@ from mrc_ebpf.control.path_spec import HOP_SLOT, PathSpec
 from mrc_ebpf.datapath import layout
 
 from .harness import provision
-from .test_congestion import PEER, PREFIX, clear_events, put, put_row, row, send, set_config, state
+from .test_congestion import PEER, PREFIX, clear_events, put, row, send, set_config, state, take_down
 
 pytestmark = pytest.mark.root
 
@@ -59,21 +58,8 @@ def evs(fresh):
 
 def take_out(dp, path_id, due_in_ns=10**10):
     """EV `path_id` out, as failover takes a path out; its probe due in
-    `due_in_ns`.  The peer state is started first (turns from 0)."""
-    now = time.monotonic_ns()
-    st = state(dp)
-    if st is None:
-        send(dp)
-        st = state(dp)
-    st.acks.last_ns = now
-    put(dp, st)
-    rs = row(dp)
-    live = rs.paths[path_id].live
-    live.down_ns, live.down_after_ns = now - 1000, now - 2000
-    live.next_probe_ns = now + due_in_ns
-    live.probe_gap_us = 5_000_000
-    rs.floor_out += 1
-    put_row(dp, rs)
+    `due_in_ns`."""
+    take_down(dp, path_id, due_in_ns=due_in_ns, gap_us=5_000_000)
 
 
 def at_turn(dp, pos):
