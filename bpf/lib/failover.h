@@ -242,7 +242,7 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 		since = probe;
 	if (!since)
 		return PATH_USE;
-	window = failover_ack_window(acks, cfg, now) + peer_path_queue_allowance(cfg, rs, path_id);
+	window = failover_ack_window(acks, cfg, now) + peer_path_queue_allowance(cfg, rs, path_id, now);
 	if (acks->max_ns > since + window || acks->last_ns > since + window * MRC_SILENCE_FACTOR) {
 		/* the floor (min_active) may keep it in use: logged once per
 		 * overdue send */

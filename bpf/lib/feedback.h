@@ -288,6 +288,8 @@ static __always_inline void feedback_file(const __u8 *src_sid, const struct mrc_
 		health->updated_ns = now;
 		/* congestion on the path: TX skips it (lib/failover.h, failover_skip) */
 		if (tlv->flags & MRC_F_FB_CE) {
+			/* and its ack clock waits longer a while (peer_path_queue_allowance) */
+			health->ce_stamp = peer_ce_stamp(now);
 			row_path_live(rs, path_id)->ce_reports++;
 			count(MRC_RX_FB_CE);
 		}

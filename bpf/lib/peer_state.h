@@ -145,22 +145,51 @@ static __always_inline __u64 peer_ack_window(const struct mrc_peer_acks *acks,
 	return acks->window_ns > base ? acks->window_ns : base;
 }
 
+/* The 16-bit ce_stamp of `now` (path_health): never 0, which means never. */
+static __always_inline __u16 peer_ce_stamp(__u64 now)
+{
+	__u16 stamp = now >> MRC_CE_STAMP_SHIFT;
+
+	return stamp | !stamp;
+}
+
 /*
  * The path's own queue, as the peer last reported it, widens its window:
  * equally sprayed paths' queues drift apart by up to a buffer's depth
  * under load, and a live path must not go down for standing behind the
  * others.  Bounded by reorder_max_us (0: the window is ack_timeout).  The
  * price is a black hole seen about a queue late when every path queues
- * alike.  Measurements, and the variants tried and taken out:
+ * alike.
+ *
+ * Congestion is not failure (MRC: ECN or a trim skips a path, only
+ * silence retires it): a path the peer reported congested (a CE mark or a
+ * trim, path_health.ce_stamp) within the last reorder_max_us gets
+ * reorder_max_us more.  Its packets are arriving (the report says so), a
+ * full queue delays them by up to a buffer, and a packet lost at a full
+ * queue is not news of the path until the next one is acknowledged, a
+ * queue later; the smoothed queue it reported lags all of that.  The
+ * news lapses by itself: a path that dies sends no more reports, so a
+ * black hole on a path congested when it failed is seen at most about
+ * one queue plus 2 x reorder_max_us late, and one on a path not
+ * congested as before.  Branch-free (the reroute loop's verifier states).
+ * Measurements, and the variants tried and taken out:
  * docs/design/failover.md.
  */
 static __always_inline __u64 peer_path_queue_allowance(const struct mrc_config *cfg,
-						       struct mrc_row_state *rs, __u32 path_id)
+						       struct mrc_row_state *rs, __u32 path_id, __u64 now)
 {
-	__u64 max = (__u64)cfg->reorder_max_us * 1000;
-	__u64 queue = (__u64)row_path_health(rs, path_id)->qdelay_us * 1000;
+	struct mrc_path_health *h = row_path_health(rs, path_id);
+	__s64 max = (__u64)cfg->reorder_max_us * 1000;
+	__s64 queue = (__u64)h->qdelay_us * 1000, d;
+	__u64 stamp = h->ce_stamp;
+	/* ~1 ms units since the news, mod 2^16; fresh while <= max's */
+	__s64 age = ((now >> MRC_CE_STAMP_SHIFT) - stamp) & 0xffff;
 
-	return queue < max ? queue : max;
+	d = queue - max;		/* queue = min(queue, max) */
+	queue -= d & ~(d >> 63);
+	d = age - (max >> MRC_CE_STAMP_SHIFT) - 1;
+	/* + max while fresh (d < 0), and only if ever (stamp != 0) */
+	return queue + (max & (d >> 63) & -(__s64)((stamp + 0xffff) >> 16));
 }
 
 #endif

@@ -194,7 +194,7 @@ static __always_inline void shared_fate_sent(const struct mrc_config *cfg, __u32
 					     int probe, __u64 before, __u64 now)
 {
 	__u64 hold = (__u64)cfg->probe_us * 1000 * MRC_FATE_HOLD_FACTOR;
-	__u64 allow_us = peer_path_queue_allowance(cfg, rs, path_id) / 1000;
+	__u64 allow_us = peer_path_queue_allowance(cfg, rs, path_id, now) / 1000;
 	struct mrc_path_fate *pf;
 	struct mrc_hop *h;
 	__u64 w, who, *wns, *wwho, *wafter;

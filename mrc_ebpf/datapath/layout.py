@@ -94,7 +94,8 @@ class ClassName(ctypes.Structure):
 
 @mirror("struct mrc_path_health")
 class PathHealth(ctypes.Structure):
-    _fields_ = [("updated_ns", u64), ("loss_ns", u64), ("qdelay_us", u32), ("lost", u32)]
+    _fields_ = [("updated_ns", u64), ("loss_ns", u64), ("qdelay_us", u16), ("ce_stamp", u16),
+                ("lost", u32)]
 
 
 @mirror("struct mrc_rx_key")

@@ -353,3 +353,69 @@ def test_the_probe_budget_holds_back_a_second_probe_through_one_hop(fresh):
     put(dp, st, 1)
     took, _, third = send(dp, dst[1])
     assert third.get("tx_probe") == 1 and "tx_probe_held" not in third
+
+
+# --------------------------------------------------------------------------- congestion is not failure: the ack clock
+
+def overdue(dp, path_id, behind_ns, now):
+    """Our oldest unacknowledged send to the peer on `path_id` is `behind_ns`
+    older than the newest send the peer has acknowledged (on other paths):
+    by the failover rule (lib/failover.h) overdue past any window below it."""
+    st = state(dp)
+    st.acks.last_ns = st.acks.max_ns = now
+    clock = st.clocks[path_id]
+    clock.unacked_since_ns, clock.clock_after_ns, clock.acked_ns = now - behind_ns, 1, 0
+    put(dp, st)
+
+
+def ce_stamp(ns):
+    """path_health.ce_stamp of the instant `ns` (lib/peer_state.h)."""
+    return ((ns >> C["MRC_CE_STAMP_SHIFT"]) & 0xFFFF) or 1
+
+
+def test_a_congested_path_is_skipped_not_taken_down_while_a_silent_one_goes(four_paths):
+    """Paths 1 and 2 both trail the peer's acknowledgements by 50 ms, 50 x
+    the 1 ms clock.  The peer reported a CE mark on path 1 (a packet of it
+    arrived, queued): it is skipped, then used again, never taken down.
+    Path 2 the peer never named: silence, taken down at its first turn.
+    Once path 1's congestion news is older than reorder_max_us it is
+    judged by the plain clock and goes down too (a black hole on a path
+    that was congested is still found out).  Witness: the path each frame
+    out carries, the events and the paths' state."""
+    dp = four_paths
+    set_config(dp, ack_timeout_us=1000, reorder_max_us=5_000_000, skip_rotations=2)
+    r, _ = report(dp, 1)                    # CE on path 1 (a trim is told the same way)
+    assert r.delta.get("rx_fb_ce") == 1
+    assert row(dp).paths[1].health.ce_stamp
+    now = time.monotonic_ns()
+    for p in (1, 2):
+        overdue(dp, p, 50_000_000, now)
+    took = [send(dp)[0] for _ in range(16)]
+    assert 2 not in took and took.count(1) >= 1, took
+    rs = row(dp)
+    assert rs.paths[2].live.down_ns and rs.paths[2].live.downs == 1
+    assert (rs.paths[1].live.down_ns, rs.paths[1].live.downs) == (0, 0)
+    assert state(dp).clocks[1].unacked_since_ns == now - 50_000_000     # still unacknowledged
+    kinds = [(e["type"], e["path_id"]) for e in events(dp)]
+    assert ("skip", 1) in kinds and ("down", 2) in kinds and ("down", 1) not in kinds, kinds
+    # the news ages past reorder_max_us (5 s): path 1's next turn takes it out
+    rs.paths[1].health.ce_stamp = ce_stamp(time.monotonic_ns() - 6_000_000_000)
+    put_row(dp, rs)
+    took = [send(dp)[0] for _ in range(4)]
+    assert 1 not in took and 2 not in took, took
+    assert row(dp).paths[1].live.downs == 1
+    assert ("down", 1) in [(e["type"], e["path_id"]) for e in events(dp)]
+
+
+def test_without_congestion_news_the_queue_allowance_is_as_before(four_paths):
+    """A report without CE leaves no stamp: path 1, 50 ms behind, is
+    judged by the 1 ms clock plus its reported queue (10 us) and goes
+    down at its turn."""
+    dp = four_paths
+    set_config(dp, ack_timeout_us=1000, reorder_max_us=5_000_000)
+    report(dp, 1, ce=False)
+    assert row(dp).paths[1].health.ce_stamp == 0
+    overdue(dp, 1, 50_000_000, time.monotonic_ns())
+    took = [send(dp)[0] for _ in range(4)]
+    assert 1 not in took, took
+    assert row(dp).paths[1].live.downs == 1

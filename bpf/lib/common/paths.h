@@ -78,7 +78,14 @@ struct mrc_spares {
 struct mrc_path_health {
 	__u64	updated_ns;	/* when feedback last arrived */
 	__u64	loss_ns;	/* when the reported loss count last grew */
-	__u32	qdelay_us;
+	__u16	qdelay_us;	/* as the wire carries it (fb_qdelay_us) */
+	/* when the peer last reported congestion on the path (a CE mark or
+	 * a trim: MRC_F_FB_CE), in units of 2^MRC_CE_STAMP_SHIFT ns, 16 bits
+	 * (wrapping every 68.7 s); 0: never.  Widens the path's ack clock
+	 * for a while (peer_path_queue_allowance): congestion, not failure.
+	 * 16 bits in what qdelay_us did not use: the row state stays 128
+	 * bytes a path (docs/design/scale.md's memory model) */
+	__u16	ce_stamp;
 	__u32	lost;		/* last reported cumulative loss */
 };
 

@@ -18,6 +18,8 @@
 /* A peer's widened acknowledgement window halves after this long without
  * a late packet (see struct mrc_peer_acks) */
 #define MRC_REORDER_HOLD_NS	1000000000ULL
+/* path_health.ce_stamp's unit: 2^20 ns (1.05 ms), 16 bits wrap in 68.7 s */
+#define MRC_CE_STAMP_SHIFT	20
 #define MRC_FB_MARK		0x4d524346	/* skb->mark of a clone that becomes feedback */
 #define MRC_MAX_DEVICES		8	/* devices (planes) one attachment spans */
 /* skb->mark of a packet `mrcctl probe` sends on one chosen path:
