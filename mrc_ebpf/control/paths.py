@@ -33,6 +33,7 @@ from mrc_ebpf.control.peer_table import (DENIED, LAST_HOP, MAX_CLASSES, MAX_PATH
 from mrc_ebpf.control.spray import rebuild
 from mrc_ebpf.datapath import routes
 from mrc_ebpf.datapath import layout
+from mrc_ebpf.datapath.source import C
 from mrc_ebpf.datapath.loader import Attachment
 from mrc_ebpf.errors import MrcError
 
@@ -399,9 +400,21 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
                 "route_metrics": metrics, "template": bool(peer.flags & LAST_HOP),
                 "feedback": None if not health.updated_ns else {
                     "qdelay_us": health.qdelay_us, "lost": health.lost,
-                    "age_ms": round((now - health.updated_ns) / 1e6, 1)},
+                    "age_ms": round((now - health.updated_ns) / 1e6, 1),
+                    # since the peer last reported congestion (CE, trim):
+                    # its ack clock waits longer while < reorder_max
+                    "congested_ms": congested_ms(health.ce_stamp, now)},
             })
     return rows
+
+
+def congested_ms(stamp: int, now: int) -> float | None:
+    """Milliseconds since the congestion news path_health.ce_stamp notes
+    (16 bits of 2^MRC_CE_STAMP_SHIFT ns: known modulo 68.7 s); None: never."""
+    if not stamp:
+        return None
+    shift = C["MRC_CE_STAMP_SHIFT"]
+    return round((((now >> shift) - stamp) & 0xFFFF) * (1 << shift) / 1e6, 1)
 
 
 def _monotonic_ns() -> int:
