@@ -366,6 +366,9 @@ def overdue(dp, path_id, behind_ns, now):
     clock = st.clocks[path_id]
     clock.unacked_since_ns, clock.clock_after_ns, clock.acked_ns = now - behind_ns, 1, 0
     put(dp, st)
+    rs = row(dp)
+    rs.paths[path_id].live.last_sent_ns = now - behind_ns       # that send was the path's latest
+    put_row(dp, rs)
 
 
 def ce_stamp(ns):
