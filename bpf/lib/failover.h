@@ -270,6 +270,33 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 	return probe ? PATH_SKIP : PATH_USE;
 }
 
+/*
+ * A lone send: nothing went on the path after its oldest unheard send
+ * (TCP stalled after a loss, say: the incast bench's false downs came
+ * 2-100 ms after that send) while the peer has heard later sends on
+ * other paths.  That is no silence yet, one packet or its report lost:
+ * the packet about to take the path tests it, its clock restarted at
+ * this packet (an odd ns marks a restart, so its own silence takes the
+ * path down as before), and an acknowledgement of the lone send or any
+ * later one stops it.  A path with sends after the unheard one, as a
+ * black hole under traffic has, is judged as before.  For the policy's
+ * pick only, up, before the reroute loop (the verifier's budget is the
+ * loop's: in failover_path_check it took mrc_tx past 1M instructions).
+ */
+static __always_inline void failover_lone(const struct mrc_config *cfg, struct mrc_peer_state *st,
+					  struct mrc_row_state *rs, __u32 path_id, __u64 now)
+{
+	struct mrc_path_clock *clock = peer_path_clock(st, path_id);
+	struct mrc_path_live *live = row_path_live(rs, path_id);
+	__u64 since = clock->unacked_since_ns;
+
+	if (!since || (since & 1) || live->down_ns || (live->last_sent_ns | 1) != (since | 1) ||
+	    st->acks.max_ns <= since + (__u64)cfg->ack_timeout_us * 1000)
+		return;
+	clock->clock_after_ns = since - 1;
+	clock->unacked_since_ns = now | 1;
+}
+
 /* After a packet left on the path: start its acknowledgement clock, if
  * the peer has ever acknowledged anything (else there is no clock: a
  * clock started before the peer's first feedback would run out on it). */
@@ -283,7 +310,7 @@ static __always_inline void failover_path_sent(struct mrc_path_live *live, struc
 		return;
 	if (st->acks.last_ns) {
 		clock->clock_after_ns = before;
-		clock->unacked_since_ns = now;
+		clock->unacked_since_ns = now & ~1ULL;	/* even: a send (failover_path_check) */
 	}
 }
 

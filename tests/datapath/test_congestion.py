@@ -364,10 +364,11 @@ def overdue(dp, path_id, behind_ns, now):
     st = state(dp)
     st.acks.last_ns = st.acks.max_ns = now
     clock = st.clocks[path_id]
-    clock.unacked_since_ns, clock.clock_after_ns, clock.acked_ns = now - behind_ns, 1, 0
+    sent = (now - behind_ns) & ~1          # a send's clock starts on an even ns (failover_path_sent)
+    clock.unacked_since_ns, clock.clock_after_ns, clock.acked_ns = sent, 1, 0
     put(dp, st)
     rs = row(dp)
-    rs.paths[path_id].live.last_sent_ns = now - behind_ns       # that send was the path's latest
+    rs.paths[path_id].live.last_sent_ns = sent      # that send was the path's latest
     put_row(dp, rs)
 
 
@@ -393,12 +394,16 @@ def test_a_congested_path_is_skipped_not_taken_down_while_a_silent_one_goes(four
     now = time.monotonic_ns()
     for p in (1, 2):
         overdue(dp, p, 50_000_000, now)
+    rs = row(dp)
+    for p in (1, 2):        # sends followed the unheard one (not a lone send: failover_lone)
+        rs.paths[p].live.last_sent_ns = now - 1_000
+    put_row(dp, rs)
     took = [send(dp)[0] for _ in range(16)]
     assert 2 not in took and took.count(1) >= 1, took
     rs = row(dp)
     assert rs.paths[2].live.down_ns and rs.paths[2].live.downs == 1
     assert (rs.paths[1].live.down_ns, rs.paths[1].live.downs) == (0, 0)
-    assert state(dp).clocks[1].unacked_since_ns == now - 50_000_000     # still unacknowledged
+    assert state(dp).clocks[1].unacked_since_ns == (now - 50_000_000) & ~1     # still unacknowledged
     kinds = [(e["type"], e["path_id"]) for e in events(dp)]
     assert ("skip", 1) in kinds and ("down", 2) in kinds and ("down", 1) not in kinds, kinds
     # the news ages past reorder_max_us (5 s): path 1's next turn takes it out
@@ -418,7 +423,42 @@ def test_without_congestion_news_the_queue_allowance_is_as_before(four_paths):
     set_config(dp, ack_timeout_us=1000, reorder_max_us=5_000_000)
     report(dp, 1, ce=False)
     assert row(dp).paths[1].health.ce_stamp == 0
-    overdue(dp, 1, 50_000_000, time.monotonic_ns())
+    now = time.monotonic_ns()
+    overdue(dp, 1, 50_000_000, now)
+    rs = row(dp)
+    rs.paths[1].live.last_sent_ns = now - 1_000     # not a lone send
+    put_row(dp, rs)
+    took = [send(dp)[0] for _ in range(4)]
+    assert 1 not in took, took
+    assert row(dp).paths[1].live.downs == 1
+
+
+def test_a_lone_unheard_send_is_tested_not_judged(four_paths):
+    """Path 1's last send went unheard 50 ms ago and nothing followed it
+    on path 1 (TCP stalled after a loss), while the peer heard later sends
+    elsewhere: its next turn takes it (the packet tests it), the clock
+    restarted at that packet; not down.  Path 2's unheard send was
+    followed by others on it (silence under traffic): down at its turn.
+    Then path 1's test packet goes unheard too: down at its next turn."""
+    dp = four_paths
+    set_config(dp, ack_timeout_us=1000, reorder_max_us=0)
+    report(dp, 0, ce=False)                 # the peer's state, feedback heard
+    now = time.monotonic_ns()
+    for p in (1, 2):
+        overdue(dp, p, 50_000_000, now)
+    rs = row(dp)
+    rs.paths[2].live.last_sent_ns = now - 1_000     # sent on since
+    put_row(dp, rs)
+    took = [send(dp)[0] for _ in range(4)]
+    assert 1 in took and 2 not in took, took
+    rs = row(dp)
+    assert (rs.paths[1].live.downs, rs.paths[2].live.downs) == (0, 1)
+    restarted = state(dp).clocks[1].unacked_since_ns
+    assert restarted & 1 and restarted > now and state(dp).clocks[1].clock_after_ns == ((now - 50_000_000) & ~1) - 1
+    # the test packet unheard while the peer heard sends 40 ms later: down
+    st = state(dp)
+    st.clocks[1].unacked_since_ns = (now - 40_000_000) | 1
+    put(dp, st)
     took = [send(dp)[0] for _ in range(4)]
     assert 1 not in took, took
     assert row(dp).paths[1].live.downs == 1
