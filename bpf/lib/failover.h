@@ -271,15 +271,18 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
 }
 
 /*
- * A lone send: nothing went on the path after its oldest unheard send
- * (TCP stalled after a loss, say: the incast bench's false downs came
- * 2-100 ms after that send) while the peer has heard later sends on
- * other paths.  That is no silence yet, one packet or its report lost:
+ * A lone send on a congested path: nothing went on the path after its
+ * oldest unheard send (TCP stalled after a trim or a loss: the incast
+ * bench's false downs came 2-107 ms after that send) while the peer has
+ * heard later sends on other paths, and the peer told of congestion on
+ * the path lately.  That is no silence yet, one packet or its report lost:
  * the packet about to take the path tests it, its clock restarted at
  * this packet (an odd ns marks a restart, so its own silence takes the
  * path down as before), and an acknowledgement of the lone send or any
  * later one stops it.  A path with sends after the unheard one, as a
- * black hole under traffic has, is judged as before.  For the policy's
+ * black hole under traffic has, or with no congestion news, is judged
+ * as before (tried on every path: a black hole on an uncongested fabric
+ * was out up to 2 ms later, the restart's window).  For the policy's
  * pick only, up, before the reroute loop (the verifier's budget is the
  * loop's: in failover_path_check it took mrc_tx past 1M instructions).
  */
@@ -288,10 +291,18 @@ static __always_inline void failover_lone(const struct mrc_config *cfg, struct m
 {
 	struct mrc_path_clock *clock = peer_path_clock(st, path_id);
 	struct mrc_path_live *live = row_path_live(rs, path_id);
+	__u64 stamp = row_path_health(rs, path_id)->ce_stamp;
 	__u64 since = clock->unacked_since_ns;
+	/* ~1 ms units since the path's last congestion news (mod 2^16) */
+	__u64 age = ((now >> MRC_CE_STAMP_SHIFT) - stamp) & 0xffff;
 
 	if (!since || (since & 1) || live->down_ns || (live->last_sent_ns | 1) != (since | 1) ||
 	    st->acks.max_ns <= since + (__u64)cfg->ack_timeout_us * 1000)
+		return;
+	/* only on a path congested lately (CE or trims within the silence
+	 * rule's 16 x reorder_max_us): there a lone loss is congestion's; on
+	 * a path with no such news a black hole is judged as before, at once */
+	if (!stamp || age > (((__u64)cfg->reorder_max_us * 1000 * MRC_SILENCE_FACTOR) >> MRC_CE_STAMP_SHIFT))
 		return;
 	clock->clock_after_ns = since - 1;
 	clock->unacked_since_ns = now | 1;

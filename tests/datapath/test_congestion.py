@@ -433,26 +433,31 @@ def test_without_congestion_news_the_queue_allowance_is_as_before(four_paths):
     assert row(dp).paths[1].live.downs == 1
 
 
-def test_a_lone_unheard_send_is_tested_not_judged(four_paths):
-    """Path 1's last send went unheard 50 ms ago and nothing followed it
-    on path 1 (TCP stalled after a loss), while the peer heard later sends
+def test_a_lone_unheard_send_on_a_congested_path_is_tested_not_judged(four_paths):
+    """Paths 1, 2 and 3 were reported congested (CE, or a trim).  Path 1's
+    last send went unheard 50 ms ago and nothing followed it on path 1
+    (TCP stalled after a loss), while the peer heard later sends
     elsewhere: its next turn takes it (the packet tests it), the clock
     restarted at that packet; not down.  Path 2's unheard send was
     followed by others on it (silence under traffic): down at its turn.
-    Then path 1's test packet goes unheard too: down at its next turn."""
+    Path 3's lone send has no congestion news behind it (older than 16 x
+    reorder_max_us): judged at once, down.  Then path 1's test packet
+    goes unheard too: down at its next turn."""
     dp = four_paths
-    set_config(dp, ack_timeout_us=1000, reorder_max_us=0)
-    report(dp, 0, ce=False)                 # the peer's state, feedback heard
+    set_config(dp, ack_timeout_us=1000, reorder_max_us=1000)
+    for p in (1, 2, 3):
+        report(dp, p)
     now = time.monotonic_ns()
-    for p in (1, 2):
+    for p in (1, 2, 3):
         overdue(dp, p, 50_000_000, now)
     rs = row(dp)
     rs.paths[2].live.last_sent_ns = now - 1_000     # sent on since
+    rs.paths[3].health.ce_stamp = ce_stamp(now - 10_000_000_000)
     put_row(dp, rs)
-    took = [send(dp)[0] for _ in range(4)]
-    assert 1 in took and 2 not in took, took
+    took = [send(dp)[0] for _ in range(6)]
+    assert 1 in took and 2 not in took and 3 not in took, took
     rs = row(dp)
-    assert (rs.paths[1].live.downs, rs.paths[2].live.downs) == (0, 1)
+    assert [rs.paths[p].live.downs for p in (1, 2, 3)] == [0, 1, 1]
     restarted = state(dp).clocks[1].unacked_since_ns
     assert restarted & 1 and restarted > now and state(dp).clocks[1].clock_after_ns == ((now - 50_000_000) & ~1) - 1
     # the test packet unheard while the peer heard sends 40 ms later: down
