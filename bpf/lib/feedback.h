@@ -141,7 +141,8 @@ static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_r
  * bench), and what a probe's report says still counts when it arrives
  * (a slow path's late packets, test_late_packets_widen_the_window).
  */
-static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_sid *peer_sid, int probe)
+static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_sid *peer_sid, int probe,
+					  __u64 now)
 {
 	struct mrc_rx_key key = {};
 	struct mrc_rx_peer *peer;
@@ -179,7 +180,7 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 	if (!tlv->fb_path_tx32)
 		tlv->fb_path_tx32 = bpf_htonl((__u32)peer->latest_tx[key.path_id & (MRC_MAX_PATHS - 1)]);
 	if (!probe)	/* a probe does not answer: mrc_fb may still owe one */
-		peer->fb_sent_ns = bpf_ktime_get_ns();
+		peer->fb_sent_ns = now;
 	tlv->fb_path_id = bpf_htons(key.path_id);
 	path = mrc_rx_paths.lookup(&key);
 	if (!path)
