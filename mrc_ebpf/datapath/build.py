@@ -33,7 +33,8 @@ _INSN = 8
 _LD_IMM64 = 0x18
 _PSEUDO_MAP_FD, _PSEUDO_MAP_VALUE = 1, 2
 # bcc's program type names (BPF.SCHED_CLS, BPF.XDP) -> enum bpf_prog_type
-PROG_TYPES = {"SCHED_CLS": 3, "XDP": 6}
+PROG_TYPES = {"SCHED_CLS": 3, "XDP": 6, "TRACING": 26}
+PROG_TRACING = PROG_TYPES["TRACING"]
 
 
 class RelocationError(Exception):
@@ -245,7 +246,8 @@ class Instance:
 
 def instantiate(build: Build, maps: dict[str, int] | None = None,
                 attach_types: dict[str, int] | None = None,
-                functions: list[str] | None = None) -> Instance:
+                functions: list[str] | None = None,
+                attach_btf_ids: dict[str, int] | None = None) -> Instance:
     """BUILD's programs loaded (FUNCTIONS, default all) on its maps.
 
     MAPS None: every map created from its spec, with the build's BTF.
@@ -253,6 +255,8 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
     against its spec and used (a duplicate of its fd); a map of the build
     not given is an error if a program uses it, else left out.
     ATTACH_TYPES: function -> expected_attach_type, where one is needed.
+    A tracing program is loaded only with its kernel function's BTF id in
+    ATTACH_BTF_IDS (datapath/port_hook.py): left out otherwise.
     Raises ShapeError, RelocationError, or bpfsys.BpfError
     (VerifierError with the verifier's log); nothing is left loaded then."""
     inst = Instance(build)
@@ -282,6 +286,9 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
                 inst.tables[m.symbol.encode()] = Table(fds[i])
         for function in list(build.programs) if functions is None else functions:
             p = build.programs[function]
+            btf_id = (attach_btf_ids or {}).get(function, 0)
+            if p.type == PROG_TRACING and not btf_id:
+                continue
             try:
                 insns = relocate(p.insns, fds)
             except RelocationError as e:
@@ -291,7 +298,7 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
                 raise ShapeError(m.symbol, None, m.shape)
             try:
                 fd = bpfsys.prog_load(p.type, insns, build.license, function,
-                                      (attach_types or {}).get(function, 0))
+                                      (attach_types or {}).get(function, 0), attach_btf_id=btf_id)
             except bpfsys.BpfError as e:
                 e.function = function
                 raise
