@@ -230,10 +230,14 @@ def set_hooks(att, on: bool, made: build.Build | None = None) -> dict:
     m.update(layout.Index(0), value)
     if not on:
         return {"hooked": [], "errors": {}}
+    from mrc_ebpf.control import ports
     made = made or loader.datapath_build()
     fds = {layout.symbol(name): pm.fd for name, pm in att.maps.items()}
     ring = bpfsys.obj_get(str(att.dir / loader.EVENT_RING))
     try:
-        return attach(made, {**fds, loader.EVENT_RING: ring}, att.dir)
+        out = attach(made, {**fds, loader.EVENT_RING: ring}, att.dir)
     finally:
         os.close(ring)
+    # the hooks see changes from now on: the state they start from
+    ports.publish(att, ports.current_mask(att))
+    return out
