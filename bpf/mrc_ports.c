@@ -67,12 +67,13 @@ static __always_inline int port_hook(__u64 *ctx, int carrier)
 		down = !(flags & PORT_IFF_UP) || !carrier;
 	__sync_fetch_and_add(&h->calls, 1);
 	bit = 1U << plane;
-	if (down)
-		was = __sync_fetch_and_or(&cfg->ports_down, bit);
-	else
-		was = __sync_fetch_and_and(&cfg->ports_down, ~bit);
+	was = cfg->ports_down;
 	if (!!(was & bit) == down)
 		return 0;	/* no change (carrier off on a device already down) */
+	/* not atomic (bcc's clang has no 32-bit atomic or/and): two of our
+	 * devices changing on two CPUs at once could lose one bit until its
+	 * next change; the kernel changes one device's link under the RTNL */
+	cfg->ports_down = down ? was | bit : was & ~bit;
 	now = bpf_ktime_get_ns();
 	h->last_ns = now;
 	h->mask = was ^ bit;

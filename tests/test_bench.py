@@ -264,6 +264,9 @@ def test_port_down(runs):
     assert told["watcher_told"] and told["watcher_told"][0] >= 4
     assert told["all_out_ms"] < clock["all_out_ms"]
     for mode in ("kernel", "kernel+watcher"):
+        if mode not in r["modes"]:      # a kernel that refuses BPF tracing: said in the notes
+            assert any(mode in n for n in r["notes"]), r["notes"]
+            continue
         run = r["modes"][mode]["runs"][0]
         assert not run["not_out"] and run["by_port_status"] == 4, (mode, run["peers"])
         assert run["hook_ms"] is not None and clock["hook_ms"] is None, (mode, run)

@@ -28,6 +28,7 @@ class Run:
 @dataclasses.dataclass
 class Measured:
     runs: dict[str, list[Run]]
+    notes: list[str] = dataclasses.field(default_factory=list)     # e.g. modes the kernel could not run
 
 
 def peer_out(r: Run, evs: list[dict]) -> dict:
@@ -71,7 +72,7 @@ def summarize(p: dict, m: Measured) -> dict:
         modes[mode]["runs"] = rows
     notes = [f"{mode}: every peer out of the plane {r['all_out_ms']['median']} ms (median of the slowest peer; "
              f"target {TARGET_MS} ms) after the netlink call" for mode, r in modes.items()]
-    return {"modes": modes, "notes": notes}
+    return {"modes": modes, "notes": notes + m.notes}
 
 
 def table(results: dict):
