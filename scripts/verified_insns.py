@@ -39,13 +39,16 @@ def _port_hooks(module) -> list:
         ids = {f: btf.find(kernel_fn, 12) for f, (kernel_fn, _) in port_hook.HOOKS.items()}
     finally:
         btf.close()
-    try:
-        inst = build.instantiate(made, build.module_maps(module), {f: port_hook.BPF_TRACE_FENTRY for f in ids},
-                                 list(ids), ids)
-    except bpfsys.BpfError as e:      # a kernel that refuses BPF tracing (6.18 here: EPERM)
-        print(json.dumps({"port hooks": f"not loaded: {e}"}), file=sys.stderr)
-        return []
-    return [(f, inst.programs[f]) for f in ids]
+    out = []
+    raw = {f: 0 for f in (*port_hook.LW_HOOKS, port_hook.LEARN[0])}
+    for hooks, kind in ((ids, port_hook.BPF_TRACE_FENTRY), (raw, 0)):
+        try:
+            inst = build.instantiate(made, build.module_maps(module), {f: kind for f in hooks}, list(hooks), hooks)
+        except bpfsys.BpfError as e:      # a kernel that refuses BPF tracing (6.18 here: EPERM)
+            print(json.dumps({"port hooks": f"{', '.join(hooks)} not loaded: {e}"}), file=sys.stderr)
+            continue
+        out += [(f, inst.programs[f]) for f in hooks]
+    return out
 
 
 def main() -> None:

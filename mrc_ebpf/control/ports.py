@@ -185,14 +185,15 @@ def watch(att, count: int | None = None, timeout: float | None = None, stop=None
     was, told, done_ns, by}.  What to send each peer is made ahead, every
     REFRESH_S while idle.
 
-    KERNEL (default: whether the attachment's kernel hooks are on,
-    datapath/port_hook.py): the hooks set config.ports_down themselves
-    and ring the event ring; this only announces each change it finds
-    there (`by` "kernel", `hook_ns` the hook's own instant), woken by the
-    ring, with netlink's link events as a second wake-up.  Without them,
-    the set is found from the link events' own flags (no query on the
-    way) and published here (`by` "netlink"); the state at start counts
-    as a change if it differs from what is published."""
+    The link events' own flags say which devices are down (no query on
+    the way); a set that differs from config.ports_down is published here
+    (`by` "netlink"; the state at start counts as a change).  KERNEL
+    (default: whether the attachment's kernel hooks are on,
+    datapath/port_hook.py): the hooks set config.ports_down themselves,
+    often before netlink tells, and ring the event ring, which wakes this
+    to announce what they set (`by` "kernel", `hook_ns` the hook's own
+    instant); netlink still publishes what they missed (an admin down the
+    link-watch hooks see only when the kernel's link-watch work runs)."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.rtnl import RTMGRP_LINK
     from mrc_ebpf.datapath import port_hook
@@ -205,28 +206,29 @@ def watch(att, count: int | None = None, timeout: float | None = None, stop=None
     n = 0
     ann = Announcer(att)
     bell = Doorbell(str(att.dir / EVENT_RING), ctypes.sizeof(layout.Event)) if kernel else None
-    told = published(att)           # kernel: what the peers were told last
+    told = published(att)           # what the peers were told last
     try:
         with IPRoute() as ipr:
             ipr.bind(groups=RTMGRP_LINK)
             plane_of = {d["ifindex"]: d["plane"] for d in ann.devs}
-            mask = told if kernel else current_mask(att)  # its own socket: a query on the bound one lost its events
+            seen = current_mask(att)    # its own socket: a query on the bound one lost its events
+            news = True
             refreshed = time.monotonic()
             while True:
-                if kernel:
-                    mask = published(att)
-                was = told if kernel else published(att)
-                if mask != was:
+                by = "kernel"
+                if news and seen != published(att):
+                    publish(att, seen)
+                    by = "netlink"
+                news = False
+                mask = published(att)
+                if mask != told:
                     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-                    if not kernel:
-                        publish(att, mask)
                     sent = ann.send(mask)
-                    told = mask
-                    change = {"ns": now, "mask": mask, "was": was, "told": sent,
-                              "done_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
-                              "by": "kernel" if kernel else "netlink"}
+                    change = {"ns": now, "mask": mask, "was": told, "told": sent,
+                              "done_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC), "by": by}
                     if kernel:
                         change["hook_ns"] = att.maps["port_hook"].lookup(layout.Index(0)).last_ns
+                    told = mask
                     yield change
                     n += 1
                     if count and n >= count:
@@ -244,10 +246,11 @@ def watch(att, count: int | None = None, timeout: float | None = None, stop=None
                     continue
                 for m in ipr.get():
                     plane = plane_of.get(m.get("index"))
-                    if kernel or plane is None or m.get("event") not in ("RTM_NEWLINK", "RTM_DELLINK"):
+                    if plane is None or m.get("event") not in ("RTM_NEWLINK", "RTM_DELLINK"):
                         continue
                     gone = m.get("event") == "RTM_DELLINK" or link_down(m["flags"])
-                    mask = mask | 1 << plane if gone else mask & ~(1 << plane)
+                    seen = seen | 1 << plane if gone else seen & ~(1 << plane)
+                    news = True
     finally:
         ann.close()
         if bell is not None:

@@ -213,6 +213,11 @@ def tracing_attach(prog_fd: int) -> int:
     return _check(libbpf().bpf_raw_tracepoint_open(None, prog_fd))
 
 
+def raw_tracepoint_attach(prog_fd: int, tracepoint: str) -> int:
+    """A loaded raw tracepoint program attached to TRACEPOINT: the link's fd."""
+    return _check(libbpf().bpf_raw_tracepoint_open(tracepoint.encode(), prog_fd))
+
+
 def btf_load(data: bytes) -> int:
     """Load BTF (types of a build's maps): its fd."""
     buf = ctypes.create_string_buffer(data, len(data))

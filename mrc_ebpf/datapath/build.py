@@ -33,8 +33,9 @@ _INSN = 8
 _LD_IMM64 = 0x18
 _PSEUDO_MAP_FD, _PSEUDO_MAP_VALUE = 1, 2
 # bcc's program type names (BPF.SCHED_CLS, BPF.XDP) -> enum bpf_prog_type
-PROG_TYPES = {"SCHED_CLS": 3, "XDP": 6, "TRACING": 26}
-PROG_TRACING = PROG_TYPES["TRACING"]
+PROG_TYPES = {"SCHED_CLS": 3, "XDP": 6, "RAW_TRACEPOINT": 17, "TRACING": 26}
+# kernel hooks (datapath/port_hook.py): loaded only when asked for by name
+HOOK_TYPES = {PROG_TYPES["RAW_TRACEPOINT"], PROG_TYPES["TRACING"]}
 
 
 class RelocationError(Exception):
@@ -247,7 +248,7 @@ class Instance:
 def instantiate(build: Build, maps: dict[str, int] | None = None,
                 attach_types: dict[str, int] | None = None,
                 functions: list[str] | None = None,
-                attach_btf_ids: dict[str, int] | None = None) -> Instance:
+                hooks: dict[str, int] | None = None) -> Instance:
     """BUILD's programs loaded (FUNCTIONS, default all) on its maps.
 
     MAPS None: every map created from its spec, with the build's BTF.
@@ -255,8 +256,9 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
     against its spec and used (a duplicate of its fd); a map of the build
     not given is an error if a program uses it, else left out.
     ATTACH_TYPES: function -> expected_attach_type, where one is needed.
-    A tracing program is loaded only with its kernel function's BTF id in
-    ATTACH_BTF_IDS (datapath/port_hook.py): left out otherwise.
+    A kernel hook (tracing, raw tracepoint: datapath/port_hook.py) is
+    loaded only if named in HOOKS (function -> its kernel function's BTF
+    id, 0 for a raw tracepoint): left out otherwise.
     Raises ShapeError, RelocationError, or bpfsys.BpfError
     (VerifierError with the verifier's log); nothing is left loaded then."""
     inst = Instance(build)
@@ -286,9 +288,9 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
                 inst.tables[m.symbol.encode()] = Table(fds[i])
         for function in list(build.programs) if functions is None else functions:
             p = build.programs[function]
-            btf_id = (attach_btf_ids or {}).get(function, 0)
-            if p.type == PROG_TRACING and not btf_id:
+            if p.type in HOOK_TYPES and function not in (hooks or {}):
                 continue
+            btf_id = (hooks or {}).get(function, 0)
             try:
                 insns = relocate(p.insns, fds)
             except RelocationError as e:

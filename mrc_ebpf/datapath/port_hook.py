@@ -29,8 +29,18 @@ BPF_TRACE_FENTRY = 24
 HOOKS = {"mrc_port_off": ("netif_carrier_off", C["MRC_PORT_HOOK_CARRIER_OFF"]),
          "mrc_port_on": ("netif_carrier_on", C["MRC_PORT_HOOK_CARRIER_ON"]),
          "mrc_port_flags": ("__dev_notify_flags", C["MRC_PORT_HOOK_FLAGS"])}
-PROGRAM_TYPES = {f: "TRACING" for f in HOOKS}
+# where the kernel refuses tracing programs: raw tracepoints on the
+# link-watch work (function -> (tracepoint, its bit))
+LW_HOOKS = {"mrc_port_lwq": ("workqueue_queue_work", C["MRC_PORT_HOOK_LW_QUEUE"]),
+            "mrc_port_lwt": ("timer_start", C["MRC_PORT_HOOK_LW_TIMER"]),
+            "mrc_port_lwx": ("workqueue_execute_start", C["MRC_PORT_HOOK_LW_RUN"])}
+LEARN = ("mrc_port_learn", "net_dev_start_xmit")
+PROGRAM_TYPES = {**{f: "TRACING" for f in HOOKS},
+                 **{f: "RAW_TRACEPOINT" for f in (*LW_HOOKS, LEARN[0])}}
+ALL_HOOKS = {**HOOKS, **LW_HOOKS}
 PIN_PREFIX = "port_hook_"
+ETH_P_LEARN = 0x88B5        # IEEE 802 local experimental: the learning frames'
+
 
 _KIND_STRUCT, _KIND_UNION, _KIND_ENUM, _KIND_TYPEDEF, _KIND_FUNC = 4, 5, 6, 8, 12
 _KIND_VOLATILE, _KIND_CONST, _KIND_RESTRICT, _KIND_TYPE_TAG, _KIND_ENUM64 = 9, 10, 11, 18, 19
@@ -118,9 +128,27 @@ class Btf:
         raise KeyError(f"{enum}.{name}")
 
 
+def kallsyms(*names: str) -> dict[str, int]:
+    """Addresses of kernel functions (0 where hidden or absent)."""
+    found = dict.fromkeys(names, 0)
+    try:
+        with open("/proc/kallsyms") as f:
+            for line in f:
+                addr, _, name = line.split()[:3]
+                if name in found and not found[name]:
+                    found[name] = int(addr, 16)
+    except OSError:
+        pass
+    return found
+
+
 def settings(btf: Btf) -> layout.PortHook:
     """What the hooks need to know of this kernel and namespace."""
+    syms = kallsyms("linkwatch_event", "delayed_work_timer_fn")
     return layout.PortHook(
+        lw_func=syms["linkwatch_event"], dwork_timer_fn=syms["delayed_work_timer_fn"],
+        off_work_func=btf.offset("work_struct", "func"), off_timer_fn=btf.offset("timer_list", "function"),
+        off_dwork_timer=btf.offset("delayed_work", "timer"), off_dwork_work=btf.offset("delayed_work", "work"),
         netns_cookie=pins.netns_cookie(),
         off_ifindex=btf.offset("net_device", "ifindex"), off_flags=btf.offset("net_device", "flags"),
         off_state=btf.offset("net_device", "state"),
@@ -158,25 +186,17 @@ def attach(made: build.Build, maps: dict[str, int], directory: Path) -> dict:
         # settings first: a hook that runs finds them
         hook_map.update(layout.Index(0), value)
         for function, btf_id in ids.items():
-            kernel_fn, bit = HOOKS[function]
-            try:
-                inst = build.instantiate(made, maps, {function: BPF_TRACE_FENTRY}, [function], {function: btf_id})
-            except (bpfsys.BpfError, build.ShapeError, build.RelocationError) as e:
-                errors[function] = f"load: {e}"
-                continue
-            try:
-                link = bpfsys.tracing_attach(inst.programs[function].fd)
-                try:
-                    bpfsys.obj_pin(link, str(directory / (PIN_PREFIX + function)))
-                finally:
-                    os.close(link)
-            except bpfsys.BpfError as e:
-                errors[function] = f"attach to {kernel_fn}: {e}"
-                continue
-            finally:
-                inst.close()
+            bit, name = _hook(made, maps, directory, function, btf_id, HOOKS[function][0], errors)
             hooked |= bit
-            names.append(kernel_fn)
+            names += [name] if bit else []
+        if detector(names) != "kernel" and value.lw_func and value.dwork_timer_fn:
+            if _learn(made, maps, directory, hook_map, errors):
+                for function, (tracepoint, _) in LW_HOOKS.items():
+                    bit, name = _hook(made, maps, directory, function, 0, tracepoint, errors)
+                    hooked |= bit
+                    names += [name] if bit else []
+        elif detector(names) != "kernel":
+            errors["link watch"] = "linkwatch_event or delayed_work_timer_fn not in /proc/kallsyms"
         value = hook_map.lookup(layout.Index(0))
         value.hooked = hooked
         hook_map.update(layout.Index(0), value)
@@ -185,10 +205,82 @@ def attach(made: build.Build, maps: dict[str, int], directory: Path) -> dict:
     return {"hooked": names, "errors": errors}
 
 
+def _hook(made, maps, directory: Path, function: str, btf_id: int, target: str, errors: dict) -> tuple[int, str]:
+    """FUNCTION loaded and attached (a fentry on TARGET with BTF_ID, or a
+    raw tracepoint TARGET), its link pinned: (its bit, TARGET), or (0, why)."""
+    bit = ALL_HOOKS[function][1]
+    try:
+        inst = build.instantiate(made, maps, {function: BPF_TRACE_FENTRY if btf_id else 0}, [function],
+                                 {function: btf_id})
+    except (bpfsys.BpfError, build.ShapeError, build.RelocationError) as e:
+        errors[function] = f"load: {e}"
+        return 0, ""
+    try:
+        link = _open(inst.programs[function].fd, None if btf_id else target)
+        try:
+            bpfsys.obj_pin(link, str(directory / (PIN_PREFIX + function)))
+        finally:
+            os.close(link)
+    except bpfsys.BpfError as e:
+        errors[function] = f"attach to {target}: {e}"
+        return 0, ""
+    finally:
+        inst.close()
+    return bit, target
+
+
+def _open(prog_fd: int, tracepoint: str | None) -> int:
+    if tracepoint is None:
+        return bpfsys.tracing_attach(prog_fd)
+    return bpfsys.raw_tracepoint_attach(prog_fd, tracepoint)
+
+
+def _learn(made, maps, directory: Path, hook_map, errors: dict) -> bool:
+    """The link-watch hooks read our devices through their struct
+    net_device: learnt here from one frame sent on each (the learning
+    hook on net_dev_start_xmit attached only meanwhile).  True when every
+    device was learnt."""
+    import socket
+    from mrc_ebpf.datapath.loader import ifname_of
+    function, tracepoint = LEARN
+    try:
+        inst = build.instantiate(made, maps, {function: 0}, [function], {function: 0})
+    except (bpfsys.BpfError, build.ShapeError, build.RelocationError) as e:
+        errors[function] = f"load: {e}"
+        return False
+    cfg = bpfsys.PinnedMap(str(directory / "config"), *layout.MAPS["config"])
+    try:
+        link = bpfsys.raw_tracepoint_attach(inst.programs[function].fd, tracepoint)
+        try:
+            c = cfg.lookup(layout.Index(0))
+            with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as sock:
+                for i in range(c.n_devices):
+                    name = ifname_of(c.devices[i].ifindex)
+                    if name:
+                        frame = b"\xff" * 6 + bytes(6) + ETH_P_LEARN.to_bytes(2, "big") + bytes(46)
+                        try:
+                            sock.sendto(frame, (name, ETH_P_LEARN))
+                        except OSError as e:
+                            errors[function] = f"a frame on {name}: {e}"
+            learnt = hook_map.lookup(layout.Index(0)).devs
+            missing = [i for i in range(c.n_devices) if not learnt[i]]
+        finally:
+            os.close(link)
+    except bpfsys.BpfError as e:
+        errors[function] = f"attach to {tracepoint}: {e}"
+        return False
+    finally:
+        cfg.close()
+        inst.close()
+    if missing:
+        errors[function] = f"devices of planes {missing} not learnt (down? their frame did not leave)"
+    return not missing
+
+
 def detach(directory: Path) -> int:
     """The hooks' pins removed (they come off): how many there were."""
     n = 0
-    for function in HOOKS:
+    for function in ALL_HOOKS:
         pin = directory / (PIN_PREFIX + function)
         if pin.exists():
             pin.unlink()
@@ -201,8 +293,8 @@ def state(att) -> dict:
     functions) or, without them, `mrcctl ports watch` from netlink."""
     m = att.maps.get("port_hook")
     value = m.lookup(layout.Index(0)) if m is not None else None
-    pinned = [f for f in HOOKS if (att.dir / (PIN_PREFIX + f)).exists()]
-    hooked = [HOOKS[f][0] for f in pinned if value is not None and value.hooked & HOOKS[f][1]]
+    pinned = [f for f in ALL_HOOKS if (att.dir / (PIN_PREFIX + f)).exists()]
+    hooked = [ALL_HOOKS[f][0] for f in pinned if value is not None and value.hooked & ALL_HOOKS[f][1]]
     return {"detector": detector(hooked), "hooks": hooked,
             "calls": value.calls if value is not None else 0,
             "changes": value.changes if value is not None else 0,
@@ -211,8 +303,13 @@ def state(att) -> dict:
 
 def detector(hooked: list[str]) -> str:
     """"kernel" when both carrier hooks are on (a lost carrier, the case
-    that matters, is seen); else "watcher" (netlink, control/ports.py)."""
-    return "kernel" if {"netif_carrier_off", "netif_carrier_on"} <= set(hooked) else "watcher"
+    that matters, is seen), or the link-watch hooks on its queueing and
+    its run; else "watcher" (netlink, control/ports.py)."""
+    got = set(hooked)
+    if {"netif_carrier_off", "netif_carrier_on"} <= got or \
+            {"workqueue_queue_work", "workqueue_execute_start"} <= got:
+        return "kernel"
+    return "watcher"
 
 
 def in_kernel(att) -> bool:
