@@ -173,6 +173,7 @@ def test_a_device_down_stops_every_peer_sending_into_its_plane_by_the_kernel_hoo
     then on, by tcpdump on each peer's plane-1 device, sends no more data
     into that plane until the link is back (a frame already past its TC
     program when the news came may still show: at most 2)."""
+    import scapy.layers.l2  # noqa: F401  (Ethernet frames dissected, not Raw)
     from scapy.utils import rdpcap
     _hooks(net, on=True)
     state = json.loads(mrcctl("ports", "-j", netns=net.ns(TARGET)).stdout)["port_status"]
