@@ -21,7 +21,8 @@
 #include "lib/peer_state.h"
 
 /*
- * RX: a sender we have not answered for fb_interval is owed feedback; if
+ * RX: a sender we have not answered for fb_interval (or since our port
+ * status changed: lib/ports.h) is owed feedback; if
  * no packet of ours goes its way soon, mrc_fb makes one (one-way traffic).
  * PEER: the sender's entry, as rx_track found it.
  */
@@ -32,8 +33,12 @@ static __always_inline void feedback_due(const __u8 *src_sid, struct mrc_rx_peer
 	struct mrc_peer_state *st;
 	__u32 *peer_id;
 
-	if (!peer || now - peer->fb_sent_ns < (__u64)cfg->fb_interval_us * 1000)
+	/* our port status changed since it was last owed feedback: owed
+	 * now, whatever the interval (the news is in every TLV we send) */
+	if (!peer || (now - peer->fb_sent_ns < (__u64)cfg->fb_interval_us * 1000 &&
+		      peer->ports_told == (__u8)cfg->ports_down))
 		return;
+	peer->ports_told = cfg->ports_down;
 	/* owed from now: fb_due stays set until mrc_fb answers, so the
 	 * lookups below run once an interval, not on every packet (60 ns of
 	 * RX's ~270 when they ran each time, BPF_PROG_TEST_RUN) */

@@ -93,6 +93,11 @@ def _declare(lib):
             ("bpf_map_update_batch", i, [i, p, p, pu32, p]),
             ("bpf_map_delete_batch", i, [i, p, pu32, p]),
             ("bpf_prog_test_run_opts", i, [i, p]),
+            ("bpf_raw_tracepoint_open", i, [c, i]),
+            ("btf__load_vmlinux_btf", p, []),
+            ("btf__find_by_name_kind", ctypes.c_int32, [p, c, _u32]),
+            ("btf__type_by_id", p, [p, _u32]),
+            ("btf__name_by_offset", c, [p, _u32]),
             ("btf__load_from_kernel_by_id", p, [_u32]),
             ("btf__raw_data", p, [p, pu32]),
             ("btf__free", None, [p])):
@@ -175,13 +180,16 @@ LOG_SIZE = 1 << 24
 
 
 def prog_load(prog_type: int, insns: bytes, license: str, name: str,
-              expected_attach_type: int = 0, flags: int = 0, log: bool = True) -> int:
+              expected_attach_type: int = 0, flags: int = 0, log: bool = True,
+              attach_btf_id: int = 0) -> int:
     """Load ready instructions (map references already fds): a program's
     fd.  A refusal is loaded again with the verifier's log on (LOG), and
-    raises VerifierError carrying it."""
+    raises VerifierError carrying it.  ATTACH_BTF_ID: a tracing program's
+    kernel function (its id in the kernel's BTF)."""
     code = ctypes.create_string_buffer(insns, len(insns))
     args = (prog_type, name.encode()[:15], license.encode(), code, len(insns) // 8)
-    opts = _opts(ProgLoadOpts, expected_attach_type=expected_attach_type, prog_flags=flags)
+    opts = _opts(ProgLoadOpts, expected_attach_type=expected_attach_type, prog_flags=flags,
+                 attach_btf_id=attach_btf_id)
     ret = libbpf().bpf_prog_load(*args, ctypes.byref(opts))
     if ret >= 0:
         return ret
@@ -189,13 +197,25 @@ def prog_load(prog_type: int, insns: bytes, license: str, name: str,
         raise VerifierError(-ret, os.strerror(-ret))
     buf = ctypes.create_string_buffer(LOG_SIZE)
     opts = _opts(ProgLoadOpts, expected_attach_type=expected_attach_type, prog_flags=flags,
-                 log_level=1, log_size=LOG_SIZE, log_buf=ctypes.addressof(buf))
+                 attach_btf_id=attach_btf_id, log_level=1, log_size=LOG_SIZE, log_buf=ctypes.addressof(buf))
     again = libbpf().bpf_prog_load(*args, ctypes.byref(opts))
     if again >= 0:          # refused once, accepted with the log on: take it
         return again
     err = VerifierError(-ret, os.strerror(-ret))
     err.log = buf.value.decode(errors="replace")
     raise err
+
+
+def tracing_attach(prog_fd: int) -> int:
+    """A loaded fentry/fexit program attached to its kernel function: the
+    link's fd (pinned, it outlives this process; unpinned and closed, the
+    program comes off)."""
+    return _check(libbpf().bpf_raw_tracepoint_open(None, prog_fd))
+
+
+def raw_tracepoint_attach(prog_fd: int, tracepoint: str) -> int:
+    """A loaded raw tracepoint program attached to TRACEPOINT: the link's fd."""
+    return _check(libbpf().bpf_raw_tracepoint_open(tracepoint.encode(), prog_fd))
 
 
 def btf_load(data: bytes) -> int:
