@@ -36,12 +36,14 @@ def smooth_weighted(weights: dict[int, int], slots: int = SLOTS) -> list[int]:
     return order
 
 
-def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
+def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True, leave_out: frozenset = frozenset()) -> None:
     """Spray lists of every class, and the SID -> peer index for feedback.
 
     Class k sprays over the paths reserved for it, or the shared paths
-    (class 0) when it has none; class 0 only over the shared ones."""
-    used = [(i, p) for i, p in used_paths(att, peer) if p.state == UP]
+    (class 0) when it has none; class 0 only over the shared ones.
+    LEAVE_OUT: path ids left out as if not up (a path about to be
+    rewritten in place: templates.replace_paths)."""
+    used = [(i, p) for i, p in used_paths(att, peer) if p.state == UP and i not in leave_out]
     quantum = route_mtu(att, peer) + ETH_HLEN if used else 0
     # spares are in no list: they take an out path's turns (spares_of)
     sprayed = [(i, p) for i, p in used if not p.flags & SPARE]

@@ -165,6 +165,28 @@ def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, 
                                           max_entries, ctypes.byref(opts)))
 
 
+BPF_MAP_TYPE_ARRAY_OF_MAPS = 12
+
+
+def wait_for_programs() -> None:
+    """Return only when every BPF program running at the call has
+    finished (an RCU grace period): after a map write, no program still
+    works from what it read before.  The kernel waits so on an update of
+    a map-in-map (syscall.c, maybe_wait_bpf_programs: synchronize_rcu(),
+    since Linux 4.19), so update a throwaway one."""
+    inner = map_create(BPF_MAP_TYPE_ARRAY, 4, 4, 1, "mrc_grace_in")
+    try:
+        opts = _opts(MapCreateOpts, inner_map_fd=inner)
+        outer = _check(libbpf().bpf_map_create(BPF_MAP_TYPE_ARRAY_OF_MAPS, b"mrc_grace", 4, 4, 1,
+                                               ctypes.byref(opts)))
+        try:
+            map_update(outer, _u32(0), _u32(inner))
+        finally:
+            os.close(outer)
+    finally:
+        os.close(inner)
+
+
 class VerifierError(BpfError):
     """A program the kernel refused; .log is the verifier's log (the
     retry's, with log level 1), maybe cut short."""
