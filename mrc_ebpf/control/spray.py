@@ -48,6 +48,7 @@ def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True, leave_out: fr
     # spares are in no list: they take an out path's turns (spares_of)
     sprayed = [(i, p) for i, p in used if not p.flags & SPARE]
     shared = [(i, p) for i, p in sprayed if p.tclass == 0]
+    lists = []
     for tclass in range(MAX_CLASSES):
         members = [(i, p) for i, p in sprayed if p.tclass == tclass] if tclass else []
         members = members or shared
@@ -58,7 +59,8 @@ def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True, leave_out: fr
             ids = rotation(members, SLOTS) or [i for i, _ in members]
         spray = layout.Spray(n=len(ids), quantum=quantum)
         spray.ids[:len(ids)] = ids
-        att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
+        lists.append((layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray))
+    att.maps["spray"].update_many(lists)
     # the floor (min_active): how many may be used, how many the datapath took out
     # and which of them leave by each plane's device (a peer's port status: bpf/lib/ports.h);
     # spares count: one in use stands in for a path taken out

@@ -105,12 +105,12 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
     for path_id, spec, (oif, gateway), label in zip(free_ids, fresh, resolved, labels):
         path = path_spec.encode(spec, ipaddress.IPv6Address(gateway), oif, label, weight, tclass,
                                 path_spec.REDIRECT)
-        att.maps["paths"].update(pt.path_index(tpl.template_id, path_id), path)
         fates.append((pt.path_index(tpl.template_id, path_id), path))
         tpl.n_paths = max(tpl.n_paths, path_id + 1)
         results.append({"template": name, "path_id": path_id,
                         "segments": [str(s) for s in spec.segments[:-1]] + ["<peer SID>"],
                         "weight": weight, "overhead": spec.overhead})
+    att.maps["paths"].update_many(fates)       # one undo step for them all
     shared_fate.assign_many(att, fates)
     if new:
         pt.forget_row(att, tpl.template_id)
@@ -200,8 +200,7 @@ def replace_paths(att: Attachment, name: str, changes: list[tuple[int, str, int 
     out = frozenset(ids)
     spray.rebuild(att, tpl, sids=False, leave_out=out)
     bpfsys.wait_for_programs()
-    for index, path in new_paths:
-        att.maps["paths"].update(index, path)
+    att.maps["paths"].update_many(new_paths)
     shared_fate.assign_many(att, new_paths)
 
     def fresh_row(state):
