@@ -153,6 +153,9 @@ def test_replace_in_a_full_template_loses_no_packet(interop, tmp_path):
     # dropped none: its own count says so)
     assert sum(by_sid.values()) == COUNT, (by_sid, err)
     assert re.search(r"^0 packets dropped by kernel", err, re.M), err
+    print(f"\nreceived {got.strip()} of {COUNT}; at R: {sum(by_sid.values())}, old/new SID 5: "
+          f"{by_sid.get(sid(5), 0)}/{by_sid.get(sid(0x105), 0)}, 9: {by_sid.get(sid(9), 0)}/"
+          f"{by_sid.get(sid(0x109), 0)}")
     # the old paths carried packets, then the new ones: mid-flow
     for old, new in ((5, 0x105), (9, 0x109)):
         assert by_sid.get(sid(old), 0) > 0 and by_sid.get(sid(new), 0) > 0, by_sid
