@@ -27,8 +27,9 @@ pytestmark = pytest.mark.root
 def hooks(topo):
     """Namespace `h` with eth0, eth1 (planes 0, 1), their far ends in `f`;
     namespace `o` with devices of the same ifindexes (another host).  The
-    hooks attached as `attach` attaches them (port_hook.attach), on maps
-    of their own pinned in a directory of the test's."""
+    hooks attached as `mrcctl ports hook on` attaches them (port_hook.attach,
+    the link-watch hooks too where fentry is refused), on maps of their own
+    pinned in a directory of the test's."""
     from mrc_ebpf.datapath import loader, pins
     from mrc_ebpf.lab.enter import inside
     h, f, o = topo.ns("h"), topo.ns("f"), topo.ns("o")
@@ -56,7 +57,8 @@ def hooks(topo):
             for i, index in enumerate(idx):
                 c.devices[i].ifindex = index
             cfg.update(layout.Index(0), c)
-            out = port_hook.attach(made, {sym.decode(): t.map_fd for sym, t in inst.tables.items()}, directory)
+            out = port_hook.attach(made, {sym.decode(): t.map_fd for sym, t in inst.tables.items()}, directory,
+                                   link_watch=True)
         if port_hook.detector(out["hooked"]) != "kernel":
             pytest.skip(f"no kernel hooks attach here: {out['errors']}")
         yield {"topo": topo, "h": h, "f": f, "o": o, "cfg": cfg, "hook": hook_map, "events": events,

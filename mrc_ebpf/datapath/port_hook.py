@@ -157,12 +157,15 @@ def settings(btf: Btf) -> layout.PortHook:
         nocarrier_bit=btf.enumerator("netdev_state_t", "__LINK_STATE_NOCARRIER"))
 
 
-def attach(made: build.Build, maps: dict[str, int], directory: Path) -> dict:
+def attach(made: build.Build, maps: dict[str, int], directory: Path, link_watch: bool = False) -> dict:
     """The hooks of MADE loaded on MAPS (symbol -> fd: the attachment's)
     and attached, each link pinned in DIRECTORY; port_hook written.
     Returns {"hooked": [kernel functions], "errors": {function: why}};
     a hook that cannot load or attach is left out (the watcher's netlink
-    then stands in), never an error of attach."""
+    then stands in), never an error of attach.  LINK_WATCH: where fentry
+    is refused, the raw tracepoints on the link-watch work instead; off
+    unless asked (`mrcctl ports hook on`), as they run on every work item
+    and every timer started on the machine, not on link changes alone."""
     errors: dict[str, str] = {}
     hooked, names = 0, []
     try:
@@ -189,7 +192,9 @@ def attach(made: build.Build, maps: dict[str, int], directory: Path) -> dict:
             bit, name = _hook(made, maps, directory, function, btf_id, HOOKS[function][0], errors)
             hooked |= bit
             names += [name] if bit else []
-        if detector(names) != "kernel" and value.lw_func and value.dwork_timer_fn:
+        if detector(names) != "kernel" and not link_watch:
+            errors["link watch"] = "not asked for (`mrcctl ports hook on`: it runs on every timer started)"
+        elif detector(names) != "kernel" and value.lw_func and value.dwork_timer_fn:
             if _learn(made, maps, directory, hook_map, errors):
                 for function, (tracepoint, _) in LW_HOOKS.items():
                     bit, name = _hook(made, maps, directory, function, 0, tracepoint, errors)
@@ -332,7 +337,7 @@ def set_hooks(att, on: bool, made: build.Build | None = None) -> dict:
     fds = {layout.symbol(name): pm.fd for name, pm in att.maps.items()}
     ring = bpfsys.obj_get(str(att.dir / loader.EVENT_RING))
     try:
-        out = attach(made, {**fds, loader.EVENT_RING: ring}, att.dir)
+        out = attach(made, {**fds, loader.EVENT_RING: ring}, att.dir, link_watch=True)
     finally:
         os.close(ring)
     # the hooks see changes from now on: the state they start from
