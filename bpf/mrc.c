@@ -6,6 +6,8 @@
  *   mrc_rx  XDP:       validation, decapsulation, measurement (mrc_rx.c)
  *   mrc_fb  TC ingress: feedback for one-way traffic, and the
  *           control packets generic XDP skips (mrc_fb.c)
+ *   mrc_port_*  fentry on the kernel's carrier and flags changes: our
+ *           port status, found in the kernel (mrc_ports.c)
  *
  * bcc rewrites map calls and finds programs only in the file it is
  * given, so the loader (mrc_ebpf/source.py) inlines the quoted includes
@@ -22,4 +24,5 @@
 #include "mrc_tx.c"
 #include "mrc_rx.c"
 #include "mrc_fb.c"
+#include "mrc_ports.c"
 

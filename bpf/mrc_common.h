@@ -26,6 +26,7 @@
 #include "lib/common/counters.h"	/* enum mrc_counter */
 #include "lib/common/shared_fate.h"	/* first hops and the paths through them */
 #include "lib/common/congestion.h"	/* trimming and port status */
+#include "lib/common/port_hook.h"	/* port status found in the kernel */
 #include "lib/common/roce.h"		/* RoCEv2: queue pairs and their counters */
 
 #endif /* MRC_COMMON_H */

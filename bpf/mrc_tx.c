@@ -176,11 +176,11 @@ int mrc_tx(struct __sk_buff *skb)
 		return tx_drop(MRC_TX_DROP_ENCAP_FAIL);
 
 	/* Taken only now, so a packet that was never sent leaves no gap
-	 * in the path's sequence (a gap is how the receiver sees loss). */
+	 * in the path's sequence (a gap is how the receiver sees loss).  Its
+	 * send time is path_select's clock read (choice.tx_ns). */
 	if (!choice.st)
 		return tx_drop(MRC_TX_DROP_NO_PATH);
 	choice.path_seq = peer_path_seq_take(choice.st, choice.path_id);
-	choice.tx_ns = bpf_ktime_get_ns();
 
 	if (usid ? usid_write_encap(skb, cfg, path, inner.proto, inner.tos, &choice)
 		 : srh_write_encap(skb, cfg, path, nseg, inner.proto, inner.tos, &choice))

@@ -1,7 +1,9 @@
 #!/bin/bash
 # `mrcctl apply` of one host's config rendered from a fabric description of
-# 131,072 NICs in 8 planes (512 leaves of 256 hosts, 32 spines a plane:
-# 256 paths to each of the 131,071 other NICs), in a namespace of its own
+# 131,072 NICs in 8 planes as `fabric plan --nics 131072 --planes 8 --radix
+# 512` gives them (512 leaves of 256 hosts, 256 spines a plane: render
+# deals each plane's spines into 8 groups, so 8 templates of 256 paths, and
+# each of the 131,071 other NICs on one of them), in a namespace of its own
 # with the host's 8 plane devices.  Prints, in seconds:
 #   attach   apply of the attach section alone (the bcc compile)
 #   apply    apply of the whole rendered config onto that attachment
@@ -13,13 +15,14 @@
 set -euo pipefail
 RUNS=${1:-1}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-M="$ROOT/.venv/bin/python -m mrc_ebpf.cli.mrcctl"
+PY=${PY:-$ROOT/.venv/bin/python}     # PY=...: another interpreter (a worktree without its own .venv)
+M="$PY -m mrc_ebpf.cli.mrcctl"
 NS=mrcapply$$
 WORK=$(mktemp -d)
 trap 'ip netns exec $NS $M detach --all >/dev/null 2>&1 || true; ip netns del $NS 2>/dev/null || true; rm -rf $WORK' EXIT
 cat > $WORK/fabric.yaml <<'YAML'
 version: 1
-fabric: {name: mrc128k, planes: 8, spines: 32, leaves: 512, hosts_per_leaf: 256, encoding: srh, rate: none}
+fabric: {name: mrc128k, planes: 8, spines: 256, leaves: 512, hosts_per_leaf: 256, encoding: srh, rate: none}
 YAML
 $M render $WORK/fabric.yaml --host h1000 -o $WORK/h1000.yaml
 python3 - $WORK/h1000.yaml > $WORK/attach.yaml <<'PY'
@@ -31,7 +34,8 @@ ip netns add $NS
 for p in 0 1 2 3 4 5 6 7; do
   ip -n $NS link add eth$p type veth peer name up$p
   ip -n $NS link set eth$p up; ip -n $NS link set up$p up
-  ip -n $NS -6 route add fc00:0:$(printf %x $((0x100 * (p + 1))))::/40 via fe80::1 dev eth$p
+  # plane p's spines: wide IDs (p+1)<<12 | s beyond 255 spines (Fabric.plane_spines)
+  ip -n $NS -6 route add fc00:0:$(printf %x $(((p + 1) << 12)))::/36 via fe80::1 dev eth$p
 done
 ip -n $NS link set lo up
 ip -n $NS -6 route add fd00::/16 via fe80::1 dev eth0
@@ -43,7 +47,7 @@ for run in $(seq 1 $RUNS); do
   c=$(t ip netns exec $NS $M apply $WORK/h1000.yaml)
   s0=$(date +%s.%N); ip netns exec $NS $M show-config > $WORK/shown.yaml
   d=$(python3 -c "print(f'{$(date +%s.%N) - $s0:.2f}')")
-  same=$("$ROOT/.venv/bin/python" -c "
+  same=$("$PY" -c "
 import sys
 from mrc_ebpf.control import config
 a, b = (config.load(open(f).read(), f).data for f in sys.argv[1:])

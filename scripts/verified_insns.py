@@ -30,10 +30,31 @@ class _FullProgInfo(ctypes.Structure):
                 ("verified_insns", u32)]
 
 
+def _port_hooks(module) -> list:
+    """The kernel hooks of bpf/mrc_ports.c loaded (not attached) on MODULE's maps."""
+    from mrc_ebpf.datapath import build, port_hook
+    made = build.capture(module, loader.PROGRAM_TYPES)
+    btf = port_hook.Btf()
+    try:
+        ids = {f: btf.find(kernel_fn, 12) for f, (kernel_fn, _) in port_hook.HOOKS.items()}
+    finally:
+        btf.close()
+    out = []
+    raw = {f: 0 for f in (*port_hook.LW_HOOKS, port_hook.LEARN[0])}
+    for hooks, kind in ((ids, port_hook.BPF_TRACE_FENTRY), (raw, 0)):
+        try:
+            inst = build.instantiate(made, build.module_maps(module), {f: kind for f in hooks}, list(hooks), hooks)
+        except bpfsys.BpfError as e:      # a kernel that refuses BPF tracing (6.18 here: EPERM)
+            print(json.dumps({"port hooks": f"{', '.join(hooks)} not loaded: {e}"}), file=sys.stderr)
+            continue
+        out += [(f, inst.programs[f]) for f in hooks]
+    return out
+
+
 def main() -> None:
     module, tx, rx, fb = loader.compile_datapath()
     out = {}
-    for name, fn in (("mrc_tx", tx), ("mrc_rx", rx), ("mrc_fb", fb)):
+    for name, fn in (("mrc_tx", tx), ("mrc_rx", rx), ("mrc_fb", fb), *_port_hooks(module)):
         info, size = _FullProgInfo(), u32(ctypes.sizeof(_FullProgInfo))
         if bpfsys.libbpf().bpf_obj_get_info_by_fd(fn.fd, ctypes.byref(info), ctypes.byref(size)):
             raise SystemExit(f"bpf_obj_get_info_by_fd({name}) failed")

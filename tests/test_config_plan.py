@@ -112,3 +112,31 @@ def test_a_fresh_attach_plans_everything_after_the_attach_section():
         "class gold: DSCP 46", "class bulk: DSCP 8,10", "template t1: added with 2 paths",
         "template peers: 4 added, 0 changed, 0 removed (1 blocks)",
         "peer fd00:2::/64: added with 6 paths", "peer fd00:3::/64: added with 1 paths"]
+
+
+def _template_file(vias: list[int]) -> str:
+    paths = ", ".join(f'{{via: ["fc00:7::{i:x}"]}}' for i in vias)
+    return f"""version: 1
+attach: {{devices: [eth0], sid: "fc00::1"}}
+templates:
+  - name: t1
+    paths: [{paths}]
+"""
+
+
+def test_a_full_templates_changed_paths_are_replaced_in_place():
+    """A template with no free slot cannot add before it deletes: its
+    changed paths become one in-place replacement; one with room adds,
+    then deletes, as before."""
+    full = config.load(_template_file(list(range(256))), "have.yaml")
+    changed = list(range(256))
+    changed[5], changed[200] = 0x105, 0x1c8
+    plan = _plan(config.load(_template_file(changed), "want.yaml"), full)
+    assert len(plan) == 1 and isinstance(plan[0], changes.ReplaceTemplatePaths)
+    assert plan[0].public() == {"what": "template_path", "action": "replace", "name": "t1",
+                                "pairs": [{"from": {"via": ["fc00:7::5"]}, "to": {"via": ["fc00:7::105"]}},
+                                          {"from": {"via": ["fc00:7::c8"]}, "to": {"via": ["fc00:7::1c8"]}}]}
+    assert plan[0].describe().startswith("template t1: 2 paths replaced in place (no free slot)")
+    roomy = config.load(_template_file(list(range(200))), "have.yaml")
+    plan = _plan(config.load(_template_file([0x105] + list(range(1, 200))), "want.yaml"), roomy)
+    assert [c.describe() for c in plan] == ["template t1: 1 paths added", "template t1: 1 paths deleted"]

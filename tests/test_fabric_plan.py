@@ -73,11 +73,15 @@ def test_apply_time_is_measured_and_cleaned_up():
 
 def test_blocks_form_is_what_render_writes():
     """Beyond 255 peers the plan sizes the blocks form, which render
-    writes: the 131,072-NIC host config is a few KB, not 1.45 GB."""
+    writes: the 131,072-NIC host config is tens of KB (8 templates of 256
+    paths: the plan's 256 spines a plane in 8 groups), not 1.45 GB."""
     r = sizing.plan(131072, 8, 512, cpus=2)
-    assert r["config"]["form"] == "blocks" and r["config"]["bytes"] < 20_000
-    desc = description.parse("version: 1\nfabric: {planes: 8, spines: 32, leaves: 512, hosts_per_leaf: 256}\n")
+    assert r["config"]["form"] == "blocks" and r["config"]["bytes"] < 64_000
+    desc = description.parse("version: 1\nfabric: {planes: 8, spines: 256, leaves: 512, hosts_per_leaf: 256}\n")
     cfg = render.host_config(desc, "h1000")
-    assert set(cfg) == {"version", "attach", "templates", "peer_blocks"}
+    assert set(cfg) == {"version", "attach", "templates", "peer_blocks"} and len(cfg["templates"]) == 8
     assert render.counts(cfg) == (131071, 131071 * 256)
-    assert abs(len(render.dump(cfg).encode()) - r["config"]["bytes"]) < 200    # h1: one block, h1000: two
+    assert abs(len(render.dump(cfg).encode()) - r["config"]["bytes"]) < 200    # h1: 8 blocks, h1000: 9
+    # asked for fewer paths a peer: one template of them
+    r = sizing.plan(131072, 8, 512, cpus=2, paths=64)
+    assert r["paths_per_peer"] == 64 and r["path_lists"] == 1 and r["path_choice"] is None

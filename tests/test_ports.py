@@ -1,10 +1,15 @@
 """Port status on a fabric of namespaces (issue #29, item 3): a host's
 plane-1 device set down under 4 one-way flows from 4 peers.  Without the
-watcher the peers find out from their acknowledgement clocks (events
-`down`); with `mrcctl ports watch` on the host each peer takes its
-plane-1 paths out on the host's news (event `port-down`).  The witness is
-the kernel's clock: the instant the test sets the link down (CLOCK_MONOTONIC,
-which bpf_ktime_get_ns reads too) against each peer's event time.
+kernel hooks or the watcher the peers find out from their acknowledgement
+clocks (events `down`); with `mrcctl ports watch` on the host (hooks off)
+each peer takes its plane-1 paths out on the host's news (event
+`port-down`); with the kernel hooks (bpf/mrc_ports.c, no watcher) the
+host's own hook sets its status inside the very call that cut the link,
+and each peer hears it in the feedback its next packet draws.  Witnesses:
+the kernel's clock (the instant the test sets the link down,
+CLOCK_MONOTONIC, which bpf_ktime_get_ns reads too, against each event's
+time), and tcpdump on each peer's own plane-1 device: its data into that
+plane stops.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import time
 import pytest
 
 from conftest import UDP_SEND, mrcctl
+from mrc_ebpf.datapath.source import C
 from mrc_ebpf.lab import procs
 from test_fabric import SINK, Net, _events, fabric
 
@@ -42,6 +48,14 @@ def net():
         yield Net(name)
     finally:
         fabric("down", name, check=False)
+
+
+def _hooks(net, on: bool) -> None:
+    r = mrcctl("ports", "-j", "hook", "on" if on else "off", netns=net.ns(TARGET), check=False)
+    if on and r.returncode != 0 and r.stdout.strip().startswith("{"):
+        # the kernel refuses BPF tracing programs (6.18 here: EPERM at load)
+        pytest.skip(f"the kernel hooks do not attach here: {json.loads(r.stdout)['errors']}")
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def _leaf_port(net, up: bool) -> tuple[int, int]:
@@ -120,6 +134,7 @@ def mrcctl_cmd():
 
 
 def test_port_down_reaches_every_peer_against_the_ack_timeout(net):
+    _hooks(net, on=False)       # the watcher's way (netlink), and the clock's
     today = _round(net, watch=False)
     time.sleep(1.0)             # the paths back up (probes every <= 50 ms)
     told = _round(net, watch=True)
@@ -139,3 +154,65 @@ def test_port_down_reaches_every_peer_against_the_ack_timeout(net):
     for peer in PEERS:
         c = json.loads(mrcctl("stats", "-j", netns=net.ns(peer)).stdout)["counters"]
         assert c["rx_port_status"] >= 2 and c["rx_port_down_paths"] >= 1, (peer, c)
+
+
+def _capture(net, peer, pcap):
+    """tcpdump on PEER's own plane-1 device, what it sends: data frames
+    only (the flows' 512-byte datagrams; probes and feedback are headers)."""
+    cap = net.popen(peer, ["tcpdump", "-i", "eth1", "-Q", "out", "-U", "--immediate-mode", "-n",
+                           "--time-stamp-precision=nano", "-w", str(pcap), "greater", "500"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert b"listening on" in cap.stderr.readline()
+    return cap
+
+
+def test_a_device_down_stops_every_peer_sending_into_its_plane_by_the_kernel_hook(net, tmp_path):
+    """Hooks on, no watcher: TARGET's own hook logs `own-port-down` within
+    the netlink call that cut its plane-1 link (the carrier went in that
+    call), each peer takes its plane-1 paths out (`port-down`), and from
+    then on, by tcpdump on each peer's plane-1 device, sends no more data
+    into that plane until the link is back (a frame already past its TC
+    program when the news came may still show: at most 2)."""
+    import scapy.layers.l2  # noqa: F401  (Ethernet frames dissected, not Raw)
+    from scapy.utils import rdpcap
+    _hooks(net, on=True)
+    state = json.loads(mrcctl("ports", "-j", netns=net.ns(TARGET)).stdout)["port_status"]
+    assert state["detector"] == "kernel", state
+    time.sleep(1.0)             # paths back from an earlier round (probes every <= 50 ms)
+    sink = net.popen(TARGET, SINK, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    caps = {p: _capture(net, p, tmp_path / f"{p}.pcap") for p in PEERS}
+    addr = net.host(TARGET)["addr6"]
+    flows = [net.popen(p, [*UDP_SEND, addr, "9", str(PPS * SECONDS), f"--pps={PPS}", "--size=512"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for p in PEERS]
+    try:
+        time.sleep(1.0)
+        # tcpdump's stamps are CLOCK_REALTIME: the two clocks read together
+        real, mono = time.clock_gettime_ns(time.CLOCK_REALTIME), time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t0, t1 = _leaf_port(net, up=False)
+        time.sleep(1.0)
+        back, _ = _leaf_port(net, up=True)
+        for f in flows:
+            f.wait(timeout=60)
+        time.sleep(0.2)
+    finally:
+        for p in [sink, *flows, *caps.values()]:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=10)
+    own = [e for e in _events(net, TARGET) if e["type"] == "own-port-down" and e["ns"] >= t0]
+    assert own and t0 <= own[0]["ns"] <= t1, (own, t0, t1)
+    assert own[0]["path_id"] == C["MRC_EV_PLANE"] + PLANE
+    report = {}
+    for peer in PEERS:
+        told = _first(net, peer, ("port-down",), t0)
+        assert told is not None, peer
+        sent = [int(pkt.time * 10**9) - real + mono for pkt in rdpcap(str(tmp_path / f"{peer}.pcap"))]
+        before = [t for t in sent if t < t0]
+        after = [t for t in sent if told < t < back]
+        report[peer] = {"told_ms": round((told - t0) / 1e6, 3), "before": len(before), "after_news": len(after),
+                        "last_ms": round((max([t for t in sent if t < back], default=t0) - t0) / 1e6, 3)}
+        assert before, (peer, report)           # it was sending into plane 1
+        assert len(after) <= 2, (peer, report)
+    print(f"kernel hook: own-port-down {(own[0]['ns'] - t0) / 1e6:.3f} ms after the call began "
+          f"(call {(t1 - t0) / 1e6:.3f} ms); per peer: news, frames into plane 1 before / after it, "
+          f"last frame (ms after the call): {report}")

@@ -21,7 +21,8 @@
 #include "lib/peer_state.h"
 
 /*
- * RX: a sender we have not answered for fb_interval is owed feedback; if
+ * RX: a sender we have not answered for fb_interval (or since our port
+ * status changed: lib/ports.h) is owed feedback; if
  * no packet of ours goes its way soon, mrc_fb makes one (one-way traffic).
  * PEER: the sender's entry, as rx_track found it.
  */
@@ -32,8 +33,12 @@ static __always_inline void feedback_due(const __u8 *src_sid, struct mrc_rx_peer
 	struct mrc_peer_state *st;
 	__u32 *peer_id;
 
-	if (!peer || now - peer->fb_sent_ns < (__u64)cfg->fb_interval_us * 1000)
+	/* our port status changed since it was last owed feedback: owed
+	 * now, whatever the interval (the news is in every TLV we send) */
+	if (!peer || (now - peer->fb_sent_ns < (__u64)cfg->fb_interval_us * 1000 &&
+		      peer->ports_told == (__u8)cfg->ports_down))
 		return;
+	peer->ports_told = cfg->ports_down;
 	/* owed from now: fb_due stays set until mrc_fb answers, so the
 	 * lookups below run once an interval, not on every packet (60 ns of
 	 * RX's ~270 when they ran each time, BPF_PROG_TEST_RUN) */
@@ -141,7 +146,8 @@ static __always_inline int feedback_fill_heard(struct mrc_tlv *tlv, struct mrc_r
  * bench), and what a probe's report says still counts when it arrives
  * (a slow path's late packets, test_late_packets_widen_the_window).
  */
-static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_sid *peer_sid, int probe)
+static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_sid *peer_sid, int probe,
+					  __u64 now)
 {
 	struct mrc_rx_key key = {};
 	struct mrc_rx_peer *peer;
@@ -179,7 +185,7 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 	if (!tlv->fb_path_tx32)
 		tlv->fb_path_tx32 = bpf_htonl((__u32)peer->latest_tx[key.path_id & (MRC_MAX_PATHS - 1)]);
 	if (!probe)	/* a probe does not answer: mrc_fb may still owe one */
-		peer->fb_sent_ns = bpf_ktime_get_ns();
+		peer->fb_sent_ns = now;
 	tlv->fb_path_id = bpf_htons(key.path_id);
 	path = mrc_rx_paths.lookup(&key);
 	if (!path)

@@ -58,4 +58,7 @@ BPF_ARRAY(mrc_roce_turns, __u64, MRC_ROCE_TURNS);	/* the next turn of a peer's n
 BPF_ARRAY(mrc_roce_zero, struct mrc_roce_qp, 1);	/* all zero, never written */
 BPF_PERCPU_ARRAY(mrc_roce_pkt, struct mrc_roce_pkt, 1);
 
+/* the kernel hooks that find our port status (bpf/mrc_ports.c) */
+BPF_ARRAY(mrc_port_hook, struct mrc_port_hook, 1);
+
 #endif

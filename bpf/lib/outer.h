@@ -46,7 +46,7 @@ static __always_inline void outer_tlv_init(struct mrc_tlv *tlv, __u8 type, const
 	tlv->flags = (choice->probe ? MRC_F_PROBE : 0) | (choice->control ? MRC_F_CONTROL : 0);
 	tlv->tx_ns = mrc_htonll(choice->tx_ns);
 	tlv->ports_down = cfg->ports_down;	/* port status: lib/ports.h */
-	feedback_fill(tlv, &path->peer_sid, choice->keep_news);
+	feedback_fill(tlv, &path->peer_sid, choice->keep_news, choice->tx_ns);
 	/* signed as it leaves us and arrives at the peer's SID */
 	auth_sign(tlv, cfg->sid, path->peer_sid.addr, choice->st ? &choice->st->tx_mac : NULL);
 }

@@ -7,6 +7,12 @@
  * at once (mrc_ebpf/control/ports.py).  Plane i is device i of an
  * attachment on every host alike.
  *
+ * Our own devices count alike: a plane is down for a peer when its
+ * device of it is down or ours is (config.ports_down, which the kernel
+ * hooks of bpf/mrc_ports.c set the instant ours goes), so our own sends
+ * stop using our dead plane with the next packet from each peer (its
+ * data or its feedback), with no walk over every peer at the event.
+ *
  * RX: when a sender's bits change (the last filed is rx_peers.ports_down,
  * read on every packet anyway: one compare), the paths of ours to it
  * whose own device is of a plane that went down are taken out at once:
@@ -146,8 +152,8 @@ static __always_inline int ports_walk(const __u8 *src_sid, __u32 walk, __u64 now
 }
 
 /*
- * RX, per filed TLV: one compare with what the sender said last
- * (rx_peers.ports_down).  A change starts a walk of one plane (the
+ * RX, per filed TLV: one compare with what was filed last
+ * (rx_peers.ports_down: the sender's port status | ours).  A change starts a walk of one plane (the
  * lowest that changed), which this packet and the next ones carry on
  * (rx_peers.ports_walk: PORTS_WALKING | the next chunk << 16 | down << 8
  * | the plane) until the plane's paths are done; the filed bit flips
@@ -156,14 +162,19 @@ static __always_inline int ports_walk(const __u8 *src_sid, __u32 walk, __u64 now
 static __always_inline void ports_file(struct mrc_rx_peer *peer, const __u8 *src_sid,
 				       const struct mrc_tlv *tlv, __u64 now)
 {
-	__u32 walk = peer->ports_walk, plane, next = 0;
-	__u8 changed = peer->ports_down ^ tlv->ports_down;
+	__u32 zero = 0, walk = peer->ports_walk, plane, next = 0;
+	struct mrc_config *cfg = mrc_config.lookup(&zero);
+	/* a plane is down for this peer if its device of it is down, or
+	 * ours is (the kernel hooks set config.ports_down: bpf/mrc_ports.c):
+	 * the same paths are dead either way */
+	__u8 down = tlv->ports_down | (cfg ? cfg->ports_down : 0);
+	__u8 changed = peer->ports_down ^ down;
 
 	if (!walk) {
 		if (!changed)
 			return;
 		plane = feedback_lowest_bit(changed) & (MRC_MAX_DEVICES - 1);
-		walk = PORTS_WALKING | ((tlv->ports_down >> plane) & 1) << 8 | plane;
+		walk = PORTS_WALKING | ((down >> plane) & 1) << 8 | plane;
 		count(MRC_RX_PORT_STATUS);
 	}
 	if (ports_walk(src_sid, walk, now, &next)) {

@@ -7,20 +7,28 @@ h1, h2, h3 and h5 each send one-way UDP (`pps` datagrams a second) to h4;
 `down_at_s` into the flows h4's plane-1 link is cut at its leaf's end
 (p1l2's device towards h4 set down: h4's eth1 loses its carrier, as a
 failed NIC port or cable), and brought back `down_s` later (the leaf's
-addresses and routes put back, as `fabric heal` does).  Modes:
-  ack-clock    nothing tells the peers: each finds out by its own clock
-               (`--ack-timeout-us`, events `down`);
-  port-status  `mrcctl ports watch` runs on h4 (real-time priority, as a
-               port daemon would): it writes h4's port status, which every
-               TLV then carries, and sends one feedback packet to each peer
-               (events `port-down` on the peers).
+addresses and routes put back, as `fabric heal` does).  Modes (h4's kernel hooks, bpf/mrc_ports.c, put on or off with `mrcctl
+ports hook` before each):
+  ack-clock    hooks off, no watcher: nothing tells the peers, each finds
+               out by its own clock (`--ack-timeout-us`, events `down`);
+  port-status  hooks off, `mrcctl ports watch` on h4 (real-time priority,
+               as a port daemon would) finds the change from netlink,
+               writes h4's port status, which every TLV then carries, and
+               sends one feedback packet to each peer (events `port-down`
+               on the peers);
+  kernel       hooks on, no watcher: the hook sets h4's port status the
+               instant the carrier goes; each peer hears it in the
+               feedback its next packet into h4 draws (owed at once);
+  kernel+watcher  hooks on, and the watcher, woken by the hook's event
+               (not netlink), sends each peer its feedback packet too.
 For each peer: the instant it stopped sending into plane 1 = its
 `port-down` event, or when each of its plane-1 paths to h4 had gone
 `down`, whichever came first, in the kernel's event timestamps
 (CLOCK_MONOTONIC, which bpf_ktime_get_ns reads too), from the instant of
 the netlink call that set the link down (`out_ms`); the slowest peer is
 the run's (`all_out_ms`; the issue's target: within 1 ms).  With the
-watcher, also when it read the link event (`woke_ms`).
+watcher, also when it read the change (`woke_ms`); with the hooks, when
+h4's own hook set its status (`hook_ms`: its event `own-port-down`).
 
 This module measures (typed: bench/port_down_analysis.py analyses).
 """
@@ -34,7 +42,7 @@ from mrc_ebpf.bench.runner import PY, log
 from mrc_ebpf.lab import procs
 
 TITLE = "every peer out of a plane whose device went down: port status vs the acknowledgement clock"
-MODES_ALLOWED = ("ack-clock", "port-status")
+MODES_ALLOWED = ("ack-clock", "port-status", "kernel", "kernel+watcher")
 TARGET, PEERS, PLANE = 4, (1, 2, 3, 5), 1
 
 
@@ -82,9 +90,10 @@ def _one(env, fab, p, mode, port) -> Run:
     sink = env.popen(target_ns, [PY, "-m", "mrc_ebpf.bench.flowtool", "udp-recv", fab.addr6(TARGET), str(port),
                                  str(seconds + 10), "/dev/null"])
     watcher = None
+    env.mrcctl(target_ns, "ports", "hook", "on" if mode.startswith("kernel") else "off")
     try:
         sink.stdout.readline()
-        if mode == "port-status":
+        if mode in ("port-status", "kernel+watcher"):
             watcher = env.popen(target_ns, ["chrt", "-f", "50", *procs.MRCCTL, "ports", "-j", "watch"])
             first = watcher.stdout.readline()
             if "watching" not in first:
@@ -111,8 +120,9 @@ def _one(env, fab, p, mode, port) -> Run:
             env.end(watcher)
     changes = [json.loads(line) for line in (out or "").splitlines() if line.startswith("{\"ns\"")]
     events = {h: _events(env, fab, h) for h in PEERS}
+    own = [e["ns"] for e in _events(env, fab, TARGET) if e["type"] == "own-port-down" and e["ns"] >= t0]
     plane_ids = [i for i, path in enumerate(fab.paths(PEERS[0], TARGET)) if path["plane"] == PLANE]
-    return Run(mode, t0, t1, changes, events, fab.prefix6(TARGET), plane_ids)
+    return Run(mode, t0, t1, changes, events, fab.prefix6(TARGET), plane_ids, min(own) if own else None)
 
 
 def run(p: dict, env) -> dict:
@@ -132,7 +142,17 @@ def measure(p: dict, env) -> Measured:
         used = ",".join(fab.host(h) for h in sorted((*PEERS, TARGET)))
         fab_mod.attach(fab.name, used, p["mrc_policy"], ["--ack-timeout-us", str(p["ack_timeout_us"]),
                                                         "--probe-max-us", str(p["probe_max_us"])])
-        for mode in p["modes"]:
+        # a kernel that refuses BPF tracing (fentry) has no kernel modes
+        hook = env.mrcctl(fab.ns(fab.host(TARGET)), "ports", "-j", "hook", "on", check=False)
+        if hook.returncode != 0:
+            why = (json.loads(hook.stdout).get("errors") if hook.stdout.strip().startswith("{") else None) \
+                or hook.stderr.strip()[-300:]
+            dropped = [m for m in p["modes"] if m.startswith("kernel")]
+            measured.notes.append(f"modes {', '.join(dropped)} not run: the kernel hooks do not attach here ({why})")
+            log(f"port-down: {measured.notes[-1]}")
+            for m in dropped:
+                measured.runs.pop(m, None)
+        for mode in [m for m in p["modes"] if m in measured.runs]:
             for rep in range(p["repeat"]):
                 port += 1
                 log(f"port-down: {mode}, run {rep + 1}/{p['repeat']}", step=True)

@@ -164,6 +164,9 @@ def up(ctx, name, spines, leaves, hosts_per_leaf, planes, rate, host_rate, encod
             raise MrcError("--trim-threshold cannot be given with --from (a description has no trimming yet)")
         from mrc_ebpf.lab.fabric import description
         desc = description.load(from_file)
+        why = description.too_big_to_build(desc.spec)
+        if why:
+            raise MrcError(f"{from_file}: {why}")
         explicit = ctx.params.get("name") or ctx.params.get("name_opt")
         s = desc.spec
         with Progress("fabric up", progress) as shown:
@@ -422,7 +425,10 @@ def plan(nics, planes, radix, cpus, paths, encoding, measure, measure_peers, mea
                              ("switches", r["switches"]),
                              ("paths per peer", f"{r['paths_per_peer']} of {r['paths_available']} "
                                                 f"(planes x spines)"),
-                             ("path lists (one per destination leaf)", r["path_lists"])], tablefmt="plain"))
+                             ("path lists (templates, or peers with paths of their own)", r["path_lists"])],
+                            tablefmt="plain"))
+        if r.get("path_choice"):
+            click.echo(f"paths: {r['path_choice']}")
         c, m = r["config"], r["memory"]
         click.echo("\nper host:")
         rows = [("config", f"{_size(c['bytes'])} ({c['form']} form): {c['peers']} peers, {c['paths']} paths"),

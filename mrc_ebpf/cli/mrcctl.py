@@ -323,6 +323,15 @@ def fmt_learnt(state: dict | None) -> str:
             f"{state['evicted_and_remade']} after an eviction, {state['failed']} could not be made")
 
 
+def _fmt_port_status(p: dict | None) -> str:
+    if not p:
+        return "-"
+    how = (f"kernel hooks on {', '.join(p['hooks'])}" if p["detector"] == "kernel"
+           else "`mrcctl ports watch` (netlink): no kernel hooks" + (f" (only {', '.join(p['hooks'])})"
+                                                                      if p["hooks"] else ""))
+    return f"found by {how}; ports down {p['ports_down']:#x}"
+
+
 @cli.command()
 @json_option
 @click.pass_context
@@ -371,6 +380,7 @@ def status(ctx):
                      ("programs", ", ".join(f"{k} {v['id']}" for k, v in r["programs"].items())
                       + f"; loaded {max((v['loaded'] or '' for v in r['programs'].values()), default='') or '-'}"),
                      ("shared fate", {True: "on", False: "off"}.get(r.get("shared_fate"), "-")),
+                     ("port status", _fmt_port_status(r.get("port_status"))),
                      ("feedback", fmt_auth(r.get("auth"))),
                      ("kernel memory", fmt_memory(r["memory"])),
                      ("pins", r["pins"])]

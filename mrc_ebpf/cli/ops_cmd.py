@@ -279,16 +279,43 @@ def ports(ctx, device, json_):
         return
     from mrc_ebpf.control import ports as ports_mod
     from mrc_ebpf.datapath import loader
+    from mrc_ebpf.datapath import port_hook
     with loader.Attachment.open(loader.resolve_device(device)) as att:
         mask, told = ports_mod.current_mask(att), ports_mod.published(att)
         rows = [dict(d, down=bool(mask >> d["plane"] & 1), told_down=bool(told >> d["plane"] & 1))
                 for d in ports_mod.devices(att)]
+        found = port_hook.state(att)
     if json_ or (ctx.obj or {}).get("json"):
-        click.echo(json.dumps({"devices": rows, "mask": mask, "published": told}))
+        click.echo(json.dumps({"devices": rows, "mask": mask, "published": told, "port_status": found}))
     else:
+        click.echo(f"found by: {'kernel hooks on ' + ', '.join(found['hooks']) if found['detector'] == 'kernel' else '`mrcctl ports watch` (netlink)'}")
         for r in rows:
             click.echo(f"plane {r['plane']} {r['dev']}: {'down' if r['down'] else 'up'}"
                        f"{' (peers told down)' if r['told_down'] else ''}")
+
+
+@ports.command("hook")
+@click.argument("state", type=click.Choice(["on", "off"]))
+@click.pass_context
+def ports_hook(ctx, state):
+    """Put the kernel hooks that find the port status (fentry on the
+    kernel's carrier and flags changes, bpf/mrc_ports.c) on or off; off,
+    `mrcctl ports watch` finds the changes from netlink instead.  `attach`
+    puts them on where the kernel lets it."""
+    from mrc_ebpf.datapath import loader, port_hook
+    loader.require_root()
+    with loader.Attachment.open(loader.resolve_device(ctx.obj.get("ports_device"))) as att:
+        out = port_hook.set_hooks(att, state == "on")
+        out["detector"] = port_hook.state(att)["detector"]
+    if ctx.obj.get("json"):
+        click.echo(json.dumps(out))
+    else:
+        click.echo(f"port status found by {out['detector']}"
+                   + (f" (hooks on {', '.join(out['hooked'])})" if out["hooked"] else ""))
+        for f, why in out["errors"].items():
+            click.echo(f"  {f}: {why}")
+    if state == "on" and out["detector"] != "kernel":
+        ctx.exit(1)
 
 
 @ports.command("watch")
@@ -301,13 +328,17 @@ def ports_watch(ctx, count, timeout):
     from then on and each peer with learnt state gets one feedback-only
     packet at once, so it stops using (or probes again) its paths through
     that plane. Runs until stopped (SIGTERM), or --count/--timeout; one
-    line per change (`ns`: CLOCK_MONOTONIC when the event was read)."""
+    line per change (`ns`: CLOCK_MONOTONIC when the event was read).
+    With the kernel hooks on (`mrcctl ports`), the kernel already set the
+    status: this only sends the packets, woken by the hook's event."""
     from mrc_ebpf.control import ports as ports_mod
     from mrc_ebpf.datapath import loader
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with loader.Attachment.open(loader.resolve_device(ctx.obj.get("ports_device"))) as att:
-        click.echo(json.dumps({"watching": [d["dev"] for d in ports_mod.devices(att)]}), nl=True)
+        from mrc_ebpf.datapath import port_hook
+        click.echo(json.dumps({"watching": [d["dev"] for d in ports_mod.devices(att)],
+                               "detector": port_hook.state(att)["detector"]}), nl=True)
         sys.stdout.flush()
         for change in ports_mod.watch(att, count, timeout, stop):
             if ctx.obj.get("json"):

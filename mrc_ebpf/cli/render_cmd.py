@@ -6,6 +6,8 @@ mrc_ebpf/lab/fabric/description.py.
 """
 from __future__ import annotations
 
+import textwrap
+
 import click
 
 from mrc_ebpf.cli.common import emit, json_option
@@ -45,8 +47,12 @@ def render(ctx, file, host, output, form, no_key):
         except MrcError as e:
             raise MrcError(f"{e}: name a key in the description (hosts.defaults.attach.key_file), or "
                            f"render with --no-key")
+    # where a peer cannot use every (plane, spine), what render chose, as
+    # a comment heading the file and in the summary line
+    choice = desc.fabric.path_choice()
+    head = "".join(f"# {line}\n" for line in textwrap.wrap(f"mrcctl render: {choice}", 96)) if choice else ""
     if output:
-        text = render_mod.dump(cfg)
+        text = head + render_mod.dump(cfg)
         try:
             with open(output, "w") as f:
                 f.write(text)
@@ -54,8 +60,8 @@ def render(ctx, file, host, output, form, no_key):
             raise MrcError(f"cannot write {output}: {e.strerror or e}")
         n_peers, n_paths = render_mod.counts(cfg)
         emit(ctx, {"host": host, "file": output, "bytes": len(text.encode()), "peers": n_peers,
-                   "paths": n_paths, "key_file": cfg["attach"].get("key_file")},
+                   "paths": n_paths, "key_file": cfg["attach"].get("key_file"), "path_choice": choice},
              lambda r: click.echo(f"{r['host']}: {r['peers']} peers, {r['paths']} paths, {r['bytes']} bytes "
-                                  f"in {r['file']}"))
+                                  f"in {r['file']}" + (f"; {choice}" if choice else "")))
         return
-    emit(ctx, cfg, lambda c: click.echo(render_mod.dump(c), nl=False))
+    emit(ctx, cfg, lambda c: click.echo(head + render_mod.dump(c), nl=False))

@@ -35,6 +35,29 @@ def template_add(ctx, name, via, weight, tclass, device):
         f"(+{r['overhead']} B)" for r in rs) or f"template {name}: nothing new"))
 
 
+@template.command("replace")
+@click.argument("name")
+@click.option("--id", "path_id", type=int, required=True, help="The path to replace (its id, path template list).")
+@click.option("--via", required=True, metavar="SEG1,...", help="The new path's segments before the last hop.")
+@click.option("--weight", type=int, help="Weight (default: the old path's).")
+@click.option("--class", "tclass", metavar="NAME", help="Traffic class (default: the old path's).")
+@dev_option
+@json_option
+@click.pass_context
+def template_replace(ctx, name, path_id, via, weight, tclass, device):
+    """Replace path ID of template NAME in place: the new path takes its
+    id (its slot), so a full template (256 paths) can change one. The
+    path is out of the spray while it is written, and it starts with
+    nothing learnt; all or nothing."""
+    from mrc_ebpf.control import classes, templates
+    with attached(device, change=True) as att:
+        results = templates.replace_paths(att, name, [(path_id, via, weight,
+                                                       classes.class_id(att, tclass) if tclass else None)])
+    emit(ctx, results, lambda rs: click.echo("\n".join(
+        f"template {r['template']} path {r['path_id']}: via {','.join(r['replaced'])} -> "
+        f"{','.join(r['segments'])}" for r in rs)))
+
+
 @template.command("del")
 @click.argument("name")
 @dev_option

@@ -228,6 +228,15 @@ def set_denied(att: Attachment, prefix_text: str, path_ids: list[int], deny: boo
         if path_id not in used:
             raise MrcError(f"{prefix} has no path {path_id} (it has "
                            f"{', '.join(map(str, sorted(used)))})")
+    # TX drops a packet whose path is not up: a path being denied leaves
+    # the spray lists first, and the kernel is waited on until no packet
+    # that chose it from the old lists is still on its way (as
+    # templates.replace_paths), so draining loses none
+    going = frozenset(i for i in path_ids if deny and used[i].state == UP)
+    if going:
+        from mrc_ebpf.datapath import bpfsys
+        rebuild(att, peer, leave_out=going)
+        bpfsys.wait_for_programs()
     changed = []
     for path_id in path_ids:
         path = used[path_id]

@@ -3,9 +3,13 @@ attachment's devices (a plane's NIC) goes down, carrier or admin, its
 peers are told at once, so they stop sending into that plane without
 waiting for their acknowledgement clocks.
 
-`mrcctl ports watch` listens to the kernel's link events (rtnetlink,
-RTNLGRP_LINK) for the attachment's devices and, when the set of down ones
-changes, (1) writes it to config.ports_down, which the TX program copies
+Where the kernel lets it, fentry hooks on the kernel's carrier and flags
+changes set config.ports_down themselves the instant a device changes
+(bpf/mrc_ports.c, datapath/port_hook.py), and `mrcctl ports watch`, woken
+by the event they log, only does (2) below.  Without them, `mrcctl ports
+watch` listens to the kernel's link events (rtnetlink, RTNLGRP_LINK) for
+the attachment's devices and, when the set of down ones changes, (1)
+writes it to config.ports_down, which the TX program copies
 into every TLV it sends (mrc_tlv.ports_down: bit i, devices[i]), and (2)
 sends one feedback-only packet to each peer the datapath has state for,
 on a path through a plane that is up: an empty IPv6 packet to the peer's
@@ -174,32 +178,58 @@ def announce(att, mask: int) -> list[dict]:
         a.close()
 
 
-def watch(att, count: int | None = None, timeout: float | None = None, stop=None, refresh_s: float = 1.0):
+def watch(att, count: int | None = None, timeout: float | None = None, stop=None, refresh_s: float = 1.0,
+          kernel: bool | None = None):
     """Yields one dict per change of the down set, after it was published
-    and announced: {ns (CLOCK_MONOTONIC when the link event was read), mask,
-    was, told, done_ns}.  The state at start counts as a change if it
-    differs from what is published.  The link events' own flags say
-    whether a device is down (no query on the way); what to send each
-    peer is made ahead, every REFRESH_S while idle."""
+    and announced: {ns (CLOCK_MONOTONIC when the change was read), mask,
+    was, told, done_ns, by}.  What to send each peer is made ahead, every
+    REFRESH_S while idle.
+
+    The link events' own flags say which devices are down (no query on
+    the way); a set that differs from config.ports_down is published here
+    (`by` "netlink"; the state at start counts as a change).  KERNEL
+    (default: whether the attachment's kernel hooks are on,
+    datapath/port_hook.py): the hooks set config.ports_down themselves,
+    often before netlink tells, and ring the event ring, which wakes this
+    to announce what they set (`by` "kernel", `hook_ns` the hook's own
+    instant); netlink still publishes what they missed (an admin down the
+    link-watch hooks see only when the kernel's link-watch work runs)."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.rtnl import RTMGRP_LINK
+    from mrc_ebpf.datapath import port_hook
+    from mrc_ebpf.datapath.loader import EVENT_RING
+    from mrc_ebpf.datapath.ringbuf import Doorbell
+    import ctypes
+    if kernel is None:
+        kernel = port_hook.in_kernel(att)
     ends = time.monotonic() + timeout if timeout else None
     n = 0
     ann = Announcer(att)
+    bell = Doorbell(str(att.dir / EVENT_RING), ctypes.sizeof(layout.Event)) if kernel else None
+    told = published(att)           # what the peers were told last
     try:
         with IPRoute() as ipr:
             ipr.bind(groups=RTMGRP_LINK)
             plane_of = {d["ifindex"]: d["plane"] for d in ann.devs}
-            mask = current_mask(att)    # its own socket: a query on the bound one lost its events
+            seen = current_mask(att)    # its own socket: a query on the bound one lost its events
+            news = True
             refreshed = time.monotonic()
             while True:
-                was = published(att)
-                if mask != was:
+                by = "kernel"
+                if news and seen != published(att):
+                    publish(att, seen)
+                    by = "netlink"
+                news = False
+                mask = published(att)
+                if mask != told:
                     now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-                    publish(att, mask)
-                    told = ann.send(mask)
-                    yield {"ns": now, "mask": mask, "was": was, "told": told,
-                           "done_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC)}
+                    sent = ann.send(mask)
+                    change = {"ns": now, "mask": mask, "was": told, "told": sent,
+                              "done_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC), "by": by}
+                    if kernel:
+                        change["hook_ns"] = att.maps["port_hook"].lookup(layout.Index(0)).last_ns
+                    told = mask
+                    yield change
                     n += 1
                     if count and n >= count:
                         return
@@ -209,13 +239,19 @@ def watch(att, count: int | None = None, timeout: float | None = None, stop=None
                     ann.refresh()
                     refreshed = time.monotonic()
                 left = 0.2 if ends is None else max(0.0, min(0.2, ends - time.monotonic()))
-                if not select.select([ipr], [], [], left)[0]:
+                ready = select.select([ipr] + ([bell] if bell else []), [], [], left)[0]
+                if bell is not None and bell in ready:
+                    bell.wait(0)        # the edge taken; the mask is read above
+                if ipr not in ready:
                     continue
                 for m in ipr.get():
                     plane = plane_of.get(m.get("index"))
                     if plane is None or m.get("event") not in ("RTM_NEWLINK", "RTM_DELLINK"):
                         continue
                     gone = m.get("event") == "RTM_DELLINK" or link_down(m["flags"])
-                    mask = mask | 1 << plane if gone else mask & ~(1 << plane)
+                    seen = seen | 1 << plane if gone else seen & ~(1 << plane)
+                    news = True
     finally:
         ann.close()
+        if bell is not None:
+            bell.close()

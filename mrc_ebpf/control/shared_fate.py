@@ -49,6 +49,7 @@ def assign_many(att, items: list[tuple[layout.Index, layout.Path]]) -> None:
     paths: 255 reads instead of up to 65,280)."""
     table = att.maps["hops"]
     sids = {i: bytes(table.lookup(layout.Index(i)).sid.addr) for i in range(1, MAX_HOPS)}
+    hops, fates = [], []        # written in two batches, one undo step each
     for index, path in items:
         hop = first_hop(path)
         ident = 0
@@ -59,10 +60,12 @@ def assign_many(att, items: list[tuple[layout.Index, layout.Path]]) -> None:
             if free is not None:
                 entry = layout.Hop()
                 entry.sid.addr[:] = packed
-                table.update(layout.Index(free), entry)
+                hops.append((layout.Index(free), entry))
                 sids[free] = packed
                 ident = free
-        att.maps["path_fate"].update(index, layout.PathFate(hop=ident))
+        fates.append((index, layout.PathFate(hop=ident)))
+    table.update_many(hops)
+    att.maps["path_fate"].update_many(fates)
 
 
 def hops(att) -> list[dict]:

@@ -36,16 +36,19 @@ def smooth_weighted(weights: dict[int, int], slots: int = SLOTS) -> list[int]:
     return order
 
 
-def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
+def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True, leave_out: frozenset = frozenset()) -> None:
     """Spray lists of every class, and the SID -> peer index for feedback.
 
     Class k sprays over the paths reserved for it, or the shared paths
-    (class 0) when it has none; class 0 only over the shared ones."""
-    used = [(i, p) for i, p in used_paths(att, peer) if p.state == UP]
+    (class 0) when it has none; class 0 only over the shared ones.
+    LEAVE_OUT: path ids left out as if not up (a path about to be
+    rewritten in place: templates.replace_paths)."""
+    used = [(i, p) for i, p in used_paths(att, peer) if p.state == UP and i not in leave_out]
     quantum = route_mtu(att, peer) + ETH_HLEN if used else 0
     # spares are in no list: they take an out path's turns (spares_of)
     sprayed = [(i, p) for i, p in used if not p.flags & SPARE]
     shared = [(i, p) for i, p in sprayed if p.tclass == 0]
+    lists = []
     for tclass in range(MAX_CLASSES):
         members = [(i, p) for i, p in sprayed if p.tclass == tclass] if tclass else []
         members = members or shared
@@ -56,7 +59,8 @@ def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True) -> None:
             ids = rotation(members, SLOTS) or [i for i, _ in members]
         spray = layout.Spray(n=len(ids), quantum=quantum)
         spray.ids[:len(ids)] = ids
-        att.maps["spray"].update(layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray)
+        lists.append((layout.Index(peer.peer_id * MAX_CLASSES + tclass), spray))
+    att.maps["spray"].update_many(lists)
     # the floor (min_active): how many may be used, how many the datapath took out
     # and which of them leave by each plane's device (a peer's port status: bpf/lib/ports.h);
     # spares count: one in use stands in for a path taken out

@@ -8,7 +8,7 @@ import time
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
-from mrc_ebpf.datapath import (auth, bpfsys, hooks, journal, layout, memory, pins, repair, replace,
+from mrc_ebpf.datapath import (auth, bpfsys, hooks, journal, layout, memory, pins, port_hook, repair, replace,
                                stale, xdp_chain)
 from mrc_ebpf.control import paths
 from mrc_ebpf.datapath.loader import PROG_RX, PROG_TX, Attachment
@@ -78,7 +78,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    routes=[], path_states={}, min_active=None, programs={}, shared_fate=None,
                    probing=None, skip_rotations=None,
                    memory=None, templated_peers=0, active_peers=0, auth=None, learnt_state=None,
-                   hook_changes=[])
+                   hook_changes=[], port_status=None)
         return row
     with att:
         cfg = att.config
@@ -100,6 +100,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    min_active=cfg.min_active, memory=maps_memory(att.dir),
                    skip_rotations=cfg.skip_rotations, probing=_probing(att, cfg, peers, used, rows),
                    programs=replace.programs(att.dir), shared_fate=bool(cfg.shared_fate),
+                   port_status=dict(port_hook.state(att), ports_down=cfg.ports_down),
                    routes=[{"prefix": str(paths.key_prefix(k)),
                             "route_metrics": paths.route_metrics(att, paths.key_prefix(k))}
                            for k, p in sorted(entries, key=lambda kv: kv[1].peer_id)

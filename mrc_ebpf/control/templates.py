@@ -105,12 +105,12 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
     for path_id, spec, (oif, gateway), label in zip(free_ids, fresh, resolved, labels):
         path = path_spec.encode(spec, ipaddress.IPv6Address(gateway), oif, label, weight, tclass,
                                 path_spec.REDIRECT)
-        att.maps["paths"].update(pt.path_index(tpl.template_id, path_id), path)
         fates.append((pt.path_index(tpl.template_id, path_id), path))
         tpl.n_paths = max(tpl.n_paths, path_id + 1)
         results.append({"template": name, "path_id": path_id,
                         "segments": [str(s) for s in spec.segments[:-1]] + ["<peer SID>"],
                         "weight": weight, "overhead": spec.overhead})
+    att.maps["paths"].update_many(fates)       # one undo step for them all
     shared_fate.assign_many(att, fates)
     if new:
         pt.forget_row(att, tpl.template_id)
@@ -126,6 +126,91 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
     if not new:
         _refresh_peers(att, tpl)
     return results
+
+
+def replace_paths(att: Attachment, name: str, changes: list[tuple[int, str, int | None, int | None]]) -> list[dict]:
+    """Write new paths into the slots of template NAME's paths: CHANGES
+    are (path id, new --via, weight, class id; None keeps the old one's).
+    The way to change a full template (no free slot to add before
+    deleting), and all or nothing.
+
+    Everything is checked first (ids, segments, first hops, MTU).  Then:
+    the ids are taken out of the spray lists (the template's other paths
+    carry its peers' packets meanwhile); the kernel is waited on until no
+    program still sends on what it read before (bpfsys.wait_for_programs:
+    a packet that chose the id from the old lists has left), so none sees
+    a half-written path; the new paths are written, what the row learnt of
+    the old ones (verdict, health, counters) is forgotten, and the ids go
+    back into the spray.  The peers' sequence numbers of the ids go on, so
+    the receivers see no gap.  Every write is the transaction's: a failure
+    anywhere puts back the old paths, then the old lists."""
+    from pyroute2 import IPRoute
+    from mrc_ebpf.datapath import bpfsys
+    tpl = get(att, name)
+    used = dict(pt.used_paths(att, tpl))
+    ids = [c[0] for c in changes]
+    if len(set(ids)) != len(ids):
+        raise MrcError(f"template {name}: a path id is given twice")
+    specs = []
+    for path_id, via, _, _ in changes:
+        if path_id not in used:
+            raise MrcError(f"template {name} has no path {path_id} (it has {len(used)} paths, ids "
+                           f"{min(used)}..{max(used)})" if used else f"template {name} has no paths")
+        segments = path_spec.parse_segments(via)
+        if len(segments) >= path_spec.MAX_SEGMENTS:
+            raise MrcError(f"--via {via}: at most {path_spec.MAX_SEGMENTS - 1} segments before the last hop")
+        specs.append(path_spec.PathSpec(segments + [OPEN], OPEN, False))
+    kept = {tuple(path_spec.segments_of(p)) for i, p in used.items() if i not in ids}
+    seen = set()
+    for spec in specs:
+        ident_ = tuple(map(str, spec.segments))
+        if ident_ in kept or ident_ in seen:
+            raise MrcError(f"template {name} already has a path via "
+                           f"{','.join(map(str, spec.segments[:-1]))}")
+        seen.add(ident_)
+    # the template's peers' routes carry an MTU for its longest path: a
+    # longer one would leave them too big (change those peers instead)
+    longest = max(path_spec.overhead(p) for p in used.values())
+    for spec in specs:
+        if spec.overhead > longest:
+            raise MrcError(f"template {name}: a path via {','.join(map(str, spec.segments[:-1]))} adds "
+                           f"{spec.overhead} bytes, more than its paths now ({longest}): its peers' route "
+                           f"MTU would be too big")
+    resolved = []
+    with IPRoute() as ipr:
+        hops = routes.next_hops(ipr, sorted({str(spec.first_hop) for spec in specs}))
+    for spec in specs:
+        oif, gateway = hops[str(spec.first_hop)]
+        if oif not in att.ifindexes:
+            raise MrcError(f"first hop {spec.first_hop} is not routed out of a device mrc-ebpf is attached to")
+        resolved.append((oif, gateway))
+    taken = {p.flowlabel for i, p in used.items() if i not in ids}
+    labels = path_spec.unique_labels(f"template:{name}", ids, specs, taken)
+    new_paths = []
+    for (path_id, _, weight, tclass), spec, (oif, gateway), label in zip(changes, specs, resolved, labels):
+        old = used[path_id]
+        weight = old.weight if weight is None else weight
+        if not 1 <= weight <= path_spec.MAX_WEIGHT:
+            raise MrcError(f"bad weight {weight}: 1..{path_spec.MAX_WEIGHT}")
+        path = path_spec.encode(spec, ipaddress.IPv6Address(gateway), oif, label, weight,
+                                old.tclass if tclass is None else tclass, path_spec.REDIRECT)
+        path.state = old.state          # a denied path stays denied
+        new_paths.append((pt.path_index(tpl.template_id, path_id), path))
+
+    out = frozenset(ids)
+    spray.rebuild(att, tpl, sids=False, leave_out=out)
+    bpfsys.wait_for_programs()
+    att.maps["paths"].update_many(new_paths)
+    shared_fate.assign_many(att, new_paths)
+
+    def fresh_row(state):
+        for i in ids:
+            state.paths[i] = layout.PathState()
+    pt.change_row(att, tpl.template_id, fresh_row)
+    _rebuild(att, tpl)
+    return [{"template": name, "path_id": path_id, "replaced": path_vias(used[path_id]),
+             "segments": [str(s) for s in spec.segments[:-1]] + ["<peer SID>"], "overhead": spec.overhead}
+            for (path_id, *_), spec in zip(changes, specs)]
 
 
 def _rebuild(att: Attachment, tpl: layout.Peer) -> None:

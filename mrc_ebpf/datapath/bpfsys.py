@@ -93,6 +93,11 @@ def _declare(lib):
             ("bpf_map_update_batch", i, [i, p, p, pu32, p]),
             ("bpf_map_delete_batch", i, [i, p, pu32, p]),
             ("bpf_prog_test_run_opts", i, [i, p]),
+            ("bpf_raw_tracepoint_open", i, [c, i]),
+            ("btf__load_vmlinux_btf", p, []),
+            ("btf__find_by_name_kind", ctypes.c_int32, [p, c, _u32]),
+            ("btf__type_by_id", p, [p, _u32]),
+            ("btf__name_by_offset", c, [p, _u32]),
             ("btf__load_from_kernel_by_id", p, [_u32]),
             ("btf__raw_data", p, [p, pu32]),
             ("btf__free", None, [p])):
@@ -165,6 +170,28 @@ def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, 
                                           max_entries, ctypes.byref(opts)))
 
 
+BPF_MAP_TYPE_ARRAY_OF_MAPS = 12
+
+
+def wait_for_programs() -> None:
+    """Return only when every BPF program running at the call has
+    finished (an RCU grace period): after a map write, no program still
+    works from what it read before.  The kernel waits so on an update of
+    a map-in-map (syscall.c, maybe_wait_bpf_programs: synchronize_rcu(),
+    since Linux 4.19), so update a throwaway one."""
+    inner = map_create(BPF_MAP_TYPE_ARRAY, 4, 4, 1, "mrc_grace_in")
+    try:
+        opts = _opts(MapCreateOpts, inner_map_fd=inner)
+        outer = _check(libbpf().bpf_map_create(BPF_MAP_TYPE_ARRAY_OF_MAPS, b"mrc_grace", 4, 4, 1,
+                                               ctypes.byref(opts)))
+        try:
+            map_update(outer, _u32(0), _u32(inner))
+        finally:
+            os.close(outer)
+    finally:
+        os.close(inner)
+
+
 class VerifierError(BpfError):
     """A program the kernel refused; .log is the verifier's log (the
     retry's, with log level 1), maybe cut short."""
@@ -175,13 +202,16 @@ LOG_SIZE = 1 << 24
 
 
 def prog_load(prog_type: int, insns: bytes, license: str, name: str,
-              expected_attach_type: int = 0, flags: int = 0, log: bool = True) -> int:
+              expected_attach_type: int = 0, flags: int = 0, log: bool = True,
+              attach_btf_id: int = 0) -> int:
     """Load ready instructions (map references already fds): a program's
     fd.  A refusal is loaded again with the verifier's log on (LOG), and
-    raises VerifierError carrying it."""
+    raises VerifierError carrying it.  ATTACH_BTF_ID: a tracing program's
+    kernel function (its id in the kernel's BTF)."""
     code = ctypes.create_string_buffer(insns, len(insns))
     args = (prog_type, name.encode()[:15], license.encode(), code, len(insns) // 8)
-    opts = _opts(ProgLoadOpts, expected_attach_type=expected_attach_type, prog_flags=flags)
+    opts = _opts(ProgLoadOpts, expected_attach_type=expected_attach_type, prog_flags=flags,
+                 attach_btf_id=attach_btf_id)
     ret = libbpf().bpf_prog_load(*args, ctypes.byref(opts))
     if ret >= 0:
         return ret
@@ -189,13 +219,25 @@ def prog_load(prog_type: int, insns: bytes, license: str, name: str,
         raise VerifierError(-ret, os.strerror(-ret))
     buf = ctypes.create_string_buffer(LOG_SIZE)
     opts = _opts(ProgLoadOpts, expected_attach_type=expected_attach_type, prog_flags=flags,
-                 log_level=1, log_size=LOG_SIZE, log_buf=ctypes.addressof(buf))
+                 attach_btf_id=attach_btf_id, log_level=1, log_size=LOG_SIZE, log_buf=ctypes.addressof(buf))
     again = libbpf().bpf_prog_load(*args, ctypes.byref(opts))
     if again >= 0:          # refused once, accepted with the log on: take it
         return again
     err = VerifierError(-ret, os.strerror(-ret))
     err.log = buf.value.decode(errors="replace")
     raise err
+
+
+def tracing_attach(prog_fd: int) -> int:
+    """A loaded fentry/fexit program attached to its kernel function: the
+    link's fd (pinned, it outlives this process; unpinned and closed, the
+    program comes off)."""
+    return _check(libbpf().bpf_raw_tracepoint_open(None, prog_fd))
+
+
+def raw_tracepoint_attach(prog_fd: int, tracepoint: str) -> int:
+    """A loaded raw tracepoint program attached to TRACEPOINT: the link's fd."""
+    return _check(libbpf().bpf_raw_tracepoint_open(tracepoint.encode(), prog_fd))
 
 
 def btf_load(data: bytes) -> int:
@@ -460,6 +502,38 @@ class PinnedMap:
                 raise
         if self._exact is not None:
             self._exact.update(keys[i * ks:(i + 1) * ks] for i in range(count))
+
+    def update_many(self, items: list, what: str = "update") -> None:
+        """Write ITEMS ((key, value) ctypes objects) in one batch, journaled
+        as one undo step (one log write where one a key fsync'd the log
+        4,400 times for a host's 8 templates of 256 paths: seconds on a
+        disk), and counted against MRC_FAIL_WRITE element by element (a
+        failure at the Nth writes the N-1 before it)."""
+        if not items:
+            return
+        ks, vs = ctypes.sizeof(self.key_type), ctypes.sizeof(self.value_type)
+        keys = b"".join(bytes(k) for k, _ in items)
+        values = b"".join(bytes(v) for _, v in items)
+        at = None
+        if self.journal is not None:
+            new, old_keys, old_values = [], [], []
+            for k, _ in items:
+                raw = bytes(k)
+                old = self.lookup_exact(self.key_type.from_buffer_copy(raw))
+                if old is None:
+                    new.append(raw)
+                else:
+                    old_keys.append(raw)
+                    old_values.append(bytes(old))
+            at = self.journal.reserve(len(items), f"{what} {self.name}")
+            failing = self.journal.writes
+            self.journal.record_map(self.path, b"".join(new), b"".join(old_keys), b"".join(old_values))
+        if at is not None:
+            from mrc_ebpf.datapath.journal import InjectedFailure
+            self.update_batch(keys[:at * ks], values[:at * vs], at)
+            raise InjectedFailure(f"failure injected at write {failing} ({what} {self.name}, element "
+                                  f"{at + 1} of {len(items)}) by MRC_FAIL_WRITE")
+        self.update_batch(keys, values, len(items))
 
     def _written(self, op, *args, **kw):
         """Run a write, then after_write whatever became of it."""

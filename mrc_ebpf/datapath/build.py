@@ -33,7 +33,9 @@ _INSN = 8
 _LD_IMM64 = 0x18
 _PSEUDO_MAP_FD, _PSEUDO_MAP_VALUE = 1, 2
 # bcc's program type names (BPF.SCHED_CLS, BPF.XDP) -> enum bpf_prog_type
-PROG_TYPES = {"SCHED_CLS": 3, "XDP": 6}
+PROG_TYPES = {"SCHED_CLS": 3, "XDP": 6, "RAW_TRACEPOINT": 17, "TRACING": 26}
+# kernel hooks (datapath/port_hook.py): loaded only when asked for by name
+HOOK_TYPES = {PROG_TYPES["RAW_TRACEPOINT"], PROG_TYPES["TRACING"]}
 
 
 class RelocationError(Exception):
@@ -245,7 +247,8 @@ class Instance:
 
 def instantiate(build: Build, maps: dict[str, int] | None = None,
                 attach_types: dict[str, int] | None = None,
-                functions: list[str] | None = None) -> Instance:
+                functions: list[str] | None = None,
+                hooks: dict[str, int] | None = None) -> Instance:
     """BUILD's programs loaded (FUNCTIONS, default all) on its maps.
 
     MAPS None: every map created from its spec, with the build's BTF.
@@ -253,6 +256,9 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
     against its spec and used (a duplicate of its fd); a map of the build
     not given is an error if a program uses it, else left out.
     ATTACH_TYPES: function -> expected_attach_type, where one is needed.
+    A kernel hook (tracing, raw tracepoint: datapath/port_hook.py) is
+    loaded only if named in HOOKS (function -> its kernel function's BTF
+    id, 0 for a raw tracepoint): left out otherwise.
     Raises ShapeError, RelocationError, or bpfsys.BpfError
     (VerifierError with the verifier's log); nothing is left loaded then."""
     inst = Instance(build)
@@ -282,6 +288,9 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
                 inst.tables[m.symbol.encode()] = Table(fds[i])
         for function in list(build.programs) if functions is None else functions:
             p = build.programs[function]
+            if p.type in HOOK_TYPES and function not in (hooks or {}):
+                continue
+            btf_id = (hooks or {}).get(function, 0)
             try:
                 insns = relocate(p.insns, fds)
             except RelocationError as e:
@@ -291,7 +300,7 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
                 raise ShapeError(m.symbol, None, m.shape)
             try:
                 fd = bpfsys.prog_load(p.type, insns, build.license, function,
-                                      (attach_types or {}).get(function, 0))
+                                      (attach_types or {}).get(function, 0), attach_btf_id=btf_id)
             except bpfsys.BpfError as e:
                 e.function = function
                 raise

@@ -77,6 +77,15 @@ class Config(ctypes.Structure):
                 ("skip_rotations", u32), ("probe_max_us", u32), ("probe_budget", u32), ("ports_down", u32)]
 
 
+@mirror("struct mrc_port_hook")
+class PortHook(ctypes.Structure):
+    _fields_ = [("netns_cookie", u64), ("off_ifindex", u32), ("off_flags", u32), ("off_state", u32),
+                ("off_nd_net", u32), ("off_net_cookie", u32), ("nocarrier_bit", u32), ("hooked", u32),
+                ("mask", u32), ("calls", u64), ("changes", u64), ("last_ns", u64),
+                ("lw_func", u64), ("dwork_timer_fn", u64), ("off_work_func", u32), ("off_timer_fn", u32),
+                ("off_dwork_timer", u32), ("off_dwork_work", u32), ("devs", u64 * C["MRC_MAX_DEVICES"])]
+
+
 @mirror("struct mrc_tx_flow")
 class TxFlow(ctypes.Structure):
     _fields_ = [("key", u32), ("snd_nxt", u32)]
@@ -124,7 +133,7 @@ class RxPeer(ctypes.Structure):
                 ("heard_since", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("heard_need", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("heard_slow", u64 * (C["MRC_MAX_PATHS"] // 64)),
-                ("ports_walk", u32), ("pad2", u32), ("reorder_sum", u64)]
+                ("ports_walk", u32), ("ports_told", u8), ("pad3", u8 * 3), ("reorder_sum", u64)]
 
 
 @mirror("struct mrc_path_live")
@@ -305,6 +314,7 @@ MAPS = {
     "roce_turns": (Index, u64, False),
     "roce_zero": (Index, RoceQp, False),
     "roce_pkt": (Index, RocePkt, True),
+    "port_hook": (Index, PortHook, False),
 }
 
 

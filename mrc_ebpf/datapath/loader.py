@@ -18,7 +18,7 @@ from pathlib import Path
 # never touch netlink do not pay for it at start-up (docs/ops.md).
 
 from mrc_ebpf.datapath import bpfsys, build, build_cache, hooks, layout, lock, offload, pins, source
-from mrc_ebpf.datapath import journal, routes, xdp_chain
+from mrc_ebpf.datapath import journal, port_hook, routes, xdp_chain
 from mrc_ebpf.datapath.swap import PROG_FB, PROG_RX, PROG_TX  # the pins' names
 from mrc_ebpf.errors import MrcError
 
@@ -45,7 +45,7 @@ def parse_sid(text: str) -> ipaddress.IPv6Address:
 
 CFLAGS = ["-Wno-unused-function", "-Wno-compare-distinct-pointer-types"]
 # function in bpf/mrc.c -> its bcc program type
-PROGRAM_TYPES = {"mrc_tx": "SCHED_CLS", "mrc_rx": "XDP", "mrc_fb": "SCHED_CLS"}
+PROGRAM_TYPES = {"mrc_tx": "SCHED_CLS", "mrc_rx": "XDP", "mrc_fb": "SCHED_CLS", **port_hook.PROGRAM_TYPES}
 
 
 def compile_datapath(rx_attach_type: int = 0, text: bytes | None = None):
@@ -458,6 +458,9 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
             config = bpfsys.PinnedMap(str(directory / "config"), *layout.MAPS["config"])
             config.update(layout.Index(0), cfg)
             config.close()
+            # port status found in the kernel (bpf/mrc_ports.c), where it can be
+            hooks = port_hook.attach(module.build, {sym.decode(): t.map_fd for sym, t in module.tables.items()},
+                                     directory)
         except BaseException as e:
             for step in reversed(undo):
                 step()
@@ -472,6 +475,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
                             for d, (_, o) in zip(devices, found) if o],
             "shared_fate": bool(shared_fate), "skip_rotations": cfg.skip_rotations,
             "probe_budget": cfg.probe_budget,
+            "port_status": {"detector": port_hook.detector(hooks["hooked"]), **hooks},
             "build": module.build.origin}
 
 

@@ -75,6 +75,10 @@ class Doorbell:
         self.release()
         return woken
 
+    def fileno(self) -> int:
+        """Readable when woken (for select with other sources; then wait(0))."""
+        return self._ep.fileno()
+
     def close(self) -> None:
         if self._fd >= 0:
             self._ep.close()

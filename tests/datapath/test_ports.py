@@ -136,3 +136,54 @@ def test_a_port_status_before_any_send_is_filed_and_walks_nothing(two_planes):
     assert d.get("rx_port_status") == 1 and "rx_port_down_paths" not in d
     d = from_peer(dp, 0b01, 2)
     assert "rx_port_status" not in d
+
+
+def test_our_own_plane_down_takes_our_paths_through_it_out_with_the_next_packet(two_planes):
+    """config.ports_down (set by the kernel hooks, bpf/mrc_ports.c, the
+    instant our device goes) counts as the peer's own news: the next
+    packet from the peer takes our plane-1 paths to it out, and TX sprays
+    over plane 0 only; the bit cleared, they are due a probe at once."""
+    dp = two_planes
+    assert [send(dp).path_id for _ in range(4)] == [0, 1, 2, 3]
+    heard = now32()
+    from_peer(dp, 0, 1, heard)
+    cfg = dp.att.maps["config"].lookup(layout.Index(0))
+    cfg.ports_down = 0b10
+    dp.att.maps["config"].update(layout.Index(0), cfg)
+    d = from_peer(dp, 0, 2, heard)              # the peer's own status: all up
+    assert (d.get("rx_port_status"), d.get("rx_port_down_paths")) == (1, 2), d
+    assert [bool(live(dp, i).down_ns) for i in range(4)] == [False, False, True, True]
+    assert set(send(dp).path_id for _ in range(8)) == {0, 1}
+    # the peer then says its plane 1 is down too: nothing new for us
+    d = from_peer(dp, 0b10, 3, heard)
+    assert "rx_port_status" not in d, d
+    cfg.ports_down = 0
+    dp.att.maps["config"].update(layout.Index(0), cfg)
+    d = from_peer(dp, 0b10, 4, heard)           # ours back, the peer's still down
+    assert "rx_port_status" not in d, d
+    d = from_peer(dp, 0, 5, heard)              # both back: due a probe now
+    assert d.get("rx_port_status") == 1 and "rx_port_down_paths" not in d, d
+
+
+def test_a_change_of_our_port_status_makes_feedback_owed_at_once(two_planes):
+    """fb_interval (100 us) not yet over since the last feedback owed: a
+    change of our port status makes it owed anyway (the peer hears of it
+    with the feedback its next packet draws)."""
+    dp = two_planes
+    cfg = dp.att.maps["config"].lookup(layout.Index(0))
+    cfg.fb_interval_us = 10_000_000                 # no feedback owed for 10 s but by the news
+    dp.att.maps["config"].update(layout.Index(0), cfg)
+    send(dp)                                        # our state for the peer: feedback can be owed
+    from_peer(dp, 0, 1)
+    key = next(k for k in dp.att.maps["rx_peers"].keys())
+    assert dp.att.maps["rx_peers"].lookup(key).ports_told == 0
+    state = lambda: dp.att.maps["peer_state"].lookup(layout.Index(0))   # noqa: E731
+    st = state()
+    st.fb_due = 0
+    dp.att.maps["peer_state"].update(layout.Index(0), st)
+    from_peer(dp, 0, 2)
+    assert state().fb_due == 0                      # within the interval: not owed
+    cfg.ports_down = 0b10
+    dp.att.maps["config"].update(layout.Index(0), cfg)
+    from_peer(dp, 0, 3)
+    assert state().fb_due == 1 and dp.att.maps["rx_peers"].lookup(key).ports_told == 0b10

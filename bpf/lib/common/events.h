@@ -20,7 +20,11 @@
 #define MRC_EV_PORT_DOWN	8	/* the peer said its device of a plane is down (port
 					 * status, lib/ports.h): that plane's paths are out until
 					 * a probe answers; path_id is MRC_EV_PLANE + the plane */
+#define MRC_EV_OWN_PORT_DOWN	9	/* our own device of a plane went down (bpf/mrc_ports.c):
+					 * path_id MRC_EV_PLANE + the plane, peer_id MRC_EV_NO_PEER */
+#define MRC_EV_OWN_PORT_UP	10	/* ... and came back up */
 #define MRC_EV_PLANE		0xff00
+#define MRC_EV_NO_PEER		0xffffffff	/* an event of ours, not of a peer */
 
 struct mrc_event {
 	__u64	seq;		/* 1, 2, ...: position in the log (0: empty slot) */

@@ -56,7 +56,7 @@ struct mrc_rx_peer {
 	__u32	max_peer_seq;
 	__u16	last_path_id;	/* reported in feedback when nothing is new */
 	__u8	fb_block;	/* next block of `heard` to report */
-	__u8	ports_down;	/* the sender's port status as last filed (lib/ports.h) */
+	__u8	ports_down;	/* planes filed down for it: its port status | ours (lib/ports.h) */
 	__u32	reorder_hist[MRC_HIST_BUCKETS];	/* log2 of (highest - peer_seq) */
 	__u32	epoch;		/* the sender's latest epoch (lib/auth.h) */
 	__u32	restarts;	/* times its epoch changed: it re-attached */
@@ -73,7 +73,8 @@ struct mrc_rx_peer {
 	/* a walk of our paths for the sender's port status, under way over
 	 * several packets (lib/ports.h); 0: none */
 	__u32	ports_walk;
-	__u32	pad2;
+	__u8	ports_told;	/* our port status when feedback was last owed it (lib/feedback.h) */
+	__u8	pad3[3];
 	__u64	reorder_sum;	/* the sum of what reorder_hist counts (packets) */
 };
 

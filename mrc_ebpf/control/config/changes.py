@@ -448,6 +448,29 @@ class ChangeTemplatePath(Change, what="template_path", action="change"):
 
 
 @dataclasses.dataclass
+class ReplaceTemplatePaths(Change, what="template_path", action="replace"):
+    """Paths of a template with no free slot changed: each new path is
+    written into an old one's slot (templates.replace_paths), not added
+    before the old one is deleted."""
+    name: str
+    pairs: list             # [{"from": old entry, "to": new entry}]
+
+    def describe(self) -> str:
+        return (f"template {self.name}: {len(self.pairs)} paths replaced in place (no free slot): "
+                + "; ".join(f"via {','.join(p['from']['via'])} -> {','.join(p['to']['via'])}"
+                            for p in self.pairs[:4]) + ("; ..." if len(self.pairs) > 4 else ""))
+
+    def apply(self, att: Attachment, config: Config) -> None:
+        by_via = _template_path_ids(att, self.name)
+        changes = []
+        for p in self.pairs:
+            weight, tclass, _ = attrs(p["to"])
+            changes.append((by_via[tuple(p["from"]["via"])], ",".join(p["to"]["via"]), weight,
+                            classes.class_id(att, tclass)))
+        templates.replace_paths(att, self.name, changes)
+
+
+@dataclasses.dataclass
 class DeleteTemplatePaths(Change, what="template_path", action="delete"):
     name: str
     entries: list

@@ -100,12 +100,21 @@ def _plan_template(want: dict, have: dict | None) -> list[ch.Change]:
     adds = [e for e in want["paths"] if tuple(e["via"]) not in have_ids]
     keep = {tuple(e["via"]) for e in want["paths"]}
     deletes = [e for e in have["paths"] if tuple(e["via"]) not in keep]
+    replaces = []
+    if adds and deletes and len(have["paths"]) + len(adds) > paths.MAX_PATHS:
+        # no free slot to add before deleting: the new paths go into the
+        # old ones' slots, in place (templates.replace_paths)
+        n = min(len(adds), len(deletes))
+        replaces = [{"from": old, "to": new} for old, new in zip(deletes[:n], adds[:n])]
+        adds, deletes = adds[n:], deletes[n:]
     for e in want["paths"]:
         i = have_ids.get(tuple(e["via"]))
         if i is not None and attrs(e)[:2] != attrs(have["paths"][i])[:2]:
             changes.append(ch.ChangeTemplatePath(name, e, have["paths"][i]))
     if adds:
         changes.insert(0, ch.AddTemplatePaths(name, adds))
+    if replaces:
+        changes.insert(0, ch.ReplaceTemplatePaths(name, replaces))
     if deletes:
         changes.append(ch.DeleteTemplatePaths(name, deletes))
     if want["policy"] != have["policy"]:

@@ -23,7 +23,9 @@ across namespaces):
 Addressing (test ranges only):
 
   uSID block fc00:0::/32, 16-bit IDs.  Spine s of plane p: ID
-  0x100*(p+1)+s, SID fc00:0:<id>:: (End, or End with NEXT-C-SID for uSID).
+  0x100*(p+1)+s, SID fc00:0:<id>:: (End, or End with NEXT-C-SID for uSID);
+  a described fabric of more than 255 spines a plane (rendered only):
+  ID (p+1)<<12 | s, plane p's spines in fc00:0:<(p+1)000>::/36.
   Host h: ID 0xe000+h, SID fc00:0:<id>:: on every plane.
   Host data: fd00:0:<h>::1/128 on lo (prefix fd00:0:<h>::/64) and
   198.18.<h/256>.<h%256>/32 on lo.
@@ -33,7 +35,10 @@ Addressing (test ranges only):
 
 Routing: hosts send fc00:0:<(p+1)00>::/40 (plane p's spines) out of eth<p>,
 everything else of fc00::/16, fd00::/16 and 198.18.0.0/15 out of eth0 (plane
-0).  Leaves route spine SIDs to their spine (static), their own hosts'
+0).  A peer's paths are one per plane and spine while they number at most
+256 (a path id is a byte); beyond, each plane's spines are dealt into k
+groups (spine s in group (s-1) mod k) and host a reaches host b over group
+(a+b) mod k of every plane (Fabric.spine_groups).  Leaves route spine SIDs to their spine (static), their own hosts'
 SIDs/prefixes to the host, and remote hosts' SIDs/prefixes by kernel ECMP
 over all spines of the plane, hashed as --hash says (plan.HASHES): l4, the
 5-tuple (fib_multipath_hash_policy 3, fields 0x37: what policy 1 means on a

@@ -46,7 +46,7 @@ import yaml
 from mrc_ebpf.errors import MrcError
 
 from .plan import (DEFAULT_ENTROPY, DEFAULT_HASH, DEFAULT_MTU, DEFAULT_NAME, DEFAULT_RATE, ENCODINGS, HASHES,
-                   MAX_HOSTS, MAX_LEAVES, MAX_MTU, NARROW_HOSTS, RENDER_MAX_HOSTS, RENDER_MAX_LEAVES, MAX_PLANES, MAX_SPINES, MIN_MTU, NAME_RE, SYSCTL_RE,
+                   MAX_HOSTS, MAX_LEAVES, MAX_MTU, NARROW_HOSTS, RENDER_MAX_HOSTS, RENDER_MAX_LEAVES, RENDER_MAX_SPINES, MAX_PLANES, MAX_SPINES, MIN_MTU, NAME_RE, SYSCTL_RE,
                    DEFAULT_DATA_BLOCK, DEFAULT_SID_BLOCK, Fabric, parse_rate)
 
 VERSION = 1
@@ -199,7 +199,9 @@ def _fabric_section(doc: _Doc, value) -> dict:
             doc.fail(p + ("name",), f"bad fabric name {name!r}: a lowercase letter, then up to 15 of a-z, 0-9, _")
         spec["name"] = name
     # render-only sizes pass here; `fabric up --from` refuses what it cannot build (build.py)
-    for key, hi in (("planes", MAX_PLANES), ("spines", MAX_SPINES), ("leaves", RENDER_MAX_LEAVES),
+    # spines beyond a byte (MAX_SPINES) widen the spine IDs, and beyond what
+    # a peer's 256 paths take each peer gets a share of them (Fabric.spine_groups)
+    for key, hi in (("planes", MAX_PLANES), ("spines", RENDER_MAX_SPINES), ("leaves", RENDER_MAX_LEAVES),
                     ("hosts_per_leaf", RENDER_MAX_HOSTS)):
         if key in sec:
             spec[key] = _int(doc, sec[key], p + (key,), 1, hi)
@@ -303,6 +305,19 @@ def _host_entry(doc: _Doc, value, path: tuple, base: dict, encoding: str) -> dic
     if "classes" in sec:
         out["classes"] = _classes(doc, sec["classes"], path + ("classes",))
     return out
+
+
+def too_big_to_build(spec: dict) -> str | None:
+    """Why `fabric up` cannot build SPEC (a description may be larger
+    when it is only rendered), or None."""
+    for key, hi in (("spines", MAX_SPINES), ("leaves", MAX_LEAVES), ("hosts_per_leaf", MAX_HOSTS)):
+        if spec[key] > hi:
+            return f"{spec[key]} {key.replace('_', ' ')}: fabric up builds at most {hi} (a larger " \
+                   f"description is for mrcctl render)"
+    hosts = spec["leaves"] * spec["hosts_per_leaf"]
+    if hosts > MAX_HOSTS:
+        return f"{hosts} hosts: fabric up builds at most {MAX_HOSTS} (a larger description is for mrcctl render)"
+    return None
 
 
 class Description:

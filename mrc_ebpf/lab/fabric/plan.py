@@ -33,6 +33,14 @@ MAX_PLANES, MAX_SPINES, MAX_LEAVES, MAX_HOSTS = 8, 255, 255, 4000
 # 512 leaves of 256.  Beyond NARROW_HOSTS a host's number no longer fits
 # the 16-bit ID of the narrow plan, and the plan widens (Fabric.wide).
 RENDER_MAX_LEAVES, RENDER_MAX_HOSTS = 4096, 262143
+# Spines a plane, rendered: beyond MAX_SPINES a spine's number no longer
+# fits the byte of the narrow spine ID, and the IDs widen (Fabric.spine_id).
+RENDER_MAX_SPINES = 0xFFF
+# Paths to one peer: a path id is one byte on the wire and in the per-path
+# state (bpf: MRC_MAX_PATHS).  A fabric with more (plane, spine) pairs
+# than this gives each peer a share of every plane's spines
+# (Fabric.spine_groups).
+PEER_PATHS = 256
 NARROW_HOSTS = 0x1FFF
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
 RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(|k|m|g|t)(bit|bps)$", re.I)
@@ -131,6 +139,9 @@ class Fabric:
         # SID_BLOCK:e000:0:0 + h in its 4th hextet up (a /64 each), its
         # prefix DATA_BLOCK + h the same way; both step by a /64 per host
         self.wide = self.host_count > NARROW_HOSTS
+        # more spines than a byte numbers (only rendered, never built):
+        # plane p's spine s is (p + 1) << 12 | s, a /36 of IDs a plane
+        self.wide_spines = self.spines > MAX_SPINES
 
     # -- names
     @staticmethod
@@ -172,9 +183,16 @@ class Fabric:
         return [d["ns"] for d in self.nodes().values()]
 
     # -- addresses
-    @staticmethod
-    def spine_id(p: int, s: int) -> int:
+    def spine_id(self, p: int, s: int) -> int:
+        if self.wide_spines:
+            return (p + 1) << 12 | s
         return 0x100 * (p + 1) + s
+
+    def plane_spines(self, p: int) -> str:
+        """The block of plane P's spine SIDs (a host routes it out of eth{p})."""
+        if self.wide_spines:
+            return f"{self.sid32}:{(p + 1) << 12:x}::/36"
+        return f"{self.sid32}:{0x100 * (p + 1):x}::/40"
 
     @staticmethod
     def host_id(h: int) -> int:
@@ -247,16 +265,50 @@ class Fabric:
         return {frozenset((lk["a"]["node"], lk["b"]["node"])): lk for lk in self.links()}
 
     # -- paths
+    def spine_groups(self) -> int:
+        """How many groups a plane's spines are dealt into, so that one
+        group of every plane makes at most PEER_PATHS paths: 1 while every
+        (plane, spine) fits (each peer gets all of them).  Spine s is in
+        group (s - 1) mod k: a group is every k-th spine, so each spans
+        the plane, and groups differ in size by one at most."""
+        per_plane = max(1, PEER_PATHS // self.planes)
+        return -(-self.spines // per_plane)
+
+    def spine_group(self, a: int, b: int) -> int:
+        """The group of spines host a's paths to host b cross: (a + b) mod
+        k, so a host's peers, and the hosts behind one leaf, take the
+        groups in turn and every spine carries an equal share of the
+        fabric's pairs."""
+        return (a + b) % self.spine_groups()
+
+    def group_spines(self, group: int) -> list[int]:
+        k = self.spine_groups()
+        return list(range(group + 1, self.spines + 1, k))
+
+    def path_choice(self) -> str | None:
+        """What a peer's paths are when the fabric has more (plane, spine)
+        pairs than a peer can use, and why; None when it uses them all."""
+        k = self.spine_groups()
+        if k == 1:
+            return None
+        per = len(self.group_spines(0))
+        return (f"{self.planes * per} paths a peer of {self.planes * self.spines}: a path id is one byte "
+                f"(at most {PEER_PATHS} paths a peer), so each plane's {self.spines} spines are dealt into "
+                f"{k} groups (spine s in group (s-1) mod {k}: {per} spines apart by {k}) and host a "
+                f"reaches host b over group (a+b) mod {k} of every plane")
+
     def paths(self, a: int, b: int, entropy: int = DEFAULT_ENTROPY) -> list[dict]:
-        """Host a -> host b: one path per (plane, spine); for ev, `entropy`
-        entropy paths to b's SID, which the leaves' ECMP spreads."""
+        """Host a -> host b: one path per (plane, spine) of its spine
+        group (spine_group: all the spines while they fit); for ev,
+        `entropy` entropy paths to b's SID, which the leaves' ECMP spreads."""
         out = []
         dst = self.host_id(b)
         if self.encoding == "ev":
             return [{"plane": 0, "spine": None, "entropy": entropy, "sid": self.host_sid(b),
                      "args": ["--entropy", str(entropy), "--sid", self.host_sid(b)]}]
+        spines = self.group_spines(self.spine_group(a, b))
         for p in range(self.planes):
-            for s in range(1, self.spines + 1):
+            for s in spines:
                 sid = self.spine_id(p, s)
                 path = {"plane": p, "spine": self.spine(p, s)}
                 if self.encoding == "usid":
@@ -357,7 +409,7 @@ class Fabric:
         if kind == "host":
             h = info["index"]
             for q in range(self.planes):
-                cmds.append(f"route replace {self.sid32}:{0x100 * (q + 1):x}::/40 via fe80::1 dev eth{q}")
+                cmds.append(f"route replace {self.plane_spines(q)} via fe80::1 dev eth{q}")
             cmds += ["route replace fc00::/16 via fe80::1 dev eth0",
                      "route replace fd00::/16 via fe80::1 dev eth0",
                      f"route replace 198.18.0.0/15 via inet6 fe80::1 dev eth0 src {self.addr4(h)}"]

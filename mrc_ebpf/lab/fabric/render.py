@@ -50,8 +50,6 @@ def blocks_possible(desc: Description, host: str) -> str | None:
         return f"encoding {fab.encoding}: a template's paths are SRH paths (--via)"
     if opts["ipv4"]:
         return "ipv4: an IPv4 peer would share its host's SID, and a template's peers each have their own"
-    if fab.planes * fab.spines > 256:
-        return f"{fab.planes * fab.spines} paths per peer: a template holds 256"
     return None
 
 
@@ -62,11 +60,13 @@ def host_config(desc: Description, host: str, peers: list[int] | None = None, fo
     KEY_FILE: the fabric's key, named in the attach section unless the
     description names one for HOST.
 
-    FORM "peers" lists every peer with its paths; "blocks" gives one path
-    template (a path per plane and spine, the peer's SID as the last hop:
-    the spines route on it) and the peers as blocks of the address plan
-    (control/blocks.py); "auto" is blocks where there are more peers than
-    an attachment has rows for peers with paths of their own."""
+    FORM "peers" lists every peer with its paths; "blocks" gives path
+    templates (a path per plane and spine, the peer's SID as the last hop:
+    the spines route on it; one template per spine group where a peer
+    cannot use every spine, Fabric.spine_groups) and the peers as blocks
+    of the address plan (control/blocks.py); "auto" is blocks where there
+    are more peers than an attachment has rows for peers with paths of
+    their own."""
     fab = desc.fabric
     a = host_index(fab, host)
     opts = desc.options(fab.host(a))
@@ -89,7 +89,7 @@ def host_config(desc: Description, host: str, peers: list[int] | None = None, fo
         why = blocks_possible(desc, host)
         if why:
             raise MrcError(f"{fab.host(a)}'s config cannot be in blocks: {why}")
-        return {**cfg, **_blocks(fab, opts, others)}
+        return {**cfg, **_blocks(fab, a, opts, others)}
     if len(others) >= OWN_ROWS:
         raise MrcError(f"{len(others)} peers with paths of their own: an attachment has {OWN_ROWS} rows "
                        f"(render the blocks form: --form blocks)")
@@ -107,19 +107,31 @@ def host_config(desc: Description, host: str, peers: list[int] | None = None, fo
     return cfg
 
 
-def _blocks(fab: Fabric, opts: dict, others: list[int]) -> dict:
-    """The template and the peer blocks of the blocks form, canonical (as
-    show-config prints what they applied)."""
+def template_name(fab: Fabric, group: int) -> str:
+    """The template of spine group GROUP (Fabric.spine_groups): "spines"
+    while one group holds every spine."""
+    return TEMPLATE if fab.spine_groups() == 1 else f"{TEMPLATE}{group}"
+
+
+def _blocks(fab: Fabric, a: int, opts: dict, others: list[int]) -> dict:
+    """The templates and the peer blocks of the blocks form, canonical (as
+    show-config prints what they applied): a template per spine group (a
+    path per plane and spine of the group), each peer on its group's
+    (Fabric.spine_group)."""
     from mrc_ebpf.control import blocks
-    tpl = {"name": TEMPLATE, "policy": opts["policy"] or "rr",
-           "paths": [{"via": [fab.spine_sid(p, s)]} for p in range(fab.planes)
-                     for s in range(1, fab.spines + 1)]}
+    k = fab.spine_groups()
+    tpls = [{"name": template_name(fab, g), "policy": opts["policy"] or "rr",
+             "paths": [{"via": [fab.spine_sid(p, s)]} for p in range(fab.planes) for s in fab.group_spines(g)]}
+            for g in range(k)]
     step = fab.sid_step()
     inc = 1 << (128 - step)
     first_prefix = blocks.prefix_value(fab.prefix6(1))[1] - inc
     first_sid = blocks.sid_value(fab.host_sid(1)) - inc
-    peers = [(TEMPLATE, 64, first_prefix + b * inc, first_sid + b * inc) for b in others]
-    return {"templates": [tpl], "peer_blocks": [b.dict() for b in blocks.compress(peers)]}
+    names = [t["name"] for t in tpls]
+    peers = [(names[fab.spine_group(a, b)], 64, first_prefix + b * inc, first_sid + b * inc) for b in others]
+    used = {p[0] for p in peers}
+    return {"templates": [t for t in tpls if t["name"] in used],
+            "peer_blocks": [b.dict() for b in blocks.compress(peers)]}
 
 
 def key_beside(description_file: str) -> Path:

@@ -65,12 +65,20 @@ def _entry_bytes(encoding: str, planes: int, spines: int, paths: int) -> tuple[i
 BLOCKS_FROM = 256      # render's auto form: peers as blocks from this many (render.OWN_ROWS)
 
 
-def _blocks_bytes(planes: int, spines: int, leaves: int, hosts_per_leaf: int, paths: int) -> int:
-    """Bytes of the blocks form, rendered for this shape: one template of
-    PATHS paths (spines per plane to make them) and the peers in blocks."""
+def _fabric(planes: int, spines: int, leaves: int = 2, hosts_per_leaf: int = 2):
+    from .plan import Fabric
+    return Fabric({"name": "plan", "planes": planes, "spines": spines, "leaves": leaves,
+                   "hosts_per_leaf": hosts_per_leaf, "encoding": "srh", "rate": None, "host_rate": None})
+
+
+def _blocks_bytes(planes: int, spines: int, leaves: int, hosts_per_leaf: int, paths: int | None) -> int:
+    """Bytes of the blocks form, rendered for this shape: the templates
+    render makes (one per spine group: Fabric.spine_groups) and the peers
+    in blocks; with PATHS, one template of PATHS paths (spines per plane
+    to make them)."""
     from .description import Description
     from .render import dump, host_config
-    per_plane = max(1, min(255, paths // planes))
+    per_plane = spines if paths is None else max(1, min(255, paths // planes))
     spec = {"name": "plan", "planes": planes, "spines": per_plane, "leaves": leaves,
             "hosts_per_leaf": hosts_per_leaf, "encoding": "srh", "rate": None, "host_rate": None}
     return len(dump(host_config(Description.from_spec(spec), "h1", form="blocks")).encode())
@@ -83,16 +91,22 @@ def plan(nics: int, planes: int, radix: int, cpus: int, paths: int | None = None
     apply time."""
     from mrc_ebpf.datapath.source import C
     s = shape(nics, planes, radix)
-    per_peer = min(paths or C["MRC_MAX_PATHS"], s["paths_available"])
+    fab = _fabric(planes, s["spines_per_plane"])
+    # what render gives a peer: a path per plane and spine of its spine group
+    natural = len(fab.paths(1, 2))
+    per_peer = min(paths or natural, natural, C["MRC_MAX_PATHS"])
     if per_peer < 1:
         raise MrcError(f"--paths {paths}: at least 1")
+    choice = fab.path_choice() if per_peer == natural else None
     peers = nics - 1
     form = "blocks" if encoding == "srh" and peers >= BLOCKS_FROM else "peers"
     head, one = _entry_bytes(encoding, planes, s["spines_per_plane"], per_peer)
     if form == "blocks":
-        size = _blocks_bytes(planes, s["spines_per_plane"], s["leaves_per_plane"], s["hosts_per_leaf"], per_peer)
-        how = (f"rendered (mrcctl render): one path template of {per_peer} paths and the peers in blocks of "
-               f"the address plan; listing every peer instead would be {head + peers * one} bytes")
+        size = _blocks_bytes(planes, s["spines_per_plane"], s["leaves_per_plane"], s["hosts_per_leaf"],
+                             None if per_peer == natural else per_peer)
+        templates = fab.spine_groups() if per_peer == natural else 1
+        how = (f"rendered (mrcctl render): {templates} path template(s) of {per_peer} paths and the peers "
+               f"in blocks of the address plan; listing every peer instead would be {head + peers * one} bytes")
     else:
         size = head + peers * one
         how = f"rendered bytes of one peer entry ({per_peer} {encoding} paths) x {peers} peers + the attach section"
@@ -109,7 +123,9 @@ def plan(nics: int, planes: int, radix: int, cpus: int, paths: int | None = None
                   "how": "the datapath's maps (datapath/memory.py) with every other NIC a template's "
                          f"peer (prefix and SID); learnt state for {C['MRC_MAX_ACTIVE_PEERS']} "
                          "peers in use at once"}
-    out = {**s, "paths_per_peer": per_peer, "encoding": encoding, "path_lists": s["leaves_per_plane"],
+    out = {**s, "paths_per_peer": per_peer, "path_choice": choice, "encoding": encoding,
+           "path_lists": fab.spine_groups() if form == "blocks" and per_peer == natural else
+           (1 if form == "blocks" else peers),
            "config": config, "memory": memory_row}
     if apply_rate:
         out["apply"] = apply_estimate(apply_rate, form, peers, per_peer)
