@@ -302,7 +302,11 @@ static __always_inline void failover_lone(const struct mrc_config *cfg, struct m
 	/* only on a path congested lately (CE or trims within the silence
 	 * rule's 16 x reorder_max_us): there a lone loss is congestion's; on
 	 * a path with no such news a black hole is judged as before, at once */
-	if (!stamp || age > (((__u64)cfg->reorder_max_us * 1000 * MRC_SILENCE_FACTOR) >> MRC_CE_STAMP_SHIFT))
+	__u64 fresh = ((__u64)cfg->reorder_max_us * 1000 * MRC_SILENCE_FACTOR) >> MRC_CE_STAMP_SHIFT;
+
+	if (fresh > 0x7fff)
+		fresh = 0x7fff;		/* half the stamp's 68.7 s wrap */
+	if (!stamp || age > fresh)
 		return;
 	clock->clock_after_ns = since - 1;
 	clock->unacked_since_ns = now | 1;
