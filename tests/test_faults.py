@@ -30,23 +30,6 @@ for _ in range(int(sys.argv[2])):
     s.sendto(bytes(1000 * int(sys.argv[3])), (sys.argv[1], 9))
     time.sleep(0.01)
 """
-SINK = """import socket, sys
-s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-s.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE
-s.bind(('::', 9))
-print('ready', flush=True)
-s.settimeout(None)
-s.recv(65536)
-n = 1
-s.settimeout(2)
-try:
-    while True:
-        s.recv(65536)
-        n += 1
-except socket.timeout:
-    pass
-print(n, flush=True)
-"""
 
 
 class Line:
@@ -194,7 +177,8 @@ def test_blackhole_drops_srv6_keeps_neighbour_discovery_and_outlives_its_process
 
 def test_loss_drops_about_half_and_counts_every_packet(line):
     n = 4000
-    sink = line.t.popen(line.B, [sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+    sink = line.t.popen(line.B, [sys.executable, str(ROOT / "tests" / "tools" / "udp_sink.py"), "9"],
+                        stdout=subprocess.PIPE, text=True)
     try:
         assert sink.stdout.readline().strip() == "ready"
         faults.inject(line.R, "r0", "loss", loss=0.5)
@@ -217,7 +201,8 @@ def test_loss_drops_about_half_and_counts_every_packet(line):
 
     # a super-packet is one decision: lost or kept whole, counted as what it carries
     sends, segments = 40, 60
-    sink = line.t.popen(line.B, [sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+    sink = line.t.popen(line.B, [sys.executable, str(ROOT / "tests" / "tools" / "udp_sink.py"), "9"],
+                        stdout=subprocess.PIPE, text=True)
     try:
         assert sink.stdout.readline().strip() == "ready"
         line.t.exec(line.A, [sys.executable, "-c", GSO_SEND, line.B6, str(sends), str(segments)])

@@ -32,28 +32,6 @@ BLOCK = "fc00:1:0:1::"          # R's SIDs of the template's paths: BLOCK + i
 PORT = 7400
 COUNT, PPS = 40000, 5000      # 8 s: both replacements fall inside it
 
-RECEIVER = """
-import socket, sys
-s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-# room for seconds of the flow: a receiver slowed by a busy machine must
-# not drop what the datapath delivered (SO_RCVBUFFORCE: root, past rmem_max)
-s.setsockopt(socket.SOL_SOCKET, 33, 32 << 20)
-s.bind(("::", int(sys.argv[1])))
-print("ready", flush=True)
-n = 0
-s.settimeout(30)
-s.recv(2048)
-n = 1
-s.settimeout(2)
-try:
-    while True:
-        s.recv(2048)
-        n += 1
-except socket.timeout:
-    pass
-print(n, flush=True)
-"""
-
 
 def sid(i: int) -> str:
     return f"{BLOCK}{i:x}"
@@ -108,8 +86,10 @@ def test_replace_in_a_full_template_loses_no_packet(interop, tmp_path):
     capture = procs.popen(["tcpdump", "-i", "r0", "-n", "-s", "128", "-B", "16384", "-w", str(pcap),
                            "ip6", "and", "dst", "net", f"{BLOCK}/64"], net.R,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    receiver = procs.popen([sys.executable, "-c", RECEIVER, str(PORT)], net.B, stdout=subprocess.PIPE,
-                           text=True)
+    # room for seconds of the flow: a receiver slowed by a busy machine
+    # must not drop what the datapath delivered
+    receiver = procs.popen([sys.executable, str(ROOT / "tests" / "tools" / "udp_sink.py"), str(PORT),
+                            "--rcvbuf-mb", "32", "--first", "30"], net.B, stdout=subprocess.PIPE, text=True)
     sender = None
     try:
         assert receiver.stdout.readline().strip() == "ready"
