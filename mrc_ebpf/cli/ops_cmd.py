@@ -302,10 +302,14 @@ def ports_hook(ctx, state):
     kernel's carrier and flags changes, bpf/mrc_ports.c) on or off; off,
     `mrcctl ports watch` finds the changes from netlink instead.  `attach`
     puts them on where the kernel lets it."""
+    from mrc_ebpf.control import ports
     from mrc_ebpf.datapath import loader, port_hook
     loader.require_root()
     with loader.Attachment.open(loader.resolve_device(ctx.obj.get("ports_device"))) as att:
-        out = port_hook.set_hooks(att, state == "on")
+        on = state == "on"
+        out = port_hook.set_hooks(att, on, loader.datapath_build() if on else None, loader.EVENT_RING)
+        if state == "on":   # the hooks see changes from now on: the state they start from
+            ports.publish(att, ports.current_mask(att))
         out["detector"] = port_hook.state(att)["detector"]
     if ctx.obj.get("json"):
         click.echo(json.dumps(out))

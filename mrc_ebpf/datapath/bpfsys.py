@@ -529,10 +529,10 @@ class PinnedMap:
             failing = self.journal.writes
             self.journal.record_map(self.path, b"".join(new), b"".join(old_keys), b"".join(old_values))
         if at is not None:
-            from mrc_ebpf.datapath.journal import InjectedFailure
             self.update_batch(keys[:at * ks], values[:at * vs], at)
-            raise InjectedFailure(f"failure injected at write {failing} ({what} {self.name}, element "
-                                  f"{at + 1} of {len(items)}) by MRC_FAIL_WRITE")
+            # the journal's own error (bpfsys sits below the journal)
+            raise self.journal.injected(f"failure injected at write {failing} ({what} {self.name}, "
+                                        f"element {at + 1} of {len(items)}) by MRC_FAIL_WRITE")
         self.update_batch(keys, values, len(items))
 
     def _written(self, op, *args, **kw):

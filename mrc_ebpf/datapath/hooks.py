@@ -145,3 +145,9 @@ def tc_detach(ipr: IPRoute, index: int, parent: int = TC_EGRESS_PARENT) -> None:
         pass
 
 
+def ifname_of(index: int) -> str | None:
+    """The device's name in this namespace, or None when it is gone."""
+    try:
+        return socket.if_indextoname(index)
+    except OSError:
+        return None

@@ -137,6 +137,12 @@ class Journal:
         if self.writes == self._fail_at:
             raise InjectedFailure(f"failure injected at write {self.writes} ({what}) by MRC_FAIL_WRITE")
 
+    @staticmethod
+    def injected(message: str) -> InjectedFailure:
+        """The failure MRC_FAIL_WRITE asked for, for a writer below the
+        journal (bpfsys's batch writes) to raise."""
+        return InjectedFailure(message)
+
     def reserve(self, count: int, what: str) -> int | None:
         """COUNT writes made in one batch: counts them, and returns the
         index among them of the one to fail on request (the caller writes

@@ -21,7 +21,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from mrc_ebpf.datapath import bpfsys, build, layout, pins
+from mrc_ebpf.datapath import bpfsys, build, hooks, layout, pins
 from mrc_ebpf.datapath.source import C
 
 BPF_TRACE_FENTRY = 24
@@ -246,7 +246,6 @@ def _learn(made, maps, directory: Path, hook_map, errors: dict) -> bool:
     hook on net_dev_start_xmit attached only meanwhile).  True when every
     device was learnt."""
     import socket
-    from mrc_ebpf.datapath.loader import ifname_of
     function, tracepoint = LEARN
     try:
         inst = build.instantiate(made, maps, {function: 0}, [function], {function: 0})
@@ -260,7 +259,7 @@ def _learn(made, maps, directory: Path, hook_map, errors: dict) -> bool:
             c = cfg.lookup(layout.Index(0))
             with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as sock:
                 for i in range(c.n_devices):
-                    name = ifname_of(c.devices[i].ifindex)
+                    name = hooks.ifname_of(c.devices[i].ifindex)
                     if name:
                         frame = b"\xff" * 6 + bytes(6) + ETH_P_LEARN.to_bytes(2, "big") + bytes(46)
                         try:
@@ -321,10 +320,12 @@ def in_kernel(att) -> bool:
     return state(att)["detector"] == "kernel"
 
 
-def set_hooks(att, on: bool, made: build.Build | None = None) -> dict:
-    """`mrcctl ports hook on|off`: the hooks attached (from the installed
-    build, or MADE) or taken off, on a running attachment."""
-    from mrc_ebpf.datapath import loader
+def set_hooks(att, on: bool, made: build.Build | None = None, event_ring: str = "") -> dict:
+    """`mrcctl ports hook on|off`: the hooks attached (from MADE, the
+    installed build, on the pinned maps and EVENT_RING, the event ring's
+    pin name: the loader's, which imports this module) or taken off, on a
+    running attachment.  The caller then publishes the ports' state they
+    start from (control/ports.py)."""
     detach(att.dir)
     m = att.maps["port_hook"]
     value = m.lookup(layout.Index(0))
@@ -332,14 +333,10 @@ def set_hooks(att, on: bool, made: build.Build | None = None) -> dict:
     m.update(layout.Index(0), value)
     if not on:
         return {"hooked": [], "errors": {}}
-    from mrc_ebpf.control import ports
-    made = made or loader.datapath_build()
     fds = {layout.symbol(name): pm.fd for name, pm in att.maps.items()}
-    ring = bpfsys.obj_get(str(att.dir / loader.EVENT_RING))
+    ring = bpfsys.obj_get(str(att.dir / event_ring))
     try:
-        out = attach(made, {**fds, loader.EVENT_RING: ring}, att.dir, link_watch=True)
+        out = attach(made, {**fds, event_ring: ring}, att.dir, link_watch=True)
     finally:
         os.close(ring)
-    # the hooks see changes from now on: the state they start from
-    ports.publish(att, ports.current_mask(att))
     return out
