@@ -40,7 +40,7 @@ SO_MARK = getattr(socket, "SO_MARK", 36)
 
 def devices(att) -> list[dict]:
     """The attachment's devices in plane order: ifindex, name, plane."""
-    from mrc_ebpf.datapath.loader import ifname_of
+    from mrc_ebpf.datapath.hooks import ifname_of
     cfg = att.maps["config"].lookup(layout.Index(0))
     return [{"plane": i, "ifindex": cfg.devices[i].ifindex, "dev": ifname_of(cfg.devices[i].ifindex)}
             for i in range(min(cfg.n_devices, len(cfg.devices)))]

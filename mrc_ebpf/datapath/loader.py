@@ -188,7 +188,7 @@ class Attachment:
         return [cfg.devices[i].ifindex for i in range(min(cfg.n_devices, MAX_DEVICES))]
 
     def device_names(self) -> list[str]:
-        return [ifname_of(i) or f"ifindex {i}" for i in self.ifindexes]
+        return [hooks.ifname_of(i) or f"ifindex {i}" for i in self.ifindexes]
 
     def prog_id(self, name: str) -> int:
         return bpfsys.pinned_prog_id(str(self.dir / name))
@@ -243,9 +243,6 @@ def terminate_as_error():
             signal.signal(s, handler)
 
 
-ifname_of = hooks.ifname_of       # where the callers have looked for it
-
-
 def device_members(directory: Path) -> list[layout.Device]:
     """The devices an attachment spans, from its pinned config."""
     cfg = _read_config(directory)
@@ -259,7 +256,7 @@ def owner(device: str) -> str | None:
     if pins.device_dir(device).is_dir():
         return device
     for first in pins.attached_devices():
-        if any(ifname_of(d.ifindex) == device for d in device_members(pins.device_dir(first))):
+        if any(hooks.ifname_of(d.ifindex) == device for d in device_members(pins.device_dir(first))):
             return first
     return None
 
@@ -528,7 +525,7 @@ def _detach(first: str) -> dict:
     probe = Attachment(first, directory)
     ids = probe.prog_id(PROG_RX), probe.prog_id(PROG_TX), probe.prog_id(PROG_FB)
     members = device_members(directory)
-    names = [ifname_of(m.ifindex) for m in members] or [first]
+    names = [hooks.ifname_of(m.ifindex) for m in members] or [first]
     removed = {"device": first, "devices": [n for n in names if n], "xdp": False, "tc": False,
                "clsact": False, "routes": 0, "xdp_restored": []}
     with IPRoute() as ipr:

@@ -17,7 +17,7 @@ import os
 
 from mrc_ebpf.datapath import bpfsys, hooks, layout, lock, pins, xdp_chain
 from mrc_ebpf.datapath.loader import (CFG_CLSACT_OURS, CFG_XDP_SKB, PROG_FB, PROG_RX, PROG_TX,
-                                      datapath_build, device_members, ifname_of, owner)
+                                      datapath_build, device_members, owner)
 from mrc_ebpf.errors import MrcError
 
 TC_PINS = ((PROG_TX, "egress", hooks.TC_EGRESS_PARENT), (PROG_FB, "ingress", hooks.TC_INGRESS_PARENT))
@@ -35,7 +35,7 @@ def hook_changes(ipr: IPRoute, directory) -> list[dict]:
     ids = {pin: _prog_id(directory, pin) for pin in (PROG_RX, PROG_TX, PROG_FB)}
     out = []
     for slot, member in enumerate(members):
-        device = ifname_of(member.ifindex)
+        device = hooks.ifname_of(member.ifindex)
         if device is None:
             continue        # status says the device is gone
         on = hooks.device_info(ipr, member.ifindex)["xdp_prog_id"]

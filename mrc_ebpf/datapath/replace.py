@@ -130,7 +130,7 @@ def _hooked(ipr: IPRoute, directory: Path, old_ids: dict[str, int]) -> list[tupl
         raise MrcError(f"{LAYOUT_CHANGED} (the pinned config is unreadable)")
     found = []
     for member in members:
-        device = loader.ifname_of(member.ifindex)
+        device = hooks.ifname_of(member.ifindex)
         if device is None:
             raise MrcError(f"device ifindex {member.ifindex} of this attachment is gone: "
                            f"`mrcctl status`")
