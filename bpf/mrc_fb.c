@@ -22,6 +22,7 @@
 #include "lib/peer_state.h"
 #include "lib/parse.h"
 #include "lib/trim.h"
+#include "lib/port_tell.h"
 
 /* Bytes of a control packet pulled into the linear area to check it: its
  * headers (outer IPv6 + SRH of up to MRC_MAX_SEGMENTS + TLV, inner header). */
@@ -124,6 +125,8 @@ int mrc_fb(struct __sk_buff *skb)
 	peer = mrc_peers.lookup(&key);
 	if (!peer)
 		return TC_ACT_OK;
+	/* our port status to every peer at once, if it changed */
+	port_tell(skb, cfg, peer, &key, family == ETH_P_IP);
 	st = peer_state_find(peer->peer_id);
 	if (!st || !__sync_bool_compare_and_swap(&st->fb_due, 1, 0))
 		return TC_ACT_OK;

@@ -169,7 +169,9 @@ def _capture(net, peer, pcap):
 def test_a_device_down_stops_every_peer_sending_into_its_plane_by_the_kernel_hook(net, tmp_path):
     """Hooks on, no watcher: TARGET's own hook logs `own-port-down` within
     the netlink call that cut its plane-1 link (the carrier went in that
-    call), each peer takes its plane-1 paths out (`port-down`), and from
+    call), TARGET's datapath tells every peer from the first packet in
+    (`port-told`, before each peer's news), each peer takes its plane-1
+    paths out (`port-down`), and from
     then on, by tcpdump on each peer's plane-1 device, sends no more data
     into that plane until the link is back (a frame already past its TC
     program when the news came may still show: at most 2)."""
@@ -199,17 +201,30 @@ def test_a_device_down_stops_every_peer_sending_into_its_plane_by_the_kernel_hoo
             if p.poll() is None:
                 p.terminate()
                 p.wait(timeout=10)
-    own = [e for e in _events(net, TARGET) if e["type"] == "own-port-down" and e["ns"] >= t0]
+    target_events = _events(net, TARGET)
+    own = [e for e in target_events if e["type"] == "own-port-down" and e["ns"] >= t0]
     assert own and t0 <= own[0]["ns"] <= t1, (own, t0, t1)
     assert own[0]["path_id"] == C["MRC_EV_PLANE"] + PLANE
+    # TARGET's datapath told every peer from the first packet in after the
+    # change (lib/port_tell.h), on a path of the live plane
+    tell = {}
+    for e in target_events:
+        if e["type"] == "port-told" and e["ns"] >= own[0]["ns"]:
+            tell.setdefault(e["prefix"], e)
+    prefixes = {peer: net.host(peer)["prefix6"] for peer in PEERS}
+    assert set(tell) >= set(prefixes.values()), (tell, prefixes)
     report = {}
     for peer in PEERS:
         told = _first(net, peer, ("port-down",), t0)
         assert told is not None, peer
+        said = tell[prefixes[peer]]
+        # the news it filed came after TARGET sent it (one clock, the kernel's)
+        assert said["ns"] <= told, (peer, said, told)
         sent = [int(pkt.time * 10**9) - real + mono for pkt in rdpcap(str(tmp_path / f"{peer}.pcap"))]
         before = [t for t in sent if t < t0]
         after = [t for t in sent if told < t < back]
-        report[peer] = {"told_ms": round((told - t0) / 1e6, 3), "before": len(before), "after_news": len(after),
+        report[peer] = {"told_ms": round((told - t0) / 1e6, 3), "sent_ms": round((said["ns"] - t0) / 1e6, 3),
+                        "before": len(before), "after_news": len(after),
                         "last_ms": round((max([t for t in sent if t < back], default=t0) - t0) / 1e6, 3)}
         assert before, (peer, report)           # it was sending into plane 1
         assert len(after) <= 2, (peer, report)

@@ -28,7 +28,10 @@ For each peer: the instant it stopped sending into plane 1 = its
 the netlink call that set the link down (`out_ms`); the slowest peer is
 the run's (`all_out_ms`; the issue's target: within 1 ms).  With the
 watcher, also when it read the change (`woke_ms`); with the hooks, when
-h4's own hook set its status (`hook_ms`: its event `own-port-down`).
+h4's own hook set its status (`hook_ms`: its event `own-port-down`); and
+when h4's datapath told each peer from the first packet in after the
+change (`told_ms`: its events `port-told`, bpf/lib/port_tell.h): the
+stages call -> hook -> told -> peer out, each a kernel timestamp.
 
 This module measures (typed: bench/port_down_analysis.py analyses).
 """
@@ -120,9 +123,17 @@ def _one(env, fab, p, mode, port) -> Run:
             env.end(watcher)
     changes = [json.loads(line) for line in (out or "").splitlines() if line.startswith("{\"ns\"")]
     events = {h: _events(env, fab, h) for h in PEERS}
-    own = [e["ns"] for e in _events(env, fab, TARGET) if e["type"] == "own-port-down" and e["ns"] >= t0]
+    target_events = _events(env, fab, TARGET)
+    own = [e["ns"] for e in target_events if e["type"] == "own-port-down" and e["ns"] >= t0]
+    # the target's datapath telling each peer (lib/port_tell.h): the first after the call
+    told = {}
+    for h in PEERS:
+        ns = [e["ns"] for e in target_events if e["type"] == "port-told" and e["ns"] >= t0
+              and e.get("prefix") == fab.prefix6(h)]
+        if ns:
+            told[h] = min(ns)
     plane_ids = [i for i, path in enumerate(fab.paths(PEERS[0], TARGET)) if path["plane"] == PLANE]
-    return Run(mode, t0, t1, changes, events, fab.prefix6(TARGET), plane_ids, min(own) if own else None)
+    return Run(mode, t0, t1, changes, events, fab.prefix6(TARGET), plane_ids, min(own) if own else None, told)
 
 
 def run(p: dict, env) -> dict:

@@ -23,6 +23,8 @@ class Run:
     prefix: str                 # the target's prefix
     plane_ids: list[int]        # the path ids (to the target) through the plane that went down
     hook_ns: int | None = None  # the target's own hook set its port status (event own-port-down)
+    # peer host -> when the target's datapath told it (event port-told, lib/port_tell.h)
+    told_ns: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -51,6 +53,14 @@ def peer_out(r: Run, evs: list[dict]) -> dict:
 
 def analyse_run(r: Run) -> dict:
     peers = {h: peer_out(r, evs) for h, evs in r.events.items()}
+    for h, v in peers.items():
+        # the stages: the target told this peer (ms from the call), and
+        # from then to the peer out (the feedback's way and its filing)
+        told = r.told_ns.get(h)
+        v["told_ms"] = None if told is None else round((told - r.t0) / 1e6, 3)
+        v["told_to_out_ms"] = None if told is None or v["out_ms"] is None else round(v["out_ms"] - v["told_ms"], 3)
+    hook_ms = None if r.hook_ns is None else (r.hook_ns - r.t0) / 1e6
+    told_all = [v["told_ms"] for v in peers.values() if v["told_ms"] is not None]
     outs = [v["out_ms"] for v in peers.values()]
     woke = [round((c["ns"] - r.t0) / 1e6, 3) for c in r.watcher]
     return {"peers": peers, "all_out_ms": max(outs) if outs and None not in outs else None,
@@ -62,7 +72,10 @@ def analyse_run(r: Run) -> dict:
             # from the target's own hook (its kernel's instant of the change) to the slowest peer out
             "after_hook_ms": None if r.hook_ns is None or None in outs or not outs
             else round(max(outs) - (r.hook_ns - r.t0) / 1e6, 3),
-            "watcher_told": [len(c.get("told", [])) for c in r.watcher]}
+            "watcher_told": [len(c.get("told", [])) for c in r.watcher],
+            # the hook to the first peer told (the wait for a packet in, and the clones)
+            "hook_to_told_ms": None if hook_ms is None or not told_all else round(min(told_all) - hook_ms, 3),
+            "peers_told": len(told_all)}
 
 
 def summarize(p: dict, m: Measured) -> dict:
@@ -72,6 +85,11 @@ def summarize(p: dict, m: Measured) -> dict:
         modes[mode] = {k: spread([x[k] for x in rows]) for k in ("all_out_ms", "first_out_ms", "by_port_status")}
         hooked = [x["after_hook_ms"] for x in rows if x["after_hook_ms"] is not None]
         modes[mode]["after_hook_ms"] = spread(hooked) if hooked else None
+        for k in ("hook_ms", "hook_to_told_ms"):
+            got = [x[k] for x in rows if x[k] is not None]
+            modes[mode][k] = spread(got) if got else None
+        legs = [v["told_to_out_ms"] for x in rows for v in x["peers"].values() if v["told_to_out_ms"] is not None]
+        modes[mode]["told_to_out_ms"] = spread(legs) if legs else None
         modes[mode]["within_target"] = sum(x["all_out_ms"] is not None and x["all_out_ms"] <= TARGET_MS
                                            for x in rows)
         modes[mode]["runs"] = rows
@@ -82,10 +100,12 @@ def summarize(p: dict, m: Measured) -> dict:
 
 def table(results: dict):
     headers = ["mode", "slowest peer out ms", "first peer out ms", "peers out by port status",
-               f"runs all out within {TARGET_MS} ms", "slowest peer after the hook ms"]
+               f"runs all out within {TARGET_MS} ms", "slowest peer after the hook ms", "call to hook ms",
+               "hook to first told ms", "told to peer out ms"]
     rows = [[mode, fmt_spread(r["all_out_ms"]), fmt_spread(r["first_out_ms"]), fmt_spread(r["by_port_status"]),
              f"{r.get('within_target', '-')}/{len(r['runs'])}",
-             fmt_spread(r["after_hook_ms"]) if r.get("after_hook_ms") else "-"]
+             fmt_spread(r["after_hook_ms"]) if r.get("after_hook_ms") else "-",
+             *[fmt_spread(r[k]) if r.get(k) else "-" for k in ("hook_ms", "hook_to_told_ms", "told_to_out_ms")]]
             for mode, r in results["modes"].items()]
     return headers, rows
 

@@ -77,13 +77,19 @@ class Config(ctypes.Structure):
                 ("skip_rotations", u32), ("probe_max_us", u32), ("probe_budget", u32), ("ports_down", u32)]
 
 
+@mirror("struct mrc_port_tell")
+class PortTell(ctypes.Structure):
+    _fields_ = [("addr", Addr), ("peer_id1", u32), ("row", u32)]
+
+
 @mirror("struct mrc_port_hook")
 class PortHook(ctypes.Structure):
     _fields_ = [("netns_cookie", u64), ("off_ifindex", u32), ("off_flags", u32), ("off_state", u32),
                 ("off_nd_net", u32), ("off_net_cookie", u32), ("nocarrier_bit", u32), ("hooked", u32),
                 ("mask", u32), ("calls", u64), ("changes", u64), ("last_ns", u64),
                 ("lw_func", u64), ("dwork_timer_fn", u64), ("off_work_func", u32), ("off_timer_fn", u32),
-                ("off_dwork_timer", u32), ("off_dwork_work", u32), ("devs", u64 * C["MRC_MAX_DEVICES"])]
+                ("off_dwork_timer", u32), ("off_dwork_work", u32), ("devs", u64 * C["MRC_MAX_DEVICES"]),
+                ("told", u64), ("tell", PortTell * C["MRC_PORT_TELL"])]
 
 
 @mirror("struct mrc_tx_flow")

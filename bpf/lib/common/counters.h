@@ -85,6 +85,8 @@ enum mrc_counter {
 	MRC_RX_ROCE_AHEAD,		/* ... a request ahead of the PSN expected */
 	MRC_RX_SEGMENT,			/* a later wire segment of a burst (its TLV copied by
 					 * segmentation): counted on its path, not filed again */
+	MRC_FB_PORT_TELL,		/* RX: feedback cloned to a peer to tell it our port
+					 * status changed (lib/port_tell.h) */
 	MRC_COUNTER_MAX,
 };
 

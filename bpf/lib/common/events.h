@@ -23,6 +23,9 @@
 #define MRC_EV_OWN_PORT_DOWN	9	/* our own device of a plane went down (bpf/mrc_ports.c):
 					 * path_id MRC_EV_PLANE + the plane, peer_id MRC_EV_NO_PEER */
 #define MRC_EV_OWN_PORT_UP	10	/* ... and came back up */
+#define MRC_EV_PORT_TOLD	11	/* we told the peer our port status changed, at once,
+					 * from a packet of any peer (lib/port_tell.h): path_id
+					 * is the path the feedback took */
 #define MRC_EV_PLANE		0xff00
 #define MRC_EV_NO_PEER		0xffffffff	/* an event of ours, not of a peer */
 

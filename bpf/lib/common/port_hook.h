@@ -14,6 +14,18 @@
 #define MRC_PORT_HOOK_LW_TIMER		0x10	/* timer_start (a delayed queueing) */
 #define MRC_PORT_HOOK_LW_RUN		0x20	/* workqueue_execute_start */
 
+/* peers the datapath tells of a change of our port status itself, from
+ * the next packet that reaches us from any of them (lib/port_tell.h): a
+ * slot a peer, peer_id & (MRC_PORT_TELL - 1) (a power of two) */
+#define MRC_PORT_TELL		16
+
+/* A peer we heard from lately, as lib/port_tell.h learns it. */
+struct mrc_port_tell {
+	__u8	addr[16];	/* its data's source address (IPv4-mapped for IPv4) */
+	__u32	peer_id1;	/* its peer_id + 1 (0: an empty slot) */
+	__u32	row;		/* its row of paths (mrc_peer.template_id) */
+};
+
 /*
  * port_hook: array of one, written by the loader (datapath/port_hook.py)
  * when it attaches the hooks.  The hooks run for every device of every
@@ -49,6 +61,10 @@ struct mrc_port_hook {
 	__u32	off_dwork_timer;	/* struct delayed_work: timer */
 	__u32	off_dwork_work;	/* struct delayed_work: work */
 	__u64	devs[MRC_MAX_DEVICES];	/* our devices' struct net_device (0: not learnt) */
+	/* config.ports_down as the datapath last told every peer of tell[]
+	 * (lib/port_tell.h): the next packet in tells them when it differs */
+	__u64	told;
+	struct mrc_port_tell tell[MRC_PORT_TELL];
 };
 
 #endif /* MRC_COMMON_PORT_HOOK_H */
