@@ -25,7 +25,6 @@
 #ifndef MRC_LIB_PORT_TELL_H
 #define MRC_LIB_PORT_TELL_H
 
-#include <stddef.h>
 #include "lib/maps.h"
 #include "lib/counters.h"
 #include "lib/peer_state.h"
