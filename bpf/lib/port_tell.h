@@ -47,7 +47,7 @@ static __always_inline int port_tell_path(const struct mrc_config *cfg, __u32 ro
 #pragma unroll
 	for (w = 0; w < MRC_MAX_PATHS / 64; w++) {
 		word = f->plane_paths[p].ids[w];
-#pragma unroll
+#pragma clang loop unroll(disable)
 		for (t = 0; t < 4; t++) {
 			if (!word)
 				break;
