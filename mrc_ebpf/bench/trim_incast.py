@@ -93,7 +93,25 @@ def _downs(env, fab, hosts, t_from) -> dict[str, int]:
         for e in evs:
             if e["ns"] >= t_from and e["type"] in ("down", "shared-down", "late", "up", "skip"):
                 n[e["type"]] = n.get(e["type"], 0) + 1
+            if e["ns"] >= t_from and e["type"] == "down" and e.get("after_us") is not None:
+                # how old the send judged overdue was: which rule took the
+                # path down (the overtaken one within a window or two of
+                # the allowance, the silence one at 16 windows)
+                n[_age_bucket(e["after_us"])] = n.get(_age_bucket(e["after_us"]), 0) + 1
     return n
+
+
+AGE_BUCKETS_MS = (2, 20, 100)
+
+
+def _age_bucket(after_us: float) -> str:
+    """The events-dict key of a down whose overdue send was AFTER_US old."""
+    lo = 0
+    for hi in AGE_BUCKETS_MS:
+        if after_us < hi * 1000:
+            return f"down_age_{lo}_{hi}ms"
+        lo = hi
+    return f"down_age_{lo}ms_up"
 
 
 def _mode(env, fab, p, mode, senders, port) -> ModeRun:
