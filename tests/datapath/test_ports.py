@@ -187,3 +187,56 @@ def test_a_change_of_our_port_status_makes_feedback_owed_at_once(two_planes):
     dp.att.maps["config"].update(layout.Index(0), cfg)
     from_peer(dp, 0, 3)
     assert state().fb_due == 1 and dp.att.maps["rx_peers"].lookup(key).ports_told == 0b10
+
+
+@pytest.fixture
+def own_netns():
+    """A namespace of the test's own (lo up), for the programs' test runs
+    whose clones leave on the run's device, that namespace's lo: they stay
+    there and are dropped by its stack."""
+    import os
+    from mrc_ebpf.lab import netns
+    name = f"mrcpt{os.getpid() % 100000}"
+    netns.create(name)
+    try:
+        yield name
+    finally:
+        netns.delete([name])
+
+
+def run_fb(dp, frame: bytes, ns: str):
+    from mrc_ebpf.lab.enter import inside
+    from .harness import TC
+    with inside(ns):
+        return dp._run(dp.fb, TC, frame)
+
+
+def test_our_port_down_is_told_to_every_peer_from_the_first_packet_in(two_planes, own_netns):
+    """lib/port_tell.h: mrc_fb learns the peer from its packets; after our
+    port status changes, the next packet in (from any peer) sends each
+    learnt peer one feedback-only clone (`fb_port_tell`, event `port-told`
+    whose path id is our lowest path to it through a live plane: 0, of
+    plane 0, when plane 1 is down; 2, of plane 1, when plane 0 is), and
+    the packet itself goes up unchanged (its addresses put back).  Once
+    a change: the next packet tells nothing again."""
+    dp = two_planes
+    dp.att.maps["port_hook"].update(layout.Index(0), layout.PortHook())     # nothing learnt or told
+    frame = bytes(F.eth() / IPv6(src="fd00:b::2", dst="fd00:a::1", nh=17) / Raw(b"\0" * 8 + b"data"))
+    r = run_fb(dp, frame, own_netns)
+    assert r.verdict == "TC_ACT_OK" and r.out == frame and "fb_port_tell" not in r.delta, r
+    cfg = dp.att.maps["config"].lookup(layout.Index(0))
+    for down, path_id in ((0b10, 0), (0b01, 2)):
+        cfg.ports_down = down
+        dp.att.maps["config"].update(layout.Index(0), cfg)
+        r = run_fb(dp, frame, own_netns)
+        assert r.verdict == "TC_ACT_OK" and r.out == frame, r
+        assert r.delta.get("fb_port_tell") == 1, r
+        told = [e for e in ev.read(dp.att) if e["type"] == "port-told"]
+        assert told[-1]["peer_id"] == 0 and told[-1]["path_id"] == path_id, told
+        r = run_fb(dp, frame, own_netns)
+        assert r.out == frame and "fb_port_tell" not in r.delta, r
+    # every plane down: no path to tell it on, nothing sent
+    cfg.ports_down = 0b11
+    dp.att.maps["config"].update(layout.Index(0), cfg)
+    r = run_fb(dp, frame, own_netns)
+    assert r.out == frame and "fb_port_tell" not in r.delta, r
