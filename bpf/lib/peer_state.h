@@ -184,10 +184,17 @@ static __always_inline __u64 peer_path_queue_allowance(const struct mrc_config *
 	__u64 stamp = h->ce_stamp;
 	/* ~1 ms units since the news, mod 2^16; fresh while <= max's */
 	__s64 age = ((now >> MRC_CE_STAMP_SHIFT) - stamp) & 0xffff;
+	/* fresh for 16 x reorder_max (the lone rule's, lib/failover.h): a
+	 * path skipped after its news carries few packets, so little news,
+	 * and its queue is still there when it is used again; at most half
+	 * the stamp's wrap */
+	__s64 fresh = (max * MRC_SILENCE_FACTOR) >> MRC_CE_STAMP_SHIFT;
 
+	d = fresh - 0x7fff;		/* fresh = min(fresh, 0x7fff) */
+	fresh -= d & ~(d >> 63);
 	d = queue - max;		/* queue = min(queue, max) */
 	queue -= d & ~(d >> 63);
-	d = age - (max >> MRC_CE_STAMP_SHIFT) - 1;
+	d = age - fresh - 1;
 	/* + max while fresh (d < 0), and only if ever (stamp != 0) */
 	return queue + (max & (d >> 63) & -(__s64)((stamp + 0xffff) >> 16));
 }

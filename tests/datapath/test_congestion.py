@@ -382,8 +382,8 @@ def test_a_congested_path_is_skipped_not_taken_down_while_a_silent_one_goes(four
     the 1 ms clock.  The peer reported a CE mark on path 1 (a packet of it
     arrived, queued): it is skipped, then used again, never taken down.
     Path 2 the peer never named: silence, taken down at its first turn.
-    Once path 1's congestion news is older than reorder_max_us it is
-    judged by the plain clock and goes down too (a black hole on a path
+    Once path 1's congestion news is older than 16 x reorder_max_us (at
+    most 34 s) it is judged by the plain clock and goes down too (a black hole on a path
     that was congested is still found out).  Witness: the path each frame
     out carries, the events and the paths' state."""
     dp = four_paths
@@ -406,8 +406,9 @@ def test_a_congested_path_is_skipped_not_taken_down_while_a_silent_one_goes(four
     assert state(dp).clocks[1].unacked_since_ns == (now - 50_000_000) & ~1     # still unacknowledged
     kinds = [(e["type"], e["path_id"]) for e in events(dp)]
     assert ("skip", 1) in kinds and ("down", 2) in kinds and ("down", 1) not in kinds, kinds
-    # the news ages past reorder_max_us (5 s): path 1's next turn takes it out
-    rs.paths[1].health.ce_stamp = ce_stamp(time.monotonic_ns() - 6_000_000_000)
+    # the news ages past 16 x reorder_max_us (80 s; at most half the
+    # stamp's 68.7 s wrap, 34 s): path 1's next turn takes it out
+    rs.paths[1].health.ce_stamp = ce_stamp(time.monotonic_ns() - 40_000_000_000)
     put_row(dp, rs)
     took = [send(dp)[0] for _ in range(4)]
     assert 1 not in took and 2 not in took, took
