@@ -163,7 +163,7 @@ static __always_inline __u16 peer_ce_stamp(__u64 now)
  *
  * Congestion is not failure (MRC: ECN or a trim skips a path, only
  * silence retires it): a path the peer reported congested (a CE mark or a
- * trim, path_health.ce_stamp) within the last reorder_max_us gets
+ * trim, path_health.ce_stamp) within the last 16 x reorder_max_us gets
  * reorder_max_us more.  Its packets are arriving (the report says so), a
  * full queue delays them by up to a buffer, and a packet lost at a full
  * queue is not news of the path until the next one is acknowledged, a
