@@ -323,6 +323,17 @@ def fmt_learnt(state: dict | None) -> str:
             f"{state['evicted_and_remade']} after an eviction, {state['failed']} could not be made")
 
 
+def fmt_receive(state: dict | None) -> str:
+    """`status`'s receive state line: the receiver's LRUs of senders and
+    of (sender, path) pairs, and what they evicted."""
+    if not state:
+        return "-"
+    s, p = state["senders"], state["paths"]
+    return (f"{s['held']} of {s['max']} senders ({s['made']} made, {s['evicted']} evicted, "
+            f"{s['failed']} could not be made); {p['held']} of {p['max']} (sender, path) pairs "
+            f"({p['made']} made, {p['evicted']} evicted: restarted when heard again)")
+
+
 def _fmt_port_status(p: dict | None) -> str:
     if not p:
         return "-"
@@ -371,6 +382,7 @@ def status(ctx):
                      ("peers", f"{r['peers']} ({r['templated_peers']} on templates, "
                                f"{r['active_peers']} with learnt state)"),
                      ("learnt state", fmt_learnt(r.get("learnt_state"))),
+                     ("receive state", fmt_receive(r.get("receive_state"))),
                      ("paths", r["paths"]),
                      ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
                      ("min active", r["min_active"] or "no floor"),
