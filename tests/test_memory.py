@@ -78,6 +78,30 @@ def test_model_matches_kernel_for_an_attachment(interop):
     assert "kernel memory" in human and f"on {mem['scaled_cpus']}" in human
 
 
+@pytest.mark.root
+def test_active_peers_sizes_the_lrus_and_status_says_so(interop):
+    """attach --active-peers N sizes the LRUs of learnt state (N + N/8),
+    senders (N + N/8) and (sender, path) pairs (4N) without a compile of
+    its own (the build is the default's, its maps made at that size);
+    status shows the sizes and the memory the kernel reports, which the
+    model with those sizes matches map by map."""
+    if not _kernel_reports_usage():
+        pytest.skip("kernel before 6.4: memlock is not the maps' usage")
+    interop.attach("--active-peers", "1024")
+    row = json.loads(mrcctl("status", "-j", netns=interop.A).stdout)[0]
+    assert row["learnt_state"]["max"] == 1152
+    assert row["receive_state"]["senders"]["max"] == 1152
+    assert row["receive_state"]["paths"]["max"] == 4096
+    mem = row["memory"]
+    sizes = {"MRC_MAX_ACTIVE_PEERS": 1152, "MRC_RX_MAX_SENDERS": 1152, "MRC_RX_MAX_PATHS": 4096}
+    entries = {"peer_by_sid": 0, "peers": 0}
+    assert mem["maps"] == memory.model(mem["cpus"], entries, sizes)
+    # the learnt state's 135 MB at 16,384 is 8.5 MB at 1,024
+    assert mem["maps"]["peer_state"] < memory.model(mem["cpus"])["peer_state"] / 15
+    human = mrcctl("status", netns=interop.A).stdout
+    assert "of 1152 peers" in human and "of 1152 senders" in human and "of 4096 (sender, path)" in human
+
+
 def _py():
     import sys
     return [sys.executable]

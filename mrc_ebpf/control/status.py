@@ -155,10 +155,12 @@ def maps_memory(directory) -> dict:
     cpus = bpfsys.possible_cpus()
     intermediates: dict = {}
     in_use = memory.entries_in_use(directory, intermediates)
-    grow = sum(memory.model(SCALE_CPUS, in_use).values()) - sum(memory.model(cpus, in_use).values())
+    sizes = memory.attached_sizes(directory)        # attach --active-peers
+    grow = sum(memory.model(SCALE_CPUS, in_use, sizes).values()) - sum(memory.model(cpus, in_use, sizes).values())
     total = sum(maps.values())
     # the maps allocated as used, as the kernel counts them, for their memlock
-    model, kernel = memory.model(cpus, in_use), memory.kernel_model(cpus, in_use, intermediates)
+    model = memory.model(cpus, in_use, sizes)
+    kernel = memory.kernel_model(cpus, in_use, intermediates, sizes)
     used_as = {s.name for s in memory.specs() if s.no_prealloc and s.name in maps}
     kernel_maps = {n: (maps[n] - model[n] + kernel[n]) if n in used_as else b for n, b in maps.items()}
     return {"bytes": total, "cpus": cpus, "maps": maps, "scaled_cpus": SCALE_CPUS,
@@ -172,7 +174,7 @@ def learnt_state(att: Attachment, active: int) -> dict:
     states (counters state_*, lib/peer_state.h): started, of which after
     an eviction, and could not be made."""
     counters = att.counters()
-    return {"active": active, "max": C["MRC_MAX_ACTIVE_PEERS"],
+    return {"active": active, "max": att.maps["peer_state"].max_entries,
             "started": counters.get("state_new", 0), "evicted_and_remade": counters.get("state_remade", 0),
             "failed": counters.get("state_fail", 0)}
 
