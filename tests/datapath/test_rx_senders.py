@@ -47,7 +47,7 @@ _OFF = {name: getattr(layout.MrcTlv, name).offset
 
 def sid_of(h: int) -> str:
     """Sender h's SID, as _template gives its peer h."""
-    return f"fc00:1:{h // 256:x}:{h % 256:x}::"
+    return str(ipaddress.IPv6Address(f"fc00:1:{h // 256:x}:{h % 256:x}::"))
 
 
 class Sender:
@@ -126,13 +126,15 @@ def feedback(dp, senders: range) -> dict[int, dict | None]:
 
 
 def acknowledged(report: dict | None, sends: dict[int, int]) -> set[int]:
-    """The paths (of block 0) a report acknowledges for these sends: in
-    fb_heard, with a bound at or below the path's newest send; and the
-    path it names exactly, with that send's time."""
-    if report is None or report["block"] != 0:
+    """The paths a report acknowledges for these sends: in fb_heard (its
+    block of 64 path ids), with a bound at or below the path's newest
+    send; and the path it names exactly, with that send's time."""
+    if report is None:
         return set()
+    base = 64 * report["block"]
     acked = {p for p, tx in sends.items()
-             if report["heard"] >> p & 1 and report["since32"] <= tx & 0xFFFFFFFF}
+             if base <= p < base + 64 and report["heard"] >> (p - base) & 1
+             and report["since32"] <= tx & 0xFFFFFFFF}
     p = report["path_id"]
     if p in sends and report["path_tx32"] == sends[p] & 0xFFFFFFFF:
         acked.add(p)
@@ -147,11 +149,12 @@ def _held(dp, name: str) -> int:
     return dp.att.maps[name].dump()[2]
 
 
-@pytest.mark.parametrize("n_senders,n_paths", [(1024, 64), (16384, 4)])
+@pytest.mark.parametrize("n_senders,n_paths", [(1024, 256), (16384, 4)])
 def test_every_sender_of_an_all_to_all_is_acknowledged(fresh, one_cpu, n_senders, n_paths):  # noqa: F811
-    """1,024 senders over 64 paths, and 16,384 (issue 28's active peers)
-    over 4: each sender's next packet from us acknowledges every path it
-    sent on, from its first send on."""
+    """1,024 senders over 256 paths, and 16,384 (issue 28's active peers)
+    over 4: our next packets to each sender (one a block of 64 paths: a
+    report acknowledges one block, rotating) acknowledge every path it
+    sent on, from its first send in the block on."""
     dp = fresh
     _template(dp, n_senders)
     senders = range(n_senders)
@@ -160,15 +163,20 @@ def test_every_sender_of_an_all_to_all_is_acknowledged(fresh, one_cpu, n_senders
     delta = _delta(before, dp.counters())
     assert delta["rx_sender_new"] == n_senders and "rx_sender_fail" not in delta, delta
     assert _held(dp, "rx_peers") == n_senders
-    reports = feedback(dp, senders)
-    short = {h: sorted(set(sent[h]) - acknowledged(reports[h], sent[h])) for h in senders}
+    acked: dict[int, set[int]] = {h: set() for h in senders}
+    for block in range(-(-n_paths // 64)):
+        reports = feedback(dp, senders)
+        for h in senders:
+            assert reports[h] is not None and reports[h]["block"] == block, (h, reports[h])
+            acked[h] |= acknowledged(reports[h], sent[h])
+            # the bound is the sender's first send in the block: every
+            # path's acknowledgement stops its clock (failover.h: past
+            # the send before)
+            assert reports[h]["since32"] == sent[h][64 * block] & 0xFFFFFFFF
+    short = {h: sorted(set(sent[h]) - acked[h]) for h in senders}
     short = {h: s for h, s in short.items() if s}
     assert not short, (f"{len(short)} of {n_senders} senders not acknowledged for all their paths",
                        list(short.items())[:3])
-    # the bound is the sender's first send of the round: every path's
-    # acknowledgement stops its clock (failover.h: past the send before)
-    for h in senders:
-        assert reports[h]["since32"] == sent[h][0] & 0xFFFFFFFF
 
 
 def test_senders_beyond_the_map_are_counted_and_acknowledged_when_heard_again(fresh, one_cpu):  # noqa: F811
@@ -186,10 +194,12 @@ def test_senders_beyond_the_map_are_counted_and_acknowledged_when_heard_again(fr
     held = _held(dp, "rx_peers")
     assert delta["rx_sender_new"] == n and "rx_sender_fail" not in delta, delta
     assert held <= SENDERS and n - held >= 2048             # evicted: made minus held
-    # as `status` shows it (its receive state line, JSON receive_state)
+    # as `status` shows it (its receive state line, JSON receive_state),
+    # from the counters since the load (the earlier tests' senders too)
+    made = dict(zip(COUNTERS, dp.counters()))["rx_sender_new"]
     shown = status.receive_state(dp.att)["senders"]
-    assert shown == {"held": held, "max": SENDERS, "made": n, "evicted": n - held, "failed": 0}
-    assert f"{held} of {SENDERS} senders ({n} made, {n - held} evicted" in \
+    assert shown == {"held": held, "max": SENDERS, "made": made, "evicted": made - held, "failed": 0}
+    assert f"{held} of {SENDERS} senders ({made} made, {made - held} evicted" in \
         mrcctl.fmt_receive(status.receive_state(dp.att))
     # a sender held is acknowledged, one evicted gets no feedback
     kept = {str(ipaddress.IPv6Address(bytes(k.addr))) for k in dp.att.maps["rx_peers"].keys()}
@@ -201,15 +211,20 @@ def test_senders_beyond_the_map_are_counted_and_acknowledged_when_heard_again(fr
     gone = [h for h in range(n) if sid_of(h) not in kept]
     assert max(gone) < n // 2, max(gone)
     # 1,024 of those evicted send again on paths 0..3: each made anew and
-    # acknowledged from its new sends on, every path
+    # acknowledged from its new sends on, every path.  The LRU is full, so
+    # each of them evicts another, and the kernel's LRU is not exact (it
+    # evicts in batches from its inactive list): a few of them may be
+    # evicted again within their own 4 packets (2 here); each such one is
+    # one more made, and may be short of its first paths
     early = gone[:1024]
     before = dp.counters()
     sent = receive(dp, snd, early, 4, first_seq=1)
-    delta = _delta(before, dp.counters())
-    assert delta["rx_sender_new"] == len(early), delta
+    again = _delta(before, dp.counters())["rx_sender_new"] - len(early)
+    assert 0 <= again <= 16, again
     reports = feedback(dp, early)
-    for h in early:
-        assert acknowledged(reports[h], sent[h]) == {0, 1, 2, 3}, (h, reports[h])
+    short = [h for h in early if acknowledged(reports[h], sent[h]) != {0, 1, 2, 3}]
+    assert len(short) <= again, (again, [(h, reports[h]) for h in short[:3]])
+    for h in set(early) - set(short):
         assert reports[h]["since32"] == sent[h][0] & 0xFFFFFFFF
 
 
