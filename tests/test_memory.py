@@ -100,6 +100,10 @@ def test_active_peers_sizes_the_lrus_and_status_says_so(interop):
     assert mem["maps"]["peer_state"] < memory.model(mem["cpus"])["peer_state"] / 15
     human = mrcctl("status", netns=interop.A).stdout
     assert "of 1152 peers" in human and "of 1152 senders" in human and "of 4096 (sender, path)" in human
+    # attach --replace keeps the maps as they are sized (build.fits)
+    mrcctl("attach", "a0", "--replace", netns=interop.A)
+    row = json.loads(mrcctl("status", "-j", netns=interop.A).stdout)[0]
+    assert row["learnt_state"]["max"] == 1152 and row["receive_state"]["paths"]["max"] == 4096
 
 
 def _py():
