@@ -307,16 +307,19 @@ class RoceFabric:
     def blackhole(self, k: int, on: bool = True) -> None:
         """Router Rk drops what it would forward to either host's SID: path k
         is black-holed both ways, by the kernel (no program to compile)."""
-        verb = "replace" if on else "del"
         r = self.d.R[k - 1]
+        if on:
+            # both ways in one `ip` process: under TCG each `ip netns exec`
+            # took ~0.5 s, so one way was dead that long before the other
+            lines = [f"route replace blackhole {sid.rsplit('::', 1)[0]}::/48"
+                     for sid in (self.d.B_SID, self.d.A_SID)]
+            procs.run(["ip", "-6", "-batch", "-"], ns=r, input="\n".join(lines) + "\n")
+            return
         for sid in (self.d.B_SID, self.d.A_SID):
             prefix = sid.rsplit("::", 1)[0] + "::/48"
-            if on:
-                self.t.exec(r, ["ip", "-6", "route", verb, "blackhole", prefix])
-            else:
-                self.t.exec(r, ["ip", "-6", "route", "del", "blackhole", prefix], check=False)
-                via = f"fd00:20:{k:x}::1" if sid == self.d.B_SID else f"fd00:10:{k:x}::1"
-                self.t.exec(r, ["ip", "-6", "route", "replace", prefix, "via", via])
+            self.t.exec(r, ["ip", "-6", "route", "del", "blackhole", prefix], check=False)
+            via = f"fd00:20:{k:x}::1" if sid == self.d.B_SID else f"fd00:10:{k:x}::1"
+            self.t.exec(r, ["ip", "-6", "route", "replace", prefix, "via", via])
 
     # ---- traffic -----------------------------------------------------------------
     def rtt_ms(self, count: int = 10) -> dict:
