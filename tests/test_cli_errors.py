@@ -39,6 +39,8 @@ USAGE = [
     (["attach", "eth0", "--sid", "fc00::1", "--mode", "fast"], "'fast' is not one of"),
     (["stats", "--bogus"], "No such option"),
     (["monitor", "--count", "0"], "--count"),
+    # checked before anything is looked at (a device that is not there)
+    (["attach", "mrc-nodev0", "--sid", "fc00::1", "--active-peers", "10"], "--active-peers 10"),
 ]
 
 

@@ -27,11 +27,11 @@ def test_shape_of_the_target_fabric():
     assert r["paths_per_peer"] == 256 and r["config"]["peers"] == 131071
     assert r["config"]["paths"] == 131071 * 256
     # fixed part + one copy of the per-CPU maps per CPU, every other NIC
-    # a peer in the maps (memlock: 201.6 MB with learnt state for 16,384
-    # active peers, as test_memory's bound; issue 28 sets the target by
-    # the kernel's count, below)
+    # a peer in the maps (memlock: 209.0 MB with learnt state for 16,384
+    # active peers and receive state for 16,384 senders, as test_memory's
+    # bound; issue 28 sets the target by the kernel's count, below)
     assert r["memory"]["bytes"] == r["memory"]["fixed_bytes"] + 128 * r["memory"]["per_cpu_bytes"]
-    assert r["memory"]["peers_held"] == 131071 and r["memory"]["bytes"] <= 202e6
+    assert r["memory"]["peers_held"] == 131071 and r["memory"]["bytes"] <= 209.5e6
     # as the kernel counts it (issue 28: the LPM trie's intermediate nodes
     # and the slab objects; tests/test_memory.py checks the model against
     # a memory cgroup), well above memlock's figure

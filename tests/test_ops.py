@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import MRCCTL, ROOT, mrcctl
+from mrc_ebpf.datapath.source import C
 
 pytestmark = pytest.mark.root
 
@@ -173,6 +174,12 @@ def test_exporter_matches_stats(spray):
         assert samples[("mrc_peer_rx_reordered_total", s)] == r["reordered"]
         assert samples[("mrc_peer_reorder_distance_packets_count", s)] == sum(r["reorder_hist"])
         assert samples[("mrc_peer_reorder_distance_packets_sum", s)] == r["reorder_sum"]
+    # the receiver's LRUs (issue 28): held of their size; evicted = made - held
+    assert samples[("mrc_rx_senders_held", dev)] == len(by_path["reorder"]) == 1
+    assert samples[("mrc_rx_paths_held", dev)] == len(by_path["received"])
+    assert samples[("mrc_rx_senders_max", dev)] == C["MRC_RX_MAX_SENDERS"]
+    assert samples[("mrc_rx_paths_max", dev)] == C["MRC_RX_MAX_PATHS"]
+    assert counters["rx_sender_new"] == 1 and counters["rx_path_new"] == len(by_path["received"])
     assert _check_histograms(page) == 2
     # `le` as an operator reads it: 15 us is 1.5e-05
     les = {dict(labels)["le"] for name, labels in samples if name.endswith("_seconds_bucket")}

@@ -34,3 +34,16 @@ def test_ack_gaps_per_qp_edges_included():
                (12.0, 1, 0x11, 8)]                                             # outside the window
     gaps = roce.ack_gaps(packets, 10.0, 11.0)
     assert {k: round(v, 3) for k, v in gaps.items()} == {1: 0.7, 2: 0.9}
+
+
+def test_ack_resume_across_the_failure():
+    packets = [(9.0, 1, 0x11, 5), (9.8, 1, 0x11, 6), (11.3, 1, 0x11, 7), (10.4, 1, 0x11, 8),  # QP 1
+               (9.9, 2, 0x11, 1),                                                             # QP 2: none after
+               (10.5, 3, 0x11, 1),                                                            # QP 3: none before
+               (9.5, 4, 0x0a, 1), (10.1, 4, 0x11, 2), (9.7, 4, 0x11, 1)]                     # QP 4; a request
+    got = roce.ack_resume(packets, 10.0)
+    assert {k: (round(v, 3) if v is not None else None) for k, v in got.items()} == {1: 0.6, 2: None, 4: 0.4}
+
+
+def test_qp_timeout_is_rxe_s():
+    assert round(roce.qp_timeout_s(17), 4) == 0.5369 and round(roce.qp_timeout_s(14), 4) == 0.0671

@@ -182,14 +182,14 @@ static __always_inline void feedback_fill(struct mrc_tlv *tlv, const struct mrc_
 		if (!probe)
 			__sync_fetch_and_and(ce_word, ~ce_bit);
 	}
-	if (!tlv->fb_path_tx32)
-		tlv->fb_path_tx32 = bpf_htonl((__u32)peer->latest_tx[key.path_id & (MRC_MAX_PATHS - 1)]);
 	if (!probe)	/* a probe does not answer: mrc_fb may still owe one */
 		peer->fb_sent_ns = now;
 	tlv->fb_path_id = bpf_htons(key.path_id);
 	path = mrc_rx_paths.lookup(&key);
 	if (!path)
-		return;		/* forgotten (LRU): no qdelay or loss to tell */
+		return;		/* forgotten (LRU): no exact time, qdelay or loss to tell */
+	if (!tlv->fb_path_tx32)
+		tlv->fb_path_tx32 = bpf_htonl((__u32)path->latest_tx);
 	tlv->fb_qdelay_us = bpf_htons(path->qdelay_us > 0xffff ? 0xffff : path->qdelay_us);
 	/* gaps that late packets have not filled: reordering on one path
 	 * (two CPUs) is not loss */

@@ -27,7 +27,7 @@ BPF_ARRAY(mrc_dscp_class, __u32, 64);
 BPF_ARRAY(mrc_class_names, struct mrc_class_name, MRC_MAX_CLASSES);
 BPF_F_TABLE("hash", struct mrc_sid, __u32, mrc_peer_by_sid, MRC_MAX_PEER_SIDS, BPF_F_NO_PREALLOC);
 BPF_TABLE("lru_hash", struct mrc_rx_key, struct mrc_rx_path, mrc_rx_paths, MRC_RX_MAX_PATHS);
-BPF_TABLE("lru_hash", struct mrc_sid, struct mrc_rx_peer, mrc_rx_peers, MRC_MAX_PEERS);
+BPF_TABLE("lru_hash", struct mrc_sid, struct mrc_rx_peer, mrc_rx_peers, MRC_RX_MAX_SENDERS);
 BPF_ARRAY(mrc_rx_peer_zero, struct mrc_rx_peer, 1);	/* all zero, never written */
 BPF_ARRAY(mrc_events, struct mrc_event, MRC_EVENTS);
 BPF_ARRAY(mrc_event_seq, __u64, 1);

@@ -70,7 +70,7 @@ static __always_inline int rx_track_window(struct mrc_rx_path *p, __u32 seq)
  */
 static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_tlv *tlv,
 					 __u32 bytes, __u64 now, int keyed, int ce, int *stale,
-					 int *segment)
+					 int *segment, __u64 *before, __u32 *made)
 {
 	struct mrc_rx_key key = {};
 	struct mrc_rx_path *p;
@@ -89,6 +89,7 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 		p = mrc_rx_paths.lookup(&key);
 		if (!p)
 			return 0;
+		*made |= 2;
 		first = 1;
 	}
 	if (p->epoch != epoch) {
@@ -117,6 +118,11 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
 	p->last_ns = now;
 	if (ce)
 		p->ce++;
+	/* the newest send, not the latest arrival: a packet overtaken on
+	 * its path (two CPUs) must not make the acknowledgement go back */
+	*before = p->latest_tx;
+	if (*before < mrc_ntohll(tlv->tx_ns))
+		p->latest_tx = mrc_ntohll(tlv->tx_ns);
 	if ((__s32)(seq - p->next_seq) >= 0) {
 		gap = seq != p->next_seq;
 		p->lost += seq - p->next_seq;	/* 0 when in order */
@@ -142,7 +148,7 @@ static __always_inline int rx_track_path(const __u8 *src_sid, const struct mrc_t
  */
 static __always_inline struct mrc_rx_peer *rx_track_sender(const __u8 *src_sid,
 							   const struct mrc_tlv *tlv,
-							   int keyed, __u32 *why)
+							   int keyed, __u32 *why, __u32 *made)
 {
 	struct mrc_sid sid;
 	struct mrc_rx_peer *peer;
@@ -159,8 +165,11 @@ static __always_inline struct mrc_rx_peer *rx_track_sender(const __u8 *src_sid,
 			return NULL;
 		mrc_rx_peers.update(&sid, fresh);
 		peer = mrc_rx_peers.lookup(&sid);
-		if (!peer)
+		if (!peer) {
+			*made |= 4;
 			return NULL;
+		}
+		*made |= 1;
 		peer->max_peer_seq = bpf_ntohl(tlv->peer_seq);
 		peer->epoch = epoch;
 	}
@@ -225,11 +234,12 @@ static __always_inline void rx_track_ce_news(struct mrc_rx_peer *peer, __u16 pat
 	peer->ce_news[(path_id / 64) & (MRC_MAX_PATHS / 64 - 1)] |= 1ULL << (path_id & 63);
 }
 
+/* BEFORE: the path's newest send before this packet (rx_paths), 0 when
+ * the pair is new to us (or was evicted): as its first packet */
 static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct mrc_tlv *tlv, int gap,
-					  int ce)
+					  int ce, __u64 before)
 {
 	__u32 peer_seq = bpf_ntohl(tlv->peer_seq);
-	__u64 *tx, sent, before;
 
 	peer->packets++;
 	peer->last_path_id = bpf_ntohs(tlv->path_id);
@@ -238,14 +248,7 @@ static __always_inline void rx_track_peer(struct mrc_rx_peer *peer, const struct
 			1ULL << (peer->last_path_id & 63);
 	if (ce)
 		rx_track_ce_news(peer, peer->last_path_id);
-	/* the newest send, not the latest arrival: a packet overtaken on
-	 * its path (two CPUs) must not make the acknowledgement go back */
-	tx = &peer->latest_tx[peer->last_path_id & (MRC_MAX_PATHS - 1)];
-	sent = mrc_ntohll(tlv->tx_ns);
-	before = *tx;
-	if (before < sent)
-		*tx = sent;
-	rx_track_heard(peer, peer->last_path_id, sent, before);
+	rx_track_heard(peer, peer->last_path_id, mrc_ntohll(tlv->tx_ns), before);
 	if ((__s32)(peer_seq - peer->max_peer_seq) > 0) {
 		peer->max_peer_seq = peer_seq;
 	} else if (peer_seq != peer->max_peer_seq) {
@@ -268,13 +271,21 @@ static __always_inline __u32 rx_track(const __u8 *src_sid, const struct mrc_tlv 
 {
 	struct mrc_rx_peer *peer;
 	__u32 why = 0;
+	__u64 before = 0;
+	__u32 made = 0;
 	int gap, stale = 0, segment = 0;
 
-	peer = rx_track_sender(src_sid, tlv, keyed, &why);
+	peer = rx_track_sender(src_sid, tlv, keyed, &why, &made);
 	*sender = peer;
 	if (why)
 		return why;
-	gap = rx_track_path(src_sid, tlv, bytes, now, keyed, ce, &stale, &segment);
+	gap = rx_track_path(src_sid, tlv, bytes, now, keyed, ce, &stale, &segment, &before, &made);
+	/* counted here, on every packet, not where the entries are made: a
+	 * count there (or a branch on `made` here) cost mrc_rx 150-250k more
+	 * verifier instructions (the states after it no longer prune) */
+	count_add(MRC_RX_SENDER_NEW, made & 1);
+	count_add(MRC_RX_PATH_NEW, (made >> 1) & 1);
+	count_add(MRC_RX_SENDER_FAIL, made >> 2);
 	if (stale)
 		return MRC_RX_AUTH_REPLAY;
 	if (segment) {
@@ -284,7 +295,7 @@ static __always_inline __u32 rx_track(const __u8 *src_sid, const struct mrc_tlv 
 		return MRC_RX_SEGMENT;
 	}
 	if (peer) {
-		rx_track_peer(peer, tlv, gap, ce);
+		rx_track_peer(peer, tlv, gap, ce, before);
 		ports_file(peer, src_sid, tlv, now);	/* port status: lib/ports.h */
 	}
 	return 0;

@@ -20,6 +20,16 @@ ends and the fabric), and for mrc the share of bytes each path carried
 (its tx_bytes) and the spines' shares (the leaf's uplink byte counters).
 The hosts run the datacenter profile unless --hosts-default.
 
+`pin` (on where there are two CPUs) makes the one machine behave as two
+hosts: iperf3's client runs on CPU 0 and its server on CPU 1, and each
+host's receive work is steered to its own CPU (RPS on its interface).
+Without it, whichever process a softirq interrupted did the other end's
+work (an ACK sent by the receiver ran the sender's transmit and the
+receiver's decapsulation in the receiver's time), and where the
+scheduler put the two decided a 4-flow run more than the datapath did:
+the same mode, the kernel's SRv6 too, gave 10 or 30 Gbit/s from run to
+run, the receiver out of window (zero-window adverts) in the slow ones.
+
 Each run's measurement (Iperf: iperf3's summary, the CPU time, the byte
 counters around it) is kept apart from its analysis (iperf_result,
 summarize), a pure function of it.
@@ -29,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import time
 
 from mrc_ebpf.bench.runner import fmt_spread, log, spread
@@ -46,7 +57,8 @@ A6, B6 = "fd00:1::a", "fd00:1::b"
 def params(short: bool) -> dict:
     return {"places": ["pair", "fabric"], "mtus": [1500] if short else [1500, 9000],
             "modes": list(MODES), "loads": ["tcp1"] if short else list(LOADS),
-            "seconds": 2 if short else 5, "repeat": 1 if short else 3, "spines": 4}
+            "seconds": 2 if short else 5, "repeat": 1 if short else 3, "spines": 4,
+            "pin": (os.cpu_count() or 1) >= 2}
 
 
 def set_mtu(p: dict, mtu: int) -> None:
@@ -99,12 +111,12 @@ def cpu_busy_s() -> float:
 
 
 def _iperf(env, client_ns: str, server_ns: str, dst: str, port: int, load: str, seconds: int,
-           mtu: int, mptcp: bool = False) -> Iperf:
+           mtu: int, mptcp: bool = False, pin: bool = False) -> Iperf:
     wrap = ["mptcpize", "run"] if mptcp else []
-    srv = env.popen(server_ns, [*wrap, "iperf3", "-s", "-1", "-p", str(port), "-J"])
+    srv = env.popen(server_ns, [*wrap, "iperf3", "-s", "-1", "-p", str(port), "-J", *(["-A", "1"] if pin else [])])
     try:
         time.sleep(0.3)
-        args = ["-c", dst, "-p", str(port), "-t", str(seconds), "-J"]
+        args = ["-c", dst, "-p", str(port), "-t", str(seconds), "-J", *(["-A", "0"] if pin else [])]
         if load == "tcp4":
             args += ["-P", "4"]
         elif load == "udp":
@@ -123,6 +135,14 @@ def _iperf(env, client_ns: str, server_ns: str, dst: str, port: int, load: str, 
     if doc.get("error"):
         raise MrcError(f"iperf3: {doc['error']}")
     return Iperf(load, seconds, doc["end"], busy)
+
+
+def _two_hosts(env, sender: tuple[str, str], receiver: tuple[str, str]) -> None:
+    """Each end's receive work on its own CPU, as on two hosts: RPS of
+    the sender's interface (its ACKs) to CPU 0, the receiver's to CPU 1,
+    where pin puts their iperf3s.  SENDER, RECEIVER: (namespace, device)."""
+    for (ns, dev), mask in ((sender, 1), (receiver, 2)):
+        env.run(ns, ["sh", "-c", f"for q in /sys/class/net/{dev}/queues/rx-*; do echo {mask} > $q/rps_cpus; done"])
 
 
 def _shares(before: dict, after: dict) -> list[float]:
@@ -146,7 +166,7 @@ def _uplink_bytes(env, fab) -> dict:
 # --------------------------------------------------------------------------- the pair
 
 @contextlib.contextmanager
-def _pair(env, mtu: int, host_sysctls):
+def _pair(env, mtu: int, host_sysctls, pin: bool):
     from mrc_ebpf.bench.runner import namespaces
     with namespaces("lr", ["A", "B"]) as ns:
         A, B = ns["A"], ns["B"]
@@ -161,6 +181,8 @@ def _pair(env, mtu: int, host_sysctls):
             env.run(n, ["tc", "qdisc", "replace", "dev", dev, "root", "pfifo"])
             env.run(n, ["ip", "-6", "addr", "add", f"{me}/64", "dev", dev, "nodad"])
             env.run(n, ["ip", "-6", "route", "add", f"{sid[:-1]}/48", "via", peer])
+        if pin:
+            _two_hosts(env, (A, "a0"), (B, "b0"))
         yield A, B
 
 
@@ -203,7 +225,8 @@ def _measure(p: dict, env, place: str, mtu: int, mode: str, src: str, dst_ns: st
             log(f"line-rate: {place}, MTU {mtu}, {mode}, {load}, run {rep + 1}", step=True)
             u0 = spines() if spines else None
             b0 = _path_bytes(env, src) if mode.startswith("mrc") else None
-            rec = _iperf(env, src, dst_ns, dst, port, load, p["seconds"], mtu, mptcp=mode == "mptcp")
+            rec = _iperf(env, src, dst_ns, dst, port, load, p["seconds"], mtu, mptcp=mode == "mptcp",
+                         pin=p["pin"])
             if u0 is not None:
                 rec.spines_before, rec.spines_after = u0, spines()
             if b0 is not None:
@@ -214,7 +237,7 @@ def _measure(p: dict, env, place: str, mtu: int, mode: str, src: str, dst_ns: st
 
 def _run_pair(p: dict, env, mtu: int, out: Measured) -> None:
     port = 5600
-    with _pair(env, mtu, p["host_sysctls"]) as (A, B):
+    with _pair(env, mtu, p["host_sysctls"], p["pin"]) as (A, B):
         for mode in p["modes"]:
             if mode == "mptcp":
                 continue        # one link: nothing for subflows to spread over
@@ -234,6 +257,8 @@ def _run_fabric(p: dict, env, mtu: int, out: Measured) -> None:
     port = 5700
     with fabric("lr", spines=p["spines"], rate=None, mtu=mtu, host_sysctls=p["host_sysctls"]) as fab:
         h1, h2 = fab.ns("h1"), fab.ns("h2")
+        if p["pin"]:
+            _two_hosts(env, (h1, "eth0"), (h2, "eth0"))
         dt6 = fab.host_sid(2).rstrip(":") + "::d76"
         for mode in p["modes"]:
             if mode == "mptcp" and not _has_mptcpize(env):

@@ -20,15 +20,16 @@ The spray and roce modes run with the ack timeout ack_timeout_us.
 
 Per mode and QP count: ib_write_bw (RC, `size`-byte writes, `seconds`)
 goodput from perftest's report (QP timeout `qp_timeout`, perftest's -u:
-537 ms at 17, as lab.QP_TIMEOUT); NAK sequence errors as rxe A's completer
+537 ms at 17, as lab.QP_TIMEOUT; `tx_depth` writes outstanding per QP,
+perftest's -t, as lab.TX_DEPTH, which says why); NAK sequence errors as rxe A's completer
 counted them (hw_counters rcvd_seq_err) and as A's gateway read them in
 the ACKs' AETH (rx_roce_nak_seq); PSNs sent again (tx_roce_retrans); each
 path's share of the RoCE packets (roce_paths).  Failover, 8 QPs: path 2
 (router R2) black-holed both ways `fail_at_s` after the writes began, in
 a `fail_seconds` run;
 per QP the longest time without an ACK reaching rxe A (tcpdump at A's
-gateway) from 0.5 s before the failure to fail_window_s after, and
-whether a QP errored out (perftest's completion error, rxe's
+gateway) from 0.5 s before the failure began to fail_window_s after it
+was complete, whether each QP was acknowledged after it, and whether a QP errored out (perftest's completion error, rxe's
 retry_exceeded_err).
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ def params(short: bool) -> dict:
     return {"modes": list(MODES), "qps": [1, 8], "seconds": 2 if short else 4, "size": 4096,
             "repeat": 1 if short else 2, "ack_timeout_us": 50000, "probe_us": 100000,
             "ecmp_ack_timeout_us": 10_000_000, "fail_at_s": 2, "fail_seconds": 5 if short else 7,
-            "fail_window_s": 2.0, "fail_path": 2, "qp_timeout": 17}
+            "fail_window_s": 2.0, "fail_path": 2, "qp_timeout": 17, "tx_depth": 4}
 
 
 def check(p: dict) -> None:
@@ -79,7 +80,8 @@ def _one(f, p, mode: str, qps: int) -> dict:
     from mrc_ebpf.lab import roce as lab
     rxe0, mrc0, paths0 = lab.rxe_counters(lab.RXE_A), f.counters(f.A), f.roce_stats(f.A)["paths"]
     known = {q["sport"] for q in f.roce_stats(f.A)["qps"]}
-    r = f.write_bw(qps=qps, seconds=p["seconds"], size=p["size"], qp_timeout=p["qp_timeout"])
+    r = f.write_bw(qps=qps, seconds=p["seconds"], size=p["size"], qp_timeout=p["qp_timeout"],
+                   depth=p.get("tx_depth", lab.TX_DEPTH))
     new = [q for q in f.roce_stats(f.A)["qps"] if q["sport"] not in known and q["tx_packets"]]
     rxe, mrc = _delta(lab.rxe_counters(lab.RXE_A), rxe0), _delta(f.counters(f.A), mrc0)
     mb = r.get("bytes", 0) * r.get("iterations", 0) / 1e6
@@ -101,23 +103,30 @@ def _failover(f, p, mode: str) -> dict:
 
     def fail():
         time.sleep(p["fail_at_s"])
-        mark["t"] = time.time()
+        mark["t0"] = time.time()
         f.blackhole(p["fail_path"])
+        mark["t1"] = time.time()    # both ways dead by now
     try:
         r = f.write_bw(qps=8, seconds=p["fail_seconds"], size=p["size"], during=fail,
-                       qp_timeout=p["qp_timeout"])
+                       qp_timeout=p["qp_timeout"], depth=p.get("tx_depth", lab.TX_DEPTH))
     finally:
         f.blackhole(p["fail_path"], on=False)
         packets = cap.stop()
     rxe = _delta(lab.rxe_counters(lab.RXE_A), rxe0)
-    gaps = lab.ack_gaps(packets, mark["t"] - 0.5, mark["t"] + p["fail_window_s"])
+    gaps = lab.ack_gaps(packets, mark["t0"] - 0.5, mark["t1"] + p["fail_window_s"])
+    # per QP, from its last ACK before the black hole was complete to its first after
+    resume = lab.ack_resume(packets, mark["t1"])
+    back = [v for v in resume.values() if v is not None]
     qps = [q for q in f.roce_stats(f.A)["qps"] if q["sport"] not in known and q["tx_packets"]]
     errored = (not r["ok"]) or rxe.get("retry_exceeded_err", 0) > 0
     return {"mode": mode, "ok": r["ok"], "error": r["error"], "qp_errored": errored,
             "retry_exceeded": rxe.get("retry_exceeded_err", 0), "goodput_mb_s": r.get("bw_avg_mb_s"),
-            "qps_acked_after": len(gaps),
+            "qps_acked_after": len(back), "blackhole_s": round(mark["t1"] - mark["t0"], 3),
             "ack_gap_ms": {str(k): round(v * 1000, 1) for k, v in sorted(gaps.items())},
             "longest_gap_ms": round(max(gaps.values()) * 1000, 1) if gaps else None,
+            "resume_ms": {str(k): (round(v * 1000, 1) if v is not None else None)
+                          for k, v in sorted(resume.items())},
+            "longest_resume_ms": round(max(back) * 1000, 1) if back else None,
             "qps_moved": sum(1 for q in qps if q["moves"]), "naks_seq_rxe": rxe.get("rcvd_seq_err", 0)}
 
 
@@ -148,6 +157,7 @@ def measure(f, p: dict) -> dict:
     """Every mode's runs and failover on an attached RoceFabric (the VM
     suite's bench_roce.py reuses its tests' fabric: an attach is minutes)."""
     runs, fails = [], []
+    rtt = f.rtt_ms()
     for mode in p["modes"]:
         f.set_ack_timeout(p["ecmp_ack_timeout_us"] if mode == "ecmp" else p["ack_timeout_us"])
         f.policy(MODES[mode])
@@ -172,7 +182,7 @@ def measure(f, p: dict) -> dict:
         used = [x for x in r["shares"] if x] if r["qps"] < len(r["shares"]) else r["shares"]
         mean = 1 / len(used) if used else 0
         s["max_share_dev"].append(round(max(abs(x - mean) / mean for x in used), 3) if used else None)
-    return {"runs": runs, "failover": fails, "summary": summary}
+    return {"runs": runs, "failover": fails, "summary": summary, "rtt_ms": rtt}
 
 
 def _med(v):

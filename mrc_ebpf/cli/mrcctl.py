@@ -188,6 +188,10 @@ def ranged_option(name: str, help: str):
 @click.option("--key-file", metavar="FILE",
               help="The fabric's shared key (32 hex digits): sign what we send, file only "
                    "authentic feedback (see `mrcctl key`).")
+@click.option("--active-peers", type=int, metavar="N",
+              help="Peers sent to and senders heard from at once that the datapath keeps state "
+                   "for (its LRUs; more are evicted, counted in `status`) [default: 16384; "
+                   "256 to 65536; kernel memory about 8 KB each].")
 @click.option("--replace", is_flag=True,
               help="Upgrade the running datapath of DEVICE in place: build the installed "
                    "sources, then swap the programs atomically, keeping every map and setting.")
@@ -199,8 +203,8 @@ def ranged_option(name: str, help: str):
 @click.pass_context
 def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_timeout_us, probe_us,
            probe_max_us, probe_budget, skip_rotations,
-           fb_interval_us, reorder_max_us, retrans_steer, min_active, shared_fate, key_file, replace,
-           repair):
+           fb_interval_us, reorder_max_us, retrans_steer, min_active, shared_fate, key_file, active_peers,
+           replace, repair):
     """Load the datapath on DEVICE and pin it; it stays after mrcctl exits.
 
     Several devices (a host's plane NICs) share one datapath: a path leaves
@@ -247,7 +251,7 @@ def attach(ctx, devices, sid, mode, granularity, link_rate, loss_hold_us, ack_ti
                              fb_interval_us=fb_interval_us, reorder_max_us=reorder_max_us,
                              min_active=min_active, shared_fate=shared_fate,
                              probe_max_us=probe_max_us, probe_budget=probe_budget,
-                             skip_rotations=skip_rotations)
+                             skip_rotations=skip_rotations, active_peers=active_peers)
     emit(ctx, result, lambda r: click.echo(
         f"attached {' '.join(r['devices'])}: SID {r['sid']}, XDP {r['xdp_mode']}, TC egress, "
         f"{r['granularity']}; feedback "
@@ -323,6 +327,17 @@ def fmt_learnt(state: dict | None) -> str:
             f"{state['evicted_and_remade']} after an eviction, {state['failed']} could not be made")
 
 
+def fmt_receive(state: dict | None) -> str:
+    """`status`'s receive state line: the receiver's LRUs of senders and
+    of (sender, path) pairs, and what they evicted."""
+    if not state:
+        return "-"
+    s, p = state["senders"], state["paths"]
+    return (f"{s['held']} of {s['max']} senders ({s['made']} made, {s['evicted']} evicted, "
+            f"{s['failed']} could not be made); {p['held']} of {p['max']} (sender, path) pairs "
+            f"({p['made']} made, {p['evicted']} evicted: restarted when heard again)")
+
+
 def _fmt_port_status(p: dict | None) -> str:
     if not p:
         return "-"
@@ -371,6 +386,7 @@ def status(ctx):
                      ("peers", f"{r['peers']} ({r['templated_peers']} on templates, "
                                f"{r['active_peers']} with learnt state)"),
                      ("learnt state", fmt_learnt(r.get("learnt_state"))),
+                     ("receive state", fmt_receive(r.get("receive_state"))),
                      ("paths", r["paths"]),
                      ("path states", ", ".join(f"{k} {v}" for k, v in r["path_states"].items())),
                      ("min active", r["min_active"] or "no floor"),

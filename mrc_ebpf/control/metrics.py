@@ -135,7 +135,7 @@ class MrcCollector:
             counter(f"mrc_{name}", f"Datapath counter {name} (enum mrc_counter), summed over CPUs",
                     ["dev"]).add_metric([device], value)
         self._sent(device, att, counter, gauge)
-        self._received(device, att, counter, histogram)
+        self._received(device, att, counter, gauge, histogram)
         self._roce(device, att, counter)
         self.tally.update(device, events.read(att))
 
@@ -189,9 +189,17 @@ class MrcCollector:
             for s in STATES:
                 state.add_metric([*labels, s], 1 if r["state"] == s else 0)
 
-    def _received(self, device, att, counter, histogram):
-        """Per sender SID (paths summed, histograms merged)."""
+    def _received(self, device, att, counter, gauge, histogram):
+        """Per sender SID (paths summed, histograms merged); the
+        receiver's LRUs' use (what they evicted: mrc_rx_sender_new or
+        mrc_rx_path_new minus these)."""
         rx = stats.received(att)
+        reorder = {r["from"]: r for r in stats.reorder(att)}
+        for name, held, m in (("senders", len(reorder), "rx_peers"), ("paths", len(rx), "rx_paths")):
+            gauge(f"mrc_rx_{name}_held", f"Receive state: {name} held (of mrc_rx_{name}_max)",
+                  ["dev"]).add_metric([device], held)
+            gauge(f"mrc_rx_{name}_max", f"Receive state: {name} the LRU holds at most",
+                  ["dev"]).add_metric([device], att.maps[m].max_entries)
         what = (("packets", "rx_packets", "Packets received"), ("bytes", "rx_bytes", "Bytes received"),
                 ("lost", "lost", "Sequence gaps (packets lost)"),
                 ("late", "late", "Packets that arrived after a later one of the same path"),
@@ -205,7 +213,6 @@ class MrcCollector:
                 a[field] += r[field]
             a["sum"] += r["qdelay_sum_us"]
             a["hist"] = [x + y for x, y in zip(a["hist"], r["qdelay_hist"])]
-        reorder = {r["from"]: r for r in stats.reorder(att)}
         for sid in sorted(set(per_sender) | set(reorder)):
             labels = [device, sid]
             a = per_sender.get(sid)

@@ -78,6 +78,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    routes=[], path_states={}, min_active=None, programs={}, shared_fate=None,
                    probing=None, skip_rotations=None,
                    memory=None, templated_peers=0, active_peers=0, auth=None, learnt_state=None,
+                   receive_state=None,
                    hook_changes=[], port_status=None)
         return row
     with att:
@@ -94,6 +95,7 @@ def _one(ipr: IPRoute, device: str) -> dict:
                    peers=len(peers), paths=sum(len(used(p)) for p in peers), overhead=overhead,
                    templated_peers=sum(1 for p in peers if p.flags & paths.LAST_HOP),
                    active_peers=len(active), learnt_state=learnt_state(att, len(active)),
+                   receive_state=receive_state(att),
                    devices=att.device_names(), fail_open=_fail_open(att, entries, active),
                    ack_windows=_ack_windows(att, entries, active),
                    path_states=_path_states(att, peers, used, active, rows),
@@ -153,10 +155,12 @@ def maps_memory(directory) -> dict:
     cpus = bpfsys.possible_cpus()
     intermediates: dict = {}
     in_use = memory.entries_in_use(directory, intermediates)
-    grow = sum(memory.model(SCALE_CPUS, in_use).values()) - sum(memory.model(cpus, in_use).values())
+    sizes = memory.attached_sizes(directory)        # attach --active-peers
+    grow = sum(memory.model(SCALE_CPUS, in_use, sizes).values()) - sum(memory.model(cpus, in_use, sizes).values())
     total = sum(maps.values())
     # the maps allocated as used, as the kernel counts them, for their memlock
-    model, kernel = memory.model(cpus, in_use), memory.kernel_model(cpus, in_use, intermediates)
+    model = memory.model(cpus, in_use, sizes)
+    kernel = memory.kernel_model(cpus, in_use, intermediates, sizes)
     used_as = {s.name for s in memory.specs() if s.no_prealloc and s.name in maps}
     kernel_maps = {n: (maps[n] - model[n] + kernel[n]) if n in used_as else b for n, b in maps.items()}
     return {"bytes": total, "cpus": cpus, "maps": maps, "scaled_cpus": SCALE_CPUS,
@@ -170,9 +174,25 @@ def learnt_state(att: Attachment, active: int) -> dict:
     states (counters state_*, lib/peer_state.h): started, of which after
     an eviction, and could not be made."""
     counters = att.counters()
-    return {"active": active, "max": C["MRC_MAX_ACTIVE_PEERS"],
+    return {"active": active, "max": att.maps["peer_state"].max_entries,
             "started": counters.get("state_new", 0), "evicted_and_remade": counters.get("state_remade", 0),
             "failed": counters.get("state_fail", 0)}
+
+
+def receive_state(att: Attachment) -> dict:
+    """The receiver's LRUs (lib/rx_track.h): senders (rx_peers) and
+    (sender, path) pairs (rx_paths) held, of how many, how many entries
+    were made (counters rx_sender_new, rx_path_new), and so how many the
+    LRU evicted (made minus held: nothing else deletes them while
+    attached); a sender whose entry could not be made (rx_sender_fail)."""
+    counters = att.counters()
+    out = {}
+    for what, name, made in (("senders", "rx_peers", "rx_sender_new"), ("paths", "rx_paths", "rx_path_new")):
+        m = att.maps[name]
+        held, n = m.dump()[2], counters.get(made, 0)
+        out[what] = {"held": held, "max": m.max_entries, "made": n, "evicted": max(0, n - held)}
+    out["senders"]["failed"] = counters.get("rx_sender_fail", 0)
+    return out
 
 
 def _fail_open(att: Attachment, entries, active) -> list[dict]:

@@ -103,6 +103,19 @@ def shape_of(info: bpfsys.MapInfo) -> tuple:
     return (info.type, info.key_size, info.value_size, info.max_entries, info.map_flags)
 
 
+# An LRU hash's size is the attachment's (attach --active-peers sizes the
+# LRUs of learnt and receive state): no program depends on it, so a
+# running one of any size stands in for the build's.
+MAP_TYPE_LRU_HASH = 9
+
+
+def fits(running: tuple, new: tuple) -> bool:
+    """Whether a running map of shape RUNNING can stand in for NEW."""
+    if running[0] == new[0] == MAP_TYPE_LRU_HASH:
+        return running[:3] + running[4:] == new[:3] + new[4:]
+    return running == new
+
+
 def describe_shape(shape: tuple) -> str:
     kind, key, value, entries, flags = shape
     return f"type {kind}, key {key} B, value {value} B, {entries} entries, flags {flags:#x}"
@@ -248,10 +261,13 @@ class Instance:
 def instantiate(build: Build, maps: dict[str, int] | None = None,
                 attach_types: dict[str, int] | None = None,
                 functions: list[str] | None = None,
-                hooks: dict[str, int] | None = None) -> Instance:
+                hooks: dict[str, int] | None = None,
+                sizes: dict[str, int] | None = None) -> Instance:
     """BUILD's programs loaded (FUNCTIONS, default all) on its maps.
 
-    MAPS None: every map created from its spec, with the build's BTF.
+    MAPS None: every map created from its spec, with the build's BTF, and
+    the entries SIZES gives (symbol -> max entries; LRU hashes only: see
+    fits) instead of the spec's.
     MAPS given (symbol -> fd, e.g. the pinned maps): each is checked
     against its spec and used (a duplicate of its fd); a map of the build
     not given is an error if a program uses it, else left out.
@@ -269,7 +285,10 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
             try:
                 for i, m in enumerate(build.maps):
                     typed = btf_fd >= 0 and m.btf_value_type_id
-                    fds[i] = bpfsys.map_create(m.type, m.key_size, m.value_size, m.max_entries,
+                    entries = (sizes or {}).get(m.symbol, m.max_entries)
+                    if entries != m.max_entries and m.type != MAP_TYPE_LRU_HASH:
+                        raise ValueError(f"{m.symbol}: only an LRU hash is sized at load")
+                    fds[i] = bpfsys.map_create(m.type, m.key_size, m.value_size, entries,
                                                m.symbol, m.flags, btf_fd if typed else 0,
                                                m.btf_key_type_id if typed else 0,
                                                m.btf_value_type_id if typed else 0)
@@ -282,7 +301,7 @@ def instantiate(build: Build, maps: dict[str, int] | None = None,
                 if m.symbol not in maps:
                     continue
                 running = shape_of(bpfsys.map_info(maps[m.symbol]))
-                if running != m.shape:
+                if not fits(running, m.shape):
                     raise ShapeError(m.symbol, running, m.shape)
                 fds[i] = os.dup(maps[m.symbol])
                 inst.tables[m.symbol.encode()] = Table(fds[i])

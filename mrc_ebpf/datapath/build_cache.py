@@ -70,19 +70,21 @@ def compile_build(text: bytes, cflags: list[str], programs: dict[str, str], what
 
 
 def live(text: bytes, cflags: list[str], programs: dict[str, str], what: str,
-         attach_types: dict[str, int] | None = None, src_file: Path | None = None) -> build.Instance:
-    """The build of TEXT made live on fresh maps (build.instantiate).  A
-    kept build that does not load is dropped and compiled again."""
+         attach_types: dict[str, int] | None = None, src_file: Path | None = None,
+         sizes: dict[str, int] | None = None) -> build.Instance:
+    """The build of TEXT made live on fresh maps (build.instantiate; SIZES:
+    its LRUs' entries).  A kept build that does not load is dropped and
+    compiled again."""
     made = obtain(text, cflags, programs, what, src_file)
     try:
-        return build.instantiate(made, None, attach_types, list(programs))
+        return build.instantiate(made, None, attach_types, list(programs), sizes=sizes)
     except (bpfsys.BpfError, build.RelocationError, build.ShapeError, KeyError) as e:
         if made.origin != "cached":
             raise load_error(what, e)
         drop(text, cflags)
     made = compile_build(text, cflags, programs, what, src_file)
     try:
-        inst = build.instantiate(made, None, attach_types, list(programs))
+        inst = build.instantiate(made, None, attach_types, list(programs), sizes=sizes)
     except (bpfsys.BpfError, build.RelocationError, build.ShapeError) as e:
         raise load_error(what, e)
     where = directory()

@@ -126,7 +126,7 @@ class RxPath(ctypes.Structure):
     _fields_ = [("packets", u64), ("bytes", u64), ("lost", u64), ("late", u64),
                 ("min_owd_ns", u64), ("last_ns", u64), ("next_seq", u32), ("qdelay_us", u32),
                 ("qdelay_hist", Hist), ("epoch", u32), ("ce", u32), ("seen", u64),
-                ("trimmed", u32), ("pad2", u32), ("qdelay_sum_us", u64)]
+                ("trimmed", u32), ("pad2", u32), ("qdelay_sum_us", u64), ("latest_tx", u64)]
 
 
 @mirror("struct mrc_rx_peer")
@@ -134,7 +134,7 @@ class RxPeer(ctypes.Structure):
     _fields_ = [("packets", u64), ("reordered", u64), ("heard", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("loss_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("ce_news", u64 * (C["MRC_MAX_PATHS"] // 64)),
-                ("latest_tx", u64 * C["MRC_MAX_PATHS"]), ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
+                ("fb_sent_ns", u64), ("max_peer_seq", u32), ("last_path_id", u16),
                 ("fb_block", u8), ("ports_down", u8), ("reorder_hist", Hist), ("epoch", u32), ("restarts", u32),
                 ("heard_since", u64 * (C["MRC_MAX_PATHS"] // 64)),
                 ("heard_need", u64 * (C["MRC_MAX_PATHS"] // 64)),

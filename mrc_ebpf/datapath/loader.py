@@ -63,12 +63,31 @@ def compile_datapath(rx_attach_type: int = 0, text: bytes | None = None):
     return module, inst.programs["mrc_tx"], inst.programs["mrc_rx"], inst.programs["mrc_fb"]
 
 
-def load_datapath(rx_attach_type: int = 0) -> tuple[build.Instance, build.Program, build.Program,
-                                                      build.Program]:
+# Active peers (attach --active-peers): the LRUs of learnt state (peer_state)
+# and of receive state (rx_peers: senders; rx_paths: 4 (sender, path)
+# pairs each) are sized for that many at once, with an eighth more for
+# the kernel's LRU (it evicts in batches and parks free entries per CPU);
+# the header's sizes are the default's (16,384).
+ACTIVE_PEERS_DEFAULT = 16384
+ACTIVE_PEERS_RANGE = (256, 65536)
+
+
+def active_sizes(active_peers: int | None) -> dict[str, int]:
+    """symbol -> max entries of the LRUs sized by the active peers."""
+    n = ACTIVE_PEERS_DEFAULT if active_peers is None else active_peers
+    low, high = ACTIVE_PEERS_RANGE
+    if not low <= n <= high:
+        raise MrcError(f"--active-peers {n}: must be {low} to {high}")
+    return {"mrc_peer_state": n + n // 8, "mrc_rx_peers": n + n // 8, "mrc_rx_paths": 4 * n}
+
+
+def load_datapath(rx_attach_type: int = 0, sizes: dict[str, int] | None = None
+                  ) -> tuple[build.Instance, build.Program, build.Program, build.Program]:
     """The datapath on fresh maps, from the build cache when it holds this
-    build (build_cache.py), else compiled: (instance, tx, rx, fb)."""
+    build (build_cache.py), else compiled: (instance, tx, rx, fb).  SIZES:
+    its LRUs' entries (active_sizes), the header's if None."""
     inst = build_cache.live(source.expand().encode(), CFLAGS, PROGRAM_TYPES, "the datapath",
-                            {"mrc_rx": rx_attach_type})
+                            {"mrc_rx": rx_attach_type}, sizes=sizes)
     return inst, inst.programs["mrc_tx"], inst.programs["mrc_rx"], inst.programs["mrc_fb"]
 
 
@@ -373,14 +392,16 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
            granularity: str = "auto", retrans_steer: bool = True, min_active: int = 0,
            key_file: str | None = None, shared_fate: bool = False,
            link_rate_mbps: int = 0, skip_rotations: int | None = None,
-           probe_budget: int | None = None, **timers: int) -> dict:
+           probe_budget: int | None = None, active_peers: int | None = None, **timers: int) -> dict:
     """Attach one datapath to DEVICES (one, or a host's plane devices).
     With KEY_FILE, the TLVs it sends are signed and only authentic ones
-    from peers are filed (datapath/auth.py).  Upgrading a running one in
-    place is replace.replace (it builds on this module)."""
+    from peers are filed (datapath/auth.py).  ACTIVE_PEERS sizes the
+    LRUs of learnt and receive state (active_sizes).  Upgrading a running
+    one in place is replace.replace (it builds on this module)."""
     from pyroute2 import IPRoute
     from mrc_ebpf.datapath import auth
     require_root()
+    sizes = active_sizes(active_peers)
     key = auth.read_key(key_file) if key_file else None
     devices = [devices] if isinstance(devices, str) else list(devices)
     if not devices:
@@ -399,7 +420,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
     if len(attach_types) > 1:
         raise MrcError("the devices' XDP programs were loaded with different attach types "
                        "(bcc's and libbpf's): mrc_rx can chain to one kind only; attach them apart")
-    module, tx, rx, fb = load_datapath(attach_types.pop() if attach_types else 0)
+    module, tx, rx, fb = load_datapath(attach_types.pop() if attach_types else 0, sizes)
     undo: list = []
     with lock.writer(), IPRoute() as ipr:
         found = _check_free(ipr, devices, mode)     # again: another writer may have been first
@@ -467,6 +488,7 @@ def attach(devices: str | list[str], sid_text: str, mode: str = "auto",
                             for d, (_, o) in zip(devices, found) if o],
             "shared_fate": bool(shared_fate), "skip_rotations": cfg.skip_rotations,
             "probe_budget": cfg.probe_budget,
+            "active_peers": ACTIVE_PEERS_DEFAULT if active_peers is None else active_peers,
             "port_status": {"detector": port_hook.detector(hooks["hooked"]), **hooks},
             "build": module.build.origin}
 

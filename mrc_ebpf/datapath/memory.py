@@ -295,6 +295,27 @@ def measured(directory: Path) -> dict[str, int]:
     return out
 
 
+# the maps an attachment sizes (attach --active-peers) -> the header's
+# constant their size is, for specs(sizes)
+SIZED = {"peer_state": "MRC_MAX_ACTIVE_PEERS", "rx_peers": "MRC_RX_MAX_SENDERS", "rx_paths": "MRC_RX_MAX_PATHS"}
+
+
+def attached_sizes(directory: Path) -> dict[str, int]:
+    """The header's constants (SIZED) as the attachment pinned in
+    `directory` has its maps sized: the `sizes` of model() for it."""
+    out = {}
+    for name, const in SIZED.items():
+        path = Path(directory) / name
+        if not path.exists():
+            continue
+        fd = bpfsys.obj_get(str(path))
+        try:
+            out[const] = int(fdinfo(fd)["max_entries"])
+        finally:
+            os.close(fd)
+    return out
+
+
 def entries_in_use(directory: Path, intermediates: dict | None = None) -> dict[str, int]:
     """name -> entries of the attachment's maps allocated as used (the
     model's `entries` for them); with `intermediates` (a dict), also the

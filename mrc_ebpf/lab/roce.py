@@ -90,6 +90,20 @@ def rdma_statistic(dev: str) -> dict[str, int]:
 # delayed paths by over a second.  A black hole must still be routed
 # around well within its 7 retries (~4 s).
 QP_TIMEOUT = 17
+# perftest's send queue depth per QP (-t; its default 128) and a completion
+# per write (-Q 1, so the queue refills as each write completes).  rxe lets
+# a QP have 128 PSNs unacknowledged (RXE_MAX_UNACKED_PSNS): 8 QPs of 4 KiB
+# writes (4 packets at rxe's 1024-byte MTU) kept ~1,000 packets in the
+# emulated fabric, as many as one CPU's backlog holds (netdev_max_backlog),
+# so under TCG round trips grew to seconds, the backlogs dropped packets,
+# QP timers fired on live paths (65-78% of PSNs resent) and resent windows
+# queued behind each other: 8 QPs at 4 writes each keep 128 in flight.
+TX_DEPTH = 4
+
+
+def qp_timeout_s(exp: int = QP_TIMEOUT) -> float:
+    """rxe's retransmission timer for perftest's -u EXP: 4.096 us << EXP."""
+    return 4.096e-6 * (1 << exp)
 PERFTEST_PORT = 18515                  # rdma-core's and perftest's default TCP port
 
 
@@ -293,18 +307,32 @@ class RoceFabric:
     def blackhole(self, k: int, on: bool = True) -> None:
         """Router Rk drops what it would forward to either host's SID: path k
         is black-holed both ways, by the kernel (no program to compile)."""
-        verb = "replace" if on else "del"
         r = self.d.R[k - 1]
+        if on:
+            # both ways in one `ip` process: under TCG each `ip netns exec`
+            # took ~0.5 s, so one way was dead that long before the other
+            lines = [f"route replace blackhole {sid.rsplit('::', 1)[0]}::/48"
+                     for sid in (self.d.B_SID, self.d.A_SID)]
+            procs.run(["ip", "-6", "-batch", "-"], ns=r, input="\n".join(lines) + "\n")
+            return
         for sid in (self.d.B_SID, self.d.A_SID):
             prefix = sid.rsplit("::", 1)[0] + "::/48"
-            if on:
-                self.t.exec(r, ["ip", "-6", "route", verb, "blackhole", prefix])
-            else:
-                self.t.exec(r, ["ip", "-6", "route", "del", "blackhole", prefix], check=False)
-                via = f"fd00:20:{k:x}::1" if sid == self.d.B_SID else f"fd00:10:{k:x}::1"
-                self.t.exec(r, ["ip", "-6", "route", "replace", prefix, "via", via])
+            self.t.exec(r, ["ip", "-6", "route", "del", "blackhole", prefix], check=False)
+            via = f"fd00:20:{k:x}::1" if sid == self.d.B_SID else f"fd00:10:{k:x}::1"
+            self.t.exec(r, ["ip", "-6", "route", "replace", prefix, "via", via])
 
     # ---- traffic -----------------------------------------------------------------
+    def rtt_ms(self, count: int = 10) -> dict:
+        """ping from host A's address to B's across the gateways (sprayed
+        over the paths: ICMP is not RoCE): min/avg/max round trip in ms, the
+        emulation's own scale for the timers and windows of a run."""
+        r = procs.run(["ping", "-6", "-n", "-q", "-c", str(count), "-i", "0.2", "-I", HOST_A6, HOST_B6],
+                      check=False, timeout=60)
+        m = re.search(r"= ([\d.]+)/([\d.]+)/([\d.]+)/", r.stdout)
+        got = {"min": float(m.group(1)), "avg": float(m.group(2)), "max": float(m.group(3))} if m else {}
+        note(f"rtt {got or r.stdout[-200:]}")
+        return got
+
     @staticmethod
     def _wait_writes(client: subprocess.Popen, packets: int = 200, timeout: float = 60) -> None:
         """Until rxe A has sent PACKETS more: ib_write_bw took seconds under
@@ -335,12 +363,14 @@ class RoceFabric:
         return {"rc": client.returncode, "client": client.stdout + client.stderr, "server": out}
 
     def write_bw(self, qps: int, seconds: float = 3, size: int = 4096, during=None,
-                 extra: tuple[str, ...] = (), qp_timeout: int = QP_TIMEOUT) -> dict:
-        """ib_write_bw from A to B: `qps` RC QPs for `seconds`; `during`
-        (if given) is called once the writes flow.  Its report, parsed."""
-        note(f"write_bw {qps} QPs {seconds} s")
+                 extra: tuple[str, ...] = (), qp_timeout: int = QP_TIMEOUT,
+                 depth: int = TX_DEPTH) -> dict:
+        """ib_write_bw from A to B: `qps` RC QPs for `seconds`, `depth`
+        writes outstanding on each; `during` (if given) is called once the
+        writes flow.  Its report, parsed."""
+        note(f"write_bw {qps} QPs {seconds} s depth {depth}")
         args = ["-x", None, "-q", str(qps), "-s", str(size), "-D", str(seconds), "-F",
-                "-u", str(qp_timeout), *extra]
+                "-u", str(qp_timeout), "-t", str(depth), "-Q", "1", *extra]
         srv = [a if a is not None else str(self.gid_b) for a in args]
         cli = [a if a is not None else str(self.gid_a) for a in args]
         server = procs.popen(["ib_write_bw", "-d", RXE_B, *srv], None, stdout=subprocess.PIPE,
@@ -418,6 +448,23 @@ def ack_gaps(packets, t0: float, t1: float) -> dict[int, float]:
         edges = [t0, *sorted(times), t1]
         gaps[qp] = max(b - a for a, b in zip(edges, edges[1:]))
     return gaps
+
+
+def ack_resume(packets, t: float) -> dict[int, float | None]:
+    """Per QP (UDP source port) ACKed before t: the gap across t, from its
+    last ACK at or before t to its first one after (seconds), or None when
+    none came after t in the capture.  A QP the failure did not touch shows
+    its usual spacing; one on the dead path, how long it waited."""
+    before: dict[int, float] = {}
+    after: dict[int, float] = {}
+    for ts, sport, op, _ in packets:
+        if op != 0x11:
+            continue
+        if ts <= t:
+            before[sport] = max(before.get(sport, ts), ts)
+        elif sport not in after or ts < after[sport]:
+            after[sport] = ts
+    return {qp: (after[qp] - b if qp in after else None) for qp, b in before.items()}
 
 
 def dump(obj) -> str:

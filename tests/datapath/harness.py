@@ -33,8 +33,10 @@ COUNTERS = source.counter_names()
 # covers it): which row or fuzz case comes first from a sender is order,
 # not the frame's verdict, so the tables leave it out.
 # The same holds for a sender's port status (issue 29, lib/ports.h): a
-# change is counted against what the sender said before.
-SENDER_STATE = {"rx_epoch", "rx_port_status", "rx_port_down_paths"}
+# change is counted against what the sender said before, and for the
+# receiver's entries of a sender and of its paths (made on the first).
+SENDER_STATE = {"rx_epoch", "rx_port_status", "rx_port_down_paths",
+                "rx_sender_new", "rx_sender_fail", "rx_path_new"}
 
 
 def outcomes(prefix: str) -> list[str]:

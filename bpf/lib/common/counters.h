@@ -85,6 +85,11 @@ enum mrc_counter {
 	MRC_RX_ROCE_AHEAD,		/* ... a request ahead of the PSN expected */
 	MRC_RX_SEGMENT,			/* a later wire segment of a burst (its TLV copied by
 					 * segmentation): counted on its path, not filed again */
+	/* the receiver's state (rx_peers, rx_paths: LRUs, lib/rx_track.h):
+	 * not outcomes; made minus held is what the LRU evicted */
+	MRC_RX_SENDER_NEW,		/* a sender's entry made: its first packet, or heard again after eviction */
+	MRC_RX_SENDER_FAIL,		/* ... none could be made: the packet's news not filed */
+	MRC_RX_PATH_NEW,		/* a (sender, path) entry made: its sequence starts afresh */
 	MRC_FB_PORT_TELL,		/* RX: feedback cloned to a peer to tell it our port
 					 * status changed (lib/port_tell.h) */
 	MRC_COUNTER_MAX,

@@ -9,7 +9,11 @@
 /*
  * rx_paths: LRU hash, (sender SID, path id) -> what the receiver saw on
  * that path.  Packets on one path arrive in order, so a gap in path_seq
- * is a loss on that path.
+ * is a loss on that path.  Bounded (MRC_RX_MAX_PATHS pairs, fewer than
+ * 16,384 senders x 256 paths): a pair evicted and heard again starts
+ * afresh, as a sender's new epoch does: its sequence restarts at that
+ * packet (no loss, no late), its delay baseline too, and its newest send
+ * is unknown (docs/design/scale.md, "The receive side").
  */
 struct mrc_rx_key {
 	__u8	sid[16];	/* the sender's SID (outer source) */
@@ -39,19 +43,29 @@ struct mrc_rx_path {
 	/* the sum of what qdelay_hist counts (microseconds): the exporter's
 	 * histogram _sum (the buckets alone cannot give it) */
 	__u64	qdelay_sum_us;
+	/* the newest sender tx_ns that arrived on the path: the send before
+	 * a packet (lib/rx_track.h, rx_track_heard) and a report's exact
+	 * time (lib/feedback.h).  Here, not per sender: 8 B a pair that is
+	 * looked up anyway, where a per-sender array of 256 was 2 KB of
+	 * every sender's entry */
+	__u64	latest_tx;
 };
 
 /*
  * rx_peers: LRU hash, sender SID -> reordering across that sender's paths,
- * and which path to report on in our next feedback to it.
+ * and which path to report on in our next feedback to it.  A sender
+ * forgotten (evicted) is not acknowledged for what it sent before, so
+ * the map holds every sender of an all-to-all at once: 16,384 active
+ * senders, and room for the kernel's LRU as peer_state has (it evicts in
+ * batches and parks free entries per CPU).  312 B an entry.
  */
+#define MRC_RX_MAX_SENDERS	18432
 struct mrc_rx_peer {
 	__u64	packets;
 	__u64	reordered;	/* arrived with peer_seq below the highest seen */
 	__u64	heard[MRC_MAX_PATHS / 64];	/* paths heard from, not yet reported */
 	__u64	loss_news[MRC_MAX_PATHS / 64];	/* paths with a loss not yet reported */
 	__u64	ce_news[MRC_MAX_PATHS / 64];	/* paths with a CE mark not yet reported */
-	__u64	latest_tx[MRC_MAX_PATHS];	/* per path: the newest sender tx_ns that arrived */
 	__u64	fb_sent_ns;	/* when our last feedback to this sender left */
 	__u32	max_peer_seq;
 	__u16	last_path_id;	/* reported in feedback when nothing is new */

@@ -122,7 +122,7 @@ def plan(nics: int, planes: int, radix: int, cpus: int, paths: int | None = None
                   "kernel_bytes": memory.host_kernel_bytes(held, cpus),
                   "how": "the datapath's maps (datapath/memory.py) with every other NIC a template's "
                          f"peer (prefix and SID); learnt state for {C['MRC_MAX_ACTIVE_PEERS']} "
-                         "peers in use at once"}
+                         f"peers in use at once, receive state for {C['MRC_RX_MAX_SENDERS']} senders"}
     out = {**s, "paths_per_peer": per_peer, "path_choice": choice, "encoding": encoding,
            "path_lists": fab.spine_groups() if form == "blocks" and per_peer == natural else
            (1 if form == "blocks" else peers),
