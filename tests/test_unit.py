@@ -21,6 +21,14 @@ def test_constants_come_from_the_header():
     assert names[0] == "tx_seen" and "rx_decap" in names and len(names) == len(set(names))
 
 
+def test_default_active_peers_sizes_the_maps_as_the_header_does():
+    """attach's LRU sizes for the default active peers are the header's
+    own (a second definition of them, so checked here)."""
+    from mrc_ebpf.datapath import loader, memory
+    sizes = loader.active_sizes(None)
+    assert {m: sizes["mrc_" + m] for m in memory.SIZED} == {m: C[c] for m, c in memory.SIZED.items()}
+
+
 def test_tlv_keeps_srh_aligned_and_ctypes_matches_size():
     assert C["MRC_TLV_SIZE"] % 8 == 0
     assert ctypes.sizeof(layout.MrcTlv) == C["MRC_TLV_SIZE"]
