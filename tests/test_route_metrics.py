@@ -1,5 +1,5 @@
-"""The TCP metrics `path add` puts on the peer route (rto_min, reordering,
-quickack; features ecn and congctl on request), read back from the kernel
+"""The TCP metrics `path add` puts on the peer route (rto_min, reordering;
+quickack, features ecn and congctl on request), read back from the kernel
 with pyroute2: present by default, overridable, refused with one line and
 nothing changed when bad, shown by `path list`/`status`, and gone with the
 path."""
@@ -41,10 +41,10 @@ def test_route_carries_tcp_metrics_overrides_and_goes_with_the_path(interop):
     m = installed(A, PREFIX6)
     assert m["RTAX_RTO_MIN"] == 5 and m["RTAX_LOCK"] & RTAX_LOCK_RTO_MIN
     assert m["RTAX_REORDERING"] == 127 and m["RTAX_LOCK"] & RTAX_LOCK_REORDERING
-    assert m["RTAX_QUICKACK"] == 1 and not m["RTAX_FEATURES"] and m["RTAX_CC_ALGO"] is None
+    assert not m["RTAX_QUICKACK"] and not m["RTAX_FEATURES"] and m["RTAX_CC_ALGO"] is None
     assert m["RTAX_MTU"]                   # the MTU metric is still there
     rows = json.loads(mrcctl("path", "list", "-j", netns=A).stdout)
-    assert rows[0]["route_metrics"] == {"rto_min": "5ms", "reordering": "127", "quickack": "1"}
+    assert rows[0]["route_metrics"] == {"rto_min": "5ms", "reordering": "127"}
     status = json.loads(mrcctl("status", "-j", netns=A).stdout)[0]
     assert {"prefix": PREFIX6, "route_metrics": rows[0]["route_metrics"]} in status["routes"]
     assert "rto_min 5ms" in mrcctl("path", "list", netns=A).stdout
@@ -52,10 +52,15 @@ def test_route_carries_tcp_metrics_overrides_and_goes_with_the_path(interop):
     # overrides: on a later `path add`, the others kept
     mrcctl("path", "add", PREFIX6, "--via", f"{interop.R_SID},{interop.B_DT6}",
            "--route-metric", "rto_min=20ms", "--route-metric", "features=ecn",
-           "--route-metric", "quickack=none", "--route-metric", "congctl=reno", netns=A)
+           "--route-metric", "quickack=1", "--route-metric", "congctl=reno", netns=A)
     m = installed(A, PREFIX6)
     assert m["RTAX_RTO_MIN"] == 20 and m["RTAX_FEATURES"] == 1 and m["RTAX_REORDERING"] == 127
-    assert not m["RTAX_QUICKACK"] and m["RTAX_CC_ALGO"] == "reno"
+    assert m["RTAX_QUICKACK"] == 1 and m["RTAX_CC_ALGO"] == "reno"
+    # KEY=none takes a default off
+    mrcctl("path", "add", PREFIX6, "--via", f"{interop.R_SID},{interop.B_DT6}",
+           "--route-metric", "reordering=none", netns=A)
+    m = installed(A, PREFIX6)
+    assert m["RTAX_REORDERING"] is None and m["RTAX_RTO_MIN"] == 20 and m["RTAX_QUICKACK"] == 1
     # a path deleted (the route re-installed) keeps them
     mrcctl("path", "del", PREFIX6, "--id", "1", netns=A)
     m = {**m, "RTAX_MTU": installed(A, PREFIX6)["RTAX_MTU"]}     # one segment less to carry
@@ -75,7 +80,7 @@ def test_route_carries_tcp_metrics_overrides_and_goes_with_the_path(interop):
     # IPv4 peers get them too; and they go with the path
     mrcctl("path", "add", PREFIX4, "--via", interop.B_DX4, "--route-metric", "rto_min=10ms", netns=A)
     m4 = installed(A, PREFIX4)
-    assert m4["RTAX_RTO_MIN"] == 10 and m4["RTAX_QUICKACK"] == 1
+    assert m4["RTAX_RTO_MIN"] == 10 and m4["RTAX_REORDERING"] == 127
     mrcctl("path", "del", PREFIX6, netns=A)
     mrcctl("path", "del", PREFIX4, netns=A)
     assert installed(A, PREFIX6) is None and installed(A, PREFIX4) is None

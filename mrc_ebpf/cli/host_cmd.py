@@ -16,7 +16,7 @@ from mrc_ebpf.cli.common import emit, json_option, tabulate
 @click.pass_context
 def tune_host(ctx, apply_, restore):
     """Host-wide TCP settings for sprayed flows that no route metric reaches
-    (mrcctl's routes carry rto_min, reordering, quickack). Shows them; changes
+    (mrcctl's routes carry rto_min and reordering). Shows them; changes
     nothing unless --apply or --restore."""
     from mrc_ebpf.control import host_tcp
     if apply_ and restore:

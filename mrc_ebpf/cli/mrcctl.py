@@ -560,7 +560,7 @@ def path():
 @click.option("--class", "tclass", metavar="NAME", help="Reserve the path for this traffic class.")
 @click.option("--route-metric", "route_metrics", multiple=True, metavar="KEY=VALUE",
               help="A TCP metric of the route to PREFIX, in place of mrcctl's "
-                   "(rto_min=5ms reordering=127 quickack=1); also features=ecn (where the fabric "
+                   "(rto_min=5ms reordering=127); also quickack=1, features=ecn (where the fabric "
                    "marks) and congctl=ALGO; KEY=none removes one. Repeatable.")
 @dev_option
 @json_option

@@ -54,11 +54,12 @@ def name_protocol(path: str = PROTO_FILE) -> bool:
 #  reordering 127: the packets TCP waits for before it takes a hole for a
 #    loss until RACK has seen reordering (3 is a single path's number;
 #    spraying reorders by up to a few packets per path).
-#  quickack 1: every segment acknowledged at once, so the sender's clock
-#    (RACK, the datapath's failover) sees each path's deliveries promptly.
-#  features ecn (off by default: only where the fabric marks) and
-#  congctl NAME (only if asked) are taken as overrides.
-DEFAULT_TCP_METRICS = {"rto_min": "5ms", "reordering": "127", "quickack": "1"}
+#  No quickack: an ACK for every burst doubled the ACKs the sender takes
+#    in (each through its slow path) and cost 30% of 4 flows' rate on an
+#    unshaped fabric, while failover was no better with it (docs/design/
+#    tcp.md).  quickack 1, features ecn (only where the fabric marks) and
+#    congctl NAME (only if asked) are taken as overrides.
+DEFAULT_TCP_METRICS = {"rto_min": "5ms", "reordering": "127"}
 RTAX = {"rto_min": "RTAX_RTO_MIN", "reordering": "RTAX_REORDERING", "quickack": "RTAX_QUICKACK",
         "features": "RTAX_FEATURES", "congctl": "RTAX_CC_ALGO"}
 _LOCKED = {"rto_min": 13, "reordering": 9}       # bit = RTAX_* number: locked as iproute2 does
