@@ -33,7 +33,7 @@ classes:
     dscp: [46, 10]
 peers:
   - prefix: fd00:2::1/64
-    route_metrics: {rto_min: 10ms, quickack: none}
+    route_metrics: {rto_min: 10ms, reordering: none}
     paths:
       - via: [fc00:b::6]
       - via: ["fc00:1::", fc00:b::6]
@@ -57,7 +57,7 @@ def test_canonical_form_is_stable_and_explicit():
     assert attach["sid"] == "fc00:a::6" and attach["mode"] == "auto" and attach["probe_us"] == 4000
     peer = c.data["peers"][0]
     assert peer["prefix"] == "fd00:2::/64" and peer["policy"] == "rr"
-    assert peer["route_metrics"] == {"rto_min": "10ms", "quickack": "none"}
+    assert peer["route_metrics"] == {"rto_min": "10ms", "reordering": "none"}
     # neighbouring entropy entries alike but for their count are one; defaults left out
     assert peer["paths"] == [{"via": ["fc00:b::6"]},
                              {"via": ["fc00:1::", "fc00:b::6"], "weight": 2, "class": "gold"},
