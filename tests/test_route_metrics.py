@@ -52,9 +52,10 @@ def test_route_carries_tcp_metrics_overrides_and_goes_with_the_path(interop):
     # overrides: on a later `path add`, the others kept
     mrcctl("path", "add", PREFIX6, "--via", f"{interop.R_SID},{interop.B_DT6}",
            "--route-metric", "rto_min=20ms", "--route-metric", "features=ecn",
-           "--route-metric", "quickack=1", "--route-metric", "congctl=reno", netns=A)
+           "--route-metric", "quickack=1", "--route-metric", "reordering=none",
+           "--route-metric", "congctl=reno", netns=A)
     m = installed(A, PREFIX6)
-    assert m["RTAX_RTO_MIN"] == 20 and m["RTAX_FEATURES"] == 1 and m["RTAX_REORDERING"] == 127
+    assert m["RTAX_RTO_MIN"] == 20 and m["RTAX_FEATURES"] == 1 and not m["RTAX_REORDERING"]
     assert m["RTAX_QUICKACK"] == 1 and m["RTAX_CC_ALGO"] == "reno"
     # a path deleted (the route re-installed) keeps them
     mrcctl("path", "del", PREFIX6, "--id", "1", netns=A)
@@ -72,11 +73,10 @@ def test_route_carries_tcp_metrics_overrides_and_goes_with_the_path(interop):
     assert installed(A, PREFIX6) == m
     assert mrcctl("path", "list", "-j", netns=A).stdout == before
 
-    # IPv4 peers get them too (KEY=none takes a default off); and they go with the path
-    mrcctl("path", "add", PREFIX4, "--via", interop.B_DX4, "--route-metric", "rto_min=10ms",
-           "--route-metric", "reordering=none", netns=A)
+    # IPv4 peers get them too; and they go with the path
+    mrcctl("path", "add", PREFIX4, "--via", interop.B_DX4, "--route-metric", "rto_min=10ms", netns=A)
     m4 = installed(A, PREFIX4)
-    assert m4["RTAX_RTO_MIN"] == 10 and not m4["RTAX_REORDERING"] and not m4["RTAX_QUICKACK"]
+    assert m4["RTAX_RTO_MIN"] == 10 and m4["RTAX_REORDERING"] == 127 and not m4["RTAX_QUICKACK"]
     mrcctl("path", "del", PREFIX6, netns=A)
     mrcctl("path", "del", PREFIX4, netns=A)
     assert installed(A, PREFIX6) is None and installed(A, PREFIX4) is None
