@@ -18,16 +18,32 @@
 #include "lib/counters.h"
 #include "lib/ports.h"
 
-/* bucket 0: 0; bucket i: [2^(i-1), 2^i); the last bucket takes the rest */
+/* bucket 0: 0; bucket i: [2^(i-1), 2^i); the last bucket takes the rest.
+ * A binary search (four tests) where a test a bit (15) cost RX ~10 ns. */
+_Static_assert(MRC_HIST_BUCKETS == 16, "rx_track_log2_bucket searches 15 bits");
 static __always_inline __u32 rx_track_log2_bucket(__u64 v)
 {
-	__u32 bucket = 0, i;
+	__u32 n = 0;
 
-#pragma unroll
-	for (i = 0; i < MRC_HIST_BUCKETS - 1; i++)
-		if (v >> i)
-			bucket = i + 1;
-	return bucket;
+	if (v >= 1ULL << (MRC_HIST_BUCKETS - 2))
+		return MRC_HIST_BUCKETS - 1;
+	if (v >> 8) {
+		n += 8;
+		v >>= 8;
+	}
+	if (v >> 4) {
+		n += 4;
+		v >>= 4;
+	}
+	if (v >> 2) {
+		n += 2;
+		v >>= 2;
+	}
+	if (v >> 1) {
+		n += 1;
+		v >>= 1;
+	}
+	return n + (__u32)v;
 }
 
 /*
