@@ -126,12 +126,14 @@ class Spray(Diamond):
     """Diamond with mrc-ebpf on both hosts and one path per router each way."""
 
     def attach(self, policy="rr", *options):
+        """POLICY None: path add's default."""
         mrcctl("attach", "a0", "--sid", self.A_SID, *options, netns=self.A)
         mrcctl("attach", "b0", "--sid", self.B_SID, *options, netns=self.B)
         for k in range(1, self.n + 1):
             mrcctl("path", "add", "fd00:b::/64", *self.path_args(k, self.B_SID), netns=self.A)
             mrcctl("path", "add", "fd00:a::/64", *self.path_args(k, self.A_SID), netns=self.B)
-        self.policy(policy)
+        if policy:
+            self.policy(policy)
 
     def policy(self, name, ns=None):
         mrcctl("path", "policy", "fd00:b::/64", name, netns=ns or self.A)

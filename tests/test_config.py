@@ -56,7 +56,7 @@ def test_canonical_form_is_stable_and_explicit():
     assert list(attach) == [k for k in config.ATTACH_KEYS if k != "key_file"]
     assert attach["sid"] == "fc00:a::6" and attach["mode"] == "auto" and attach["probe_us"] == 4000
     peer = c.data["peers"][0]
-    assert peer["prefix"] == "fd00:2::/64" and peer["policy"] == "rr"
+    assert peer["prefix"] == "fd00:2::/64" and peer["policy"] == "bytes"     # the default
     assert peer["route_metrics"] == {"rto_min": "10ms", "reordering": "none"}
     # neighbouring entropy entries alike but for their count are one; defaults left out
     assert peer["paths"] == [{"via": ["fc00:b::6"]},

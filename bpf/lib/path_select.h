@@ -147,14 +147,34 @@ static __always_inline int path_select_turns_of_bytes(__u8 policy, const struct 
 	return (policy == MRC_POLICY_BYTES || policy == MRC_POLICY_ADAPTIVE) && list->quantum;
 }
 
-/* Byte turns: the turn holding a packet of `len` bytes that starts at the
- * peer's byte count, which it advances. */
+/*
+ * Byte turns: the turn the packet starts in, each turn as long as the
+ * largest of the peer's recent packets (at most the list's quantum: a
+ * segment per packet, a burst at burst granularity).  So packets of that
+ * size go one a turn, as under rr, and smaller ones share a turn: paths
+ * carry equal bytes.  A fixed turn of the largest possible burst (64 KB)
+ * evened every 10 ms window at line rate but not a paced flow's small
+ * bursts (several a turn, a few turns a window); a turn of one segment
+ * scattered 64 KB bursts over the paths by their sizes
+ * (docs/performance/line-rate.md).  The maximum decays by 1/64 a packet,
+ * so it follows the flow down; small packets (ACKs) do not pull it.
+ */
 static __always_inline __u32 path_select_byte_turn(const struct mrc_spray *list, __u32 n,
 				       struct mrc_peer_tx *ptx, __u32 len)
 {
-	__u64 off = __sync_fetch_and_add(&ptx->bytes, len);
+	__u32 turn = ptx->turn_len, cap = list->quantum;
+	__u64 off;
 
-	return (off / list->quantum) % n;
+	turn -= turn / 64;
+	if (turn < len)
+		turn = len;
+	if (turn > cap)
+		turn = cap;
+	if (!turn)
+		turn = 1;
+	ptx->turn_len = turn;
+	off = __sync_fetch_and_add(&ptx->turns_q16, ((__u64)len << 16) / turn);
+	return (off >> 16) % n;
 }
 
 /*
@@ -170,7 +190,7 @@ static __always_inline __u32 path_select_skip_turn(const struct mrc_spray *list,
 				       struct mrc_peer_tx *ptx, __u8 policy, __u32 at)
 {
 	if (path_select_turns_of_bytes(policy, list))
-		__sync_fetch_and_add(&ptx->bytes, list->quantum);
+		__sync_fetch_and_add(&ptx->turns_q16, 1ULL << 16);
 	else
 		__sync_fetch_and_add(&ptx->seq, 1);
 	return (at + 1) % n;

@@ -75,7 +75,7 @@ static __always_inline __u64 peer_state_turn(struct mrc_peer_state *st, __u64 se
 	first = ((((__u64)(peer_id * 2654435769U) * n) >> 32) + k) % n;
 	/* adds, not stores: another CPU may have taken a number meanwhile */
 	__sync_fetch_and_add(&st->tx.seq, first);
-	__sync_fetch_and_add(&st->tx.bytes, first * quantum);
+	__sync_fetch_and_add(&st->tx.turns_q16, first << 16);
 	return first;
 }
 

@@ -10,14 +10,17 @@ TCP flows and a UDP flood, at each MTU:
 - seg6: the kernel's own SRv6 (`encap seg6` to an End.DT6 SID of the peer);
 - mptcp (fabric only): one MPTCP connection per flow, a subflow per spine
   (mptcpize runs iperf3; left out where mptcpd is not installed);
-- mrc: mrc-ebpf as `mrcctl attach` leaves it (granularity and XDP mode
-  auto), policy rr;
+- mrc: mrc-ebpf as `mrcctl attach` and `path add` leave it (granularity
+  and XDP mode auto, policy bytes; `--param 'policy="rr"'` for another);
 - mrc-packet: mrc-ebpf with --granularity packet, what the default was.
 
 Per run: the receiver's Gbit/s, the CPU it cost (all CPUs' busy time
 from /proc/stat over the run, per Gbit moved: the machine carries both
 ends and the fabric), and for mrc the share of bytes each path carried
 (its tx_bytes) and the spines' shares (the leaf's uplink byte counters).
+On the fabric, l1's uplink counters are also read every 10 ms
+(window_shares): the fraction of busy 10 ms windows in which every spine
+carried its equal share within +-10%.
 The hosts run the datacenter profile unless --hosts-default.
 
 `pin` (on where there are two CPUs) makes the one machine behave as two
@@ -42,7 +45,8 @@ import json
 import os
 import time
 
-from mrc_ebpf.bench.runner import fmt_spread, log, spread
+from mrc_ebpf.bench import window_shares
+from mrc_ebpf.bench.runner import PY, fmt_spread, log, spread
 from mrc_ebpf.errors import MrcError
 
 TITLE = "line rate: one sprayed flow on unshaped links against the kernel's own forwarding, SRv6 and MPTCP"
@@ -58,7 +62,8 @@ def params(short: bool) -> dict:
     return {"places": ["pair", "fabric"], "mtus": [1500] if short else [1500, 9000],
             "modes": list(MODES), "loads": ["tcp1"] if short else list(LOADS),
             "seconds": 2 if short else 5, "repeat": 1 if short else 3, "spines": 4,
-            "pin": (os.cpu_count() or 1) >= 2}
+            "pin": (os.cpu_count() or 1) >= 2,
+            "policy": None}     # mrc's spray policy; None: the default (bytes)
 
 
 def set_mtu(p: dict, mtu: int) -> None:
@@ -72,6 +77,9 @@ def check(p: dict) -> None:
     bad = [x for x in p["loads"] if x not in LOADS]
     if bad or not p["loads"]:
         raise MrcError(f"line-rate loads: some of {', '.join(LOADS)}, not {bad or 'none'}")
+    from mrc_ebpf.control.peer_table import POLICIES
+    if p["policy"] is not None and p["policy"] not in POLICIES:
+        raise MrcError(f"line-rate policy: one of {', '.join(POLICIES)}, not {p['policy']!r}")
 
 
 def steps(p: dict) -> int:
@@ -91,6 +99,7 @@ class Iperf:
     spines_after: dict | None = None
     paths_before: dict | None = None    # mrc: the sender's tx bytes per path around it
     paths_after: dict | None = None
+    windows: dict | None = None         # the fabric: l1's uplink counters every 10 ms (window_shares)
 
 
 @dataclasses.dataclass
@@ -186,7 +195,7 @@ def _pair(env, mtu: int, host_sysctls, pin: bool):
         yield A, B
 
 
-def _pair_mode(env, A: str, B: str, mode: str):
+def _pair_mode(env, A: str, B: str, mode: str, policy: str | None = None):
     """Set the pair up for MODE; returns an undo."""
     if mode == "seg6":
         for n, dev, dt6, peer, peer_dt6, gw in ((A, "a0", A_DT6, B6, B_DT6, B6), (B, "b0", B_DT6, A6, A_DT6, A6)):
@@ -205,6 +214,8 @@ def _pair_mode(env, A: str, B: str, mode: str):
         for n, dev, sid, peer, peer_sid in ((A, "a0", A_SID, B6, B_SID), (B, "b0", B_SID, A6, A_SID)):
             env.mrcctl(n, "attach", dev, "--sid", sid, *extra)
             env.mrcctl(n, "path", "add", f"{peer}/128", "--entropy", str(PAIR_PATHS), "--sid", peer_sid)
+            if policy:
+                env.mrcctl(n, "path", "policy", f"{peer}/128", policy)
 
         def undo():
             env.mrcctl(A, "detach", "a0", check=False)
@@ -214,9 +225,11 @@ def _pair_mode(env, A: str, B: str, mode: str):
 
 
 def _measure(p: dict, env, place: str, mtu: int, mode: str, src: str, dst_ns: str, dst: str,
-             port: int, out: Measured, spines=None) -> int:
+             port: int, out: Measured, spines=None, uplinks: tuple[str, list[str]] | None = None) -> int:
     """Every load of MODE, repeated: iperf3 from SRC to DST, with the
-    paths' (mrc) and spines' (SPINES(): byte counters) shares; the next port."""
+    paths' (mrc) and spines' (SPINES(): byte counters) shares, and the
+    spines' shares every 10 ms (UPLINKS: the leaf's namespace and its
+    uplinks, sampled by window_shares); the next port."""
     if mode.startswith("mrc"):
         out.status[f"{place} {mode}"] = json.loads(env.mrcctl(src, "status", "-j").stdout)
     for load in p["loads"]:
@@ -225,8 +238,18 @@ def _measure(p: dict, env, place: str, mtu: int, mode: str, src: str, dst_ns: st
             log(f"line-rate: {place}, MTU {mtu}, {mode}, {load}, run {rep + 1}", step=True)
             u0 = spines() if spines else None
             b0 = _path_bytes(env, src) if mode.startswith("mrc") else None
-            rec = _iperf(env, src, dst_ns, dst, port, load, p["seconds"], mtu, mptcp=mode == "mptcp",
-                         pin=p["pin"])
+            sampler = env.popen(uplinks[0], [PY, "-m", "mrc_ebpf.bench.window_shares",
+                                             str(p["seconds"] + 1.5), *uplinks[1]]) if uplinks else None
+            try:
+                rec = _iperf(env, src, dst_ns, dst, port, load, p["seconds"], mtu, mptcp=mode == "mptcp",
+                             pin=p["pin"])
+            finally:
+                if sampler:
+                    said, err = sampler.communicate(timeout=30)
+            if sampler:
+                if sampler.returncode:
+                    raise MrcError(f"window_shares failed: {err.strip()[-200:]}")
+                rec.windows = json.loads(said)
             if u0 is not None:
                 rec.spines_before, rec.spines_after = u0, spines()
             if b0 is not None:
@@ -241,7 +264,7 @@ def _run_pair(p: dict, env, mtu: int, out: Measured) -> None:
         for mode in p["modes"]:
             if mode == "mptcp":
                 continue        # one link: nothing for subflows to spread over
-            undo = _pair_mode(env, A, B, mode)
+            undo = _pair_mode(env, A, B, mode, p["policy"])
             try:
                 port = _measure(p, env, "pair", mtu, mode, A, B, B6, port, out)
             finally:
@@ -276,14 +299,15 @@ def _run_fabric(p: dict, env, mtu: int, out: Measured) -> None:
                     env.run(h2, ["ip", "-6", "route", "del", f"{dt6}/128"], check=False)
                     env.run(h1, ["ip", "-6", "route", "del", f"{fab.addr6(2)}/128"], check=False)
             elif mode.startswith("mrc"):
-                fab_mod.attach(fab.name, "h1,h2", "rr",
+                fab_mod.attach(fab.name, "h1,h2", p["policy"],
                                ["--granularity", "packet"] if mode == "mrc-packet" else [])
                 undo = lambda: fab_mod.detach(fab.name, "h1,h2")
             try:
                 ctx = contenders.mode(env, fab, mode, [1, 2]) if mode == "mptcp" else contextlib.nullcontext()
                 with ctx:
                     port = _measure(p, env, "fabric", mtu, mode, h1, h2, fab.addr6(2), port, out,
-                                    spines=lambda: _uplink_bytes(env, fab))
+                                    spines=lambda: _uplink_bytes(env, fab),
+                                    uplinks=(fab.ns("l1"), [f"s{k}" for k in range(1, fab.spines + 1)]))
             finally:
                 undo()
 
@@ -335,6 +359,8 @@ def iperf_result(r: Iperf) -> dict:
         rec["spine_shares"] = _shares(r.spines_before, r.spines_after)
     if r.paths_before is not None:
         rec["path_shares"] = _shares(r.paths_before, r.paths_after)
+    if r.windows is not None:
+        rec["spine_windows"] = window_shares.summarize(r.windows)
     return rec
 
 
@@ -347,10 +373,14 @@ def summarize(p: dict, measured: Measured) -> dict:
                     if not runs:
                         continue
                     runs = [iperf_result(r) for r in runs]
-                    summary.setdefault(place, {}).setdefault(str(mtu), {}).setdefault(mode, {})[load] = {
-                        "gbps": spread([r["gbps"] for r in runs]),
-                        "cpu_s_per_gbit": spread([r["cpu_s_per_gbit"] for r in runs]),
-                        "runs": runs}
+                    entry = {"gbps": spread([r["gbps"] for r in runs]),
+                             "cpu_s_per_gbit": spread([r["cpu_s_per_gbit"] for r in runs]),
+                             "runs": runs}
+                    windows = [r["spine_windows"] for r in runs if r.get("spine_windows")]
+                    if windows:
+                        # the fraction of busy 10 ms windows with every spine within +-10%
+                        entry["windows_even"] = spread([w["fraction_within"] for w in windows])
+                    summary.setdefault(place, {}).setdefault(str(mtu), {}).setdefault(mode, {})[load] = entry
     notes = list(measured.notes)
     for place, by_mtu in summary.items():
         for mtu, by_mode in by_mtu.items():
@@ -364,7 +394,8 @@ def summarize(p: dict, measured: Measured) -> dict:
 
 
 def table(results: dict):
-    headers = ["place", "MTU", "mode", "load", "Gbit/s", "CPU s / Gbit", "shares (paths or spines)"]
+    headers = ["place", "MTU", "mode", "load", "Gbit/s", "CPU s / Gbit", "shares (paths or spines)",
+               "10 ms windows even"]
     rows = []
     for place, by_mtu in results["summary"].items():
         for mtu, by_mode in by_mtu.items():
@@ -374,7 +405,8 @@ def table(results: dict):
                     shares = last.get("path_shares") or last.get("spine_shares") or []
                     rows.append([place, mtu, mode, load, fmt_spread(s["gbps"], digits=2),
                                  fmt_spread(s["cpu_s_per_gbit"], digits=3),
-                                 " ".join(f"{x:.2f}" for x in shares)])
+                                 " ".join(f"{x:.2f}" for x in shares),
+                                 fmt_spread(s["windows_even"], digits=2) if "windows_even" in s else ""])
     return headers, rows
 
 

@@ -308,7 +308,7 @@ def exec_(ctx, name, node, cmd):
 @fabric.command(cls=_DashDash)
 @_name_arg
 @click.option("--hosts", help="Comma-separated hosts (h1,h3 or 1,3); default all.")
-@click.option("--policy", type=click.Choice(POLICIES), help="Spray policy for every peer (default rr).")
+@click.option("--policy", type=click.Choice(POLICIES), help="Spray policy for every peer (default bytes).")
 @click.option("--ipv4", is_flag=True,
               help="Also add the IPv4 /32s as peers (their own path ids and counters; the "
                    "peer's feedback then names one of the two prefixes).")

@@ -30,6 +30,7 @@ from mrc_ebpf.control.peer_table import (DENIED, LAST_HOP, MAX_CLASSES, MAX_PATH
                                          forget_paths, forget_peer, forget_row, free_peer_id, key_prefix, learnt,
                                          lookup_peer, path_index, path_state, peer_key, route_mtu, row_learnt,
                                          stands_in, used_paths)
+from mrc_ebpf.control.config.schema import DEFAULT_POLICY
 from mrc_ebpf.control.spray import rebuild
 from mrc_ebpf.datapath import routes
 from mrc_ebpf.datapath import layout
@@ -141,7 +142,7 @@ def add(att: Attachment, prefix_text: str, vias: list[str] = (), weight: int = 1
     new_peer = peer is None
     if new_peer:
         row = free_peer_id(att)
-        peer = layout.Peer(peer_id=row, n_paths=0, policy=POLICIES["rr"], template_id=row)
+        peer = layout.Peer(peer_id=row, n_paths=0, policy=POLICIES[DEFAULT_POLICY], template_id=row)
     used = used_paths(att, peer) if not new_peer else []
     class_label = tclass_name or classes.DEFAULT
     existing, fresh, matched = [], [], set()
@@ -351,6 +352,13 @@ def peers(att: Attachment) -> list[dict]:
     return out
 
 
+def _turn_bytes(att: Attachment, peer: layout.Peer) -> int | None:
+    if peer.policy not in (POLICIES["bytes"], POLICIES["adaptive"]):
+        return None
+    spray = att.maps["spray"].lookup(layout.Index(peer.template_id * MAX_CLASSES))
+    return spray.quantum if spray is not None and spray.quantum else None
+
+
 def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]:
     """Every path of every peer with paths of its own, and of each
     template's peer that has learnt state (has been sent to lately): the
@@ -378,6 +386,7 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
             rows_learnt[peer.template_id] = row_learnt(att, peer.template_id)
         row = rows_learnt[peer.template_id]
         standing = stands_in(att, peer, row)
+        turn_bytes = _turn_bytes(att, peer)
         for path_id, path in used(peer):
             path = _with_last_hop(path, peer)
             mine = row.paths[path_id]
@@ -394,6 +403,9 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
                 "probe_gap_ms": round(live.probe_gap_us / 1e3, 3) if live.down_ns else None,
                 "class": names.get(path.tclass, str(path.tclass)),
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
+                # bytes, adaptive: a turn's bytes (one packet TC sees: a
+                # segment, or a burst at burst granularity; spray.burst_quantum)
+                "turn_bytes": turn_bytes,
                 "flowlabel": path.flowlabel, "ev": path.flowlabel if path.flags & ENTROPY else None,
                 # a spare EV, and the paths out whose turns it takes now
                 "spare": bool(path.flags & SPARE), "stands_in_for": standing.get(path_id, []),

@@ -23,6 +23,7 @@ import ipaddress
 
 from mrc_ebpf.control import bulk, classes, shared_fate
 from mrc_ebpf.control import path_spec, peer_table as pt, spray
+from mrc_ebpf.control.config.schema import DEFAULT_POLICY
 from mrc_ebpf.datapath import layout, routes
 from mrc_ebpf.datapath.journal import InjectedFailure
 from mrc_ebpf.datapath.loader import Attachment
@@ -80,7 +81,7 @@ def add(att: Attachment, name: str, vias: list[str], weight: int = 1,
     new = tpl is None
     if new:
         row = pt.free_peer_id(att)
-        tpl = layout.Peer(peer_id=row, template_id=row, n_paths=0, policy=pt.POLICIES["rr"])
+        tpl = layout.Peer(peer_id=row, template_id=row, n_paths=0, policy=pt.POLICIES[DEFAULT_POLICY])
     used = pt.used_paths(att, tpl) if not new else []
     have = {tuple(path_spec.segments_of(p)) for _, p in used}
     fresh = [s for s in specs if tuple(map(str, s.segments)) not in have]

@@ -58,8 +58,8 @@ class Path(ctypes.Structure):
 
 @mirror("struct mrc_peer_tx")
 class PeerTx(ctypes.Structure):
-    _fields_ = [("seq", u64), ("bytes", u64), ("fail_open_ns", u64), ("heard_ns", u64),
-                ("heard_path", u32), ("pad", u32)]
+    _fields_ = [("seq", u64), ("turns_q16", u64), ("fail_open_ns", u64), ("heard_ns", u64),
+                ("heard_path", u32), ("turn_len", u32)]
 
 
 @mirror("struct mrc_device")

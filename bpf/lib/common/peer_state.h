@@ -36,14 +36,19 @@ struct mrc_peer_acks {
 /* peer_tx: in peer_state; updated with atomic adds, shared by CPUs */
 struct mrc_peer_tx {
 	__u64	seq;		/* next per-peer sequence number */
-	__u64	bytes;		/* bytes policy: bytes sprayed so far (all classes) */
+	/* bytes policy: turns taken so far (all classes), in 1/65536 of a
+	 * turn: a packet advances it by its length over turn_len */
+	__u64	turns_q16;
 	__u64	fail_open_ns;	/* since when every path is down (0: not) */
 	/* The path with the newest acknowledgement TX has seen while choosing
 	 * paths, and that acknowledgement: where a TCP retransmission goes
 	 * (lib/tcp_steer.h) */
 	__u64	heard_ns;
 	__u32	heard_path;
-	__u32	pad;
+	/* bytes policy: a turn's length, the largest of the peer's recent
+	 * packets (a maximum that decays by 1/64 a packet), at most the
+	 * spray list's quantum (lib/path_select.h, path_select_byte_turn) */
+	__u32	turn_len;
 };
 
 /*

@@ -36,7 +36,7 @@ ATTACH_KEYS = ("devices", "sid", "mode", "granularity", "link_rate_mbps", *TIMER
                "shared_fate", "min_active", *SETTING_RANGES, "key_file")
 # what a running attachment cannot change in place
 REATTACH_KEYS = ("devices", "sid", "mode")
-DEFAULT_POLICY = "rr"           # what `path add` gives a new peer
+DEFAULT_POLICY = "bytes"        # what `path add` gives a new peer (docs/design/spraying.md)
 MAX_CLASS_NAME = 15
 
 

@@ -6,6 +6,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
+from mrc_ebpf.control.config.schema import DEFAULT_POLICY
 from mrc_ebpf.errors import MrcError
 from mrc_ebpf.lab.procs import mrcctl_cmd as _mrcctl, mrcctl_result, run_parallel, run_sequences
 
@@ -117,12 +118,12 @@ def attach(name: str, hosts: str | None, policy: str | None, extra: list[str],
         for h in chosen:
             state["attached"][fab.host(h)] = {"devices": devs, "sid": fab.host_sid(h), "ipv4": ipv4,
                                               "peers": [fab.host(b) for b in chosen if b != h],
-                                              "policy": policy or "rr", "extra": list(extra)}
+                                              "policy": policy or DEFAULT_POLICY, "extra": list(extra)}
             if fab.encoding == "ev":
                 state["attached"][fab.host(h)]["entropy"] = entropy
                 state["attached"][fab.host(h)]["ev_order"] = ev_order
     return {"name": name, "hosts": [fab.host(h) for h in chosen], "devices": devs,
-            "policy": policy or "rr", **({"ev_order": ev_order} if fab.encoding == "ev" else {}),
+            "policy": policy or DEFAULT_POLICY, **({"ev_order": ev_order} if fab.encoding == "ev" else {}),
             "paths_per_peer": entropy if fab.encoding == "ev" else fab.planes * fab.spines}
 
 
@@ -182,7 +183,7 @@ def attach_rendered(name: str, hosts: str | None = None) -> dict:
             state["attached"][fab.host(h)] = {
                 "devices": cfg["attach"]["devices"], "sid": cfg["attach"]["sid"],
                 "ipv4": desc.options(fab.host(h))["ipv4"], "peers": [fab.host(b) for b in chosen if b != h],
-                "policy": desc.options(fab.host(h))["policy"] or "rr", "extra": [], "rendered": True}
+                "policy": desc.options(fab.host(h))["policy"] or DEFAULT_POLICY, "extra": [], "rendered": True}
     return {"name": name, "hosts": [fab.host(h) for h in chosen], "attach_s": round(time.monotonic() - started, 2),
             "per_host": per_host, "config_bytes": {fab.host(h): len(dump(c).encode()) for h, c in configs.items()},
             "paths_per_peer": counts(configs[chosen[0]])[1] // counts(configs[chosen[0]])[0]}

@@ -118,9 +118,9 @@ def _blocks(fab: Fabric, a: int, opts: dict, others: list[int]) -> dict:
     show-config prints what they applied): a template per spine group (a
     path per plane and spine of the group), each peer on its group's
     (Fabric.spine_group)."""
-    from mrc_ebpf.control import blocks
+    from mrc_ebpf.control import blocks, config
     k = fab.spine_groups()
-    tpls = [{"name": template_name(fab, g), "policy": opts["policy"] or "rr",
+    tpls = [{"name": template_name(fab, g), "policy": opts["policy"] or config.DEFAULT_POLICY,
              "paths": [{"via": [fab.spine_sid(p, s)]} for p in range(fab.planes) for s in fab.group_spines(g)]}
             for g in range(k)]
     step = fab.sid_step()
