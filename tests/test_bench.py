@@ -170,6 +170,11 @@ def test_line_rate(runs):
     for mode in ("mrc", "mrc-packet"):
         shares = r["summary"]["fabric"]["1500"][mode]["tcp1"]["runs"][0]["spine_shares"]
         assert len(shares) == 4 and all(0.2 <= x <= 0.3 for x in shares), (mode, shares)
+    # the same counters every 10 ms: windows judged, mrc's mostly even,
+    # ECMP's one flow never (it sits on one spine)
+    windows = {m: r["summary"]["fabric"]["1500"][m]["tcp1"]["runs"][0]["spine_windows"] for m in ("mrc", "plain")}
+    assert windows["mrc"]["windows"] > 50 and windows["mrc"]["fraction_within"] >= 0.5, windows
+    assert windows["plain"]["fraction_within"] == 0 and windows["plain"]["deviation_max"] == 3.0, windows
     hook = r["status"]["fabric mrc"][0]["hooks"][0]
     assert hook["granularity"].startswith("per-burst") and "auto" in hook["granularity_why"]
     assert r["status"]["fabric mrc-packet"][0]["hooks"][0]["granularity"] == "per-packet"

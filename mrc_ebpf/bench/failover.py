@@ -109,6 +109,7 @@ import socket
 import tempfile
 import time
 
+from mrc_ebpf.control.config.schema import DEFAULT_POLICY
 from mrc_ebpf.datapath import layout
 from mrc_ebpf.lab import netns
 from mrc_ebpf.bench import contenders
@@ -131,7 +132,7 @@ def params(short: bool) -> dict:
             "bucket_ms": 1.0, "window_ms": 10, "tcp_window_ms": 100, "threshold": 0.9, "stable_ms": 50, "pre_ms": 300,
             "late_ms": 100, "tail_ms": 30, "judged": 0.5,
             "mtu": 1500, "fault": "s1>l2 blackhole (l2 ingress from s1)",
-            "mrc_policy": "rr", "mrc": f"ack-timeout {layout.TIMER_DEFAULTS['ack_timeout_us']} us, "
+            "mrc_policy": DEFAULT_POLICY, "mrc": f"ack-timeout {layout.TIMER_DEFAULTS['ack_timeout_us']} us, "
                                        f"probe {layout.TIMER_DEFAULTS['probe_us']} us (mrcctl attach defaults)",
             # no ECN marking: at 1 ms, classic ECN holds cubic under the 90%
             # line the outage is measured against (README, collisions)

@@ -618,7 +618,10 @@ def path_del(ctx, prefix, path_id, device):
 @json_option
 @click.pass_context
 def path_policy(ctx, prefix, policy, device):
-    """How PREFIX's packets are sprayed over its paths."""
+    """How PREFIX's packets are sprayed over its paths.  A new peer takes
+    bytes: round robin by bytes, a turn as long as the peer's recent
+    largest packet (a segment, or a burst where bursts are sprayed);
+    rr takes turns by packets."""
     from mrc_ebpf.control import paths
     with attached(device, change=True) as att:
         result = paths.set_policy(att, prefix, policy)

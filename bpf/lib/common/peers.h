@@ -31,7 +31,7 @@ struct mrc_peer_key {
 #define MRC_POLICY_RANDOM	2	/* uniform random */
 #define MRC_POLICY_HASH		3	/* per flow (ECMP-like): the baseline MRC replaces */
 #define MRC_POLICY_ADAPTIVE	4	/* best of two random paths by measured health */
-#define MRC_POLICY_BYTES	5	/* round robin by bytes: each turn carries a quantum */
+#define MRC_POLICY_BYTES	5	/* round robin by bytes (the default): a turn a largest packet */
 /* RoCEv2 (lib/roce.h): each queue pair on one path, QPs spread over the
  * paths by turns; a QP moves only when nothing of it is in flight, or at
  * once when its path is taken out.  Other packets: round robin. */
@@ -64,9 +64,11 @@ struct mrc_peer {
  */
 struct mrc_spray {
 	__u32	n;		/* entries in use */
-	/* bytes policy: the bytes one turn carries, the largest packet the
-	 * peer route lets through (route MTU + Ethernet header), so full-size
-	 * packets go one per turn as under rr and smaller ones share a turn */
+	/* bytes policy: the most one turn carries, the largest packet TC can
+	 * see for the peer: a full segment (route MTU + Ethernet header) per
+	 * packet, a burst (at most 64 KB) at burst granularity; a turn is as
+	 * long as the peer's recent largest packet, within this
+	 * (control/spray.py, burst_quantum; lib/path_select.h) */
 	__u32	quantum;
 	__u16	ids[MRC_SPRAY_SLOTS];
 };
