@@ -23,25 +23,16 @@
 _Static_assert(MRC_HIST_BUCKETS == 16, "rx_track_log2_bucket searches 15 bits");
 static __always_inline __u32 rx_track_log2_bucket(__u64 v)
 {
-	__u32 n = 0;
+	__u32 n = 0, step;
 
 	if (v >= 1ULL << (MRC_HIST_BUCKETS - 2))
 		return MRC_HIST_BUCKETS - 1;
-	if (v >> 8) {
-		n += 8;
-		v >>= 8;
-	}
-	if (v >> 4) {
-		n += 4;
-		v >>= 4;
-	}
-	if (v >> 2) {
-		n += 2;
-		v >>= 2;
-	}
-	if (v >> 1) {
-		n += 1;
-		v >>= 1;
+#pragma unroll
+	for (step = 8; step; step >>= 1) {
+		if (v >> step) {
+			n += step;
+			v >>= step;
+		}
 	}
 	return n + (__u32)v;
 }
