@@ -158,6 +158,9 @@ def test_line_rate_summarize():
         "tcp1", 2, {"sum_received": {"bits_per_second": bps}, "sum_sent": {"retransmits": 7}}, busy)
     mrc = tcp(2e9, 4.0)
     mrc.paths_before, mrc.paths_after = {0: 0, 1: 10}, {0: 300, 1: 110}
+    # the uplinks every 10 ms: one window even, one not
+    mrc.windows = {"ifaces": ["s1", "s2"], "t_ns": [0, 10_000_000, 20_000_000],
+                   "bytes": [[0, 0], [100, 100], [250, 150]]}
     udp = line_rate.Iperf("udp", 2, {"sum": {"bits_per_second": 1e9, "lost_percent": 10}}, 1.0)
     r = line_rate.iperf_result(udp)
     assert r["gbps"] == pytest.approx(0.9) and r["retransmits"] is None
@@ -170,8 +173,11 @@ def test_line_rate_summarize():
     assert s["runs"][0]["path_shares"] == [0.75, 0.25] and s["runs"][0]["retransmits"] == 7
     assert out["notes"][0] == "a note" and "= 0.50 of the kernel's SRv6 (4.00)" in out["notes"][1]
     assert out["status"] == {"pair mrc": {"ok": 1}}
+    assert s["runs"][0]["spine_windows"]["fraction_within"] == 0.5
+    assert s["windows_even"]["median"] == 0.5 and "windows_even" not in out["summary"]["pair"]["1500"]["seg6"]["tcp1"]
     headers, rows = line_rate.table(out)
-    assert rows[1][-1] == "0.75 0.25"
+    assert headers[-2:] == ["shares (paths or spines)", "10 ms windows even"]
+    assert rows[1][-2:] == ["0.75 0.25", "0.5 (0.5-0.5)"] and rows[0][-1] == ""
 
 
 # --------------------------------------------------------------------------- cost
