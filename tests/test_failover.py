@@ -244,8 +244,10 @@ def test_late_packets_widen_the_window(spray):
     # queued packets reported), not up (a probe's answer).  One up is
     # allowed: on a loaded host, feedback delayed on the receiver can take
     # the path down between bursts, with nothing of it queued to come late
+    # (in one CI run the only down was that one: ['up'])
     back = [e["type"] for e in learnt_events if e["path_id"] == BLACKHOLED and e["type"] in ("late", "up")]
-    assert back.count("late") >= max(1, learnt_downs - 2) and back.count("up") <= 1, back
+    assert back.count("up") <= 1, back
+    assert back.count("late") >= max(1, learnt_downs - 2) - back.count("up"), back
     # status lists the window while it is wide; it halves back a second
     # after the last late packet, which may come before the last burst
     for window in status["ack_windows"]:
