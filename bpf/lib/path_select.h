@@ -361,7 +361,7 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	 * by a packet that is dropped later does no harm. */
 	choice->peer_seq = __sync_fetch_and_add(&ptx->seq, 1);
 	/* new state: its turns start at its own offset (lib/peer_state.h) */
-	choice->peer_seq = peer_state_turn(st, choice->peer_seq, peer->peer_id, n, list->quantum, row);
+	choice->peer_seq = peer_state_turn(st, choice->peer_seq, peer->peer_id, n, row);
 	choice->tclass = tclass;
 	choice->probe = 0;
 	/* the send time too: one clock read a packet (each costs 20-40 ns,
@@ -393,7 +393,8 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	}
 	case MRC_POLICY_BYTES: {
 		/* rr over the peer's byte stream: the packet goes on the turn
-		 * its first byte falls in, each turn `quantum` bytes.  rr
+		 * it starts in, each turn the peer's recent largest packet
+		 * (path_select_byte_turn).  rr
 		 * balances packets, and TCP's segments are not all full (a
 		 * write's tail, a push when the socket buffer fills): at a
 		 * 3500-byte MTU rr's paths carried 69-88 MB for equal counts,

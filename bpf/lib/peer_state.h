@@ -54,7 +54,7 @@ static __always_inline struct mrc_peer_state *peer_state_get(__u32 peer_id)
  * O(1): one array word, for a new state only.
  */
 static __always_inline __u64 peer_state_turn(struct mrc_peer_state *st, __u64 seq, __u32 peer_id,
-					     __u32 n, __u32 quantum, __u32 row)
+					     __u32 n, __u32 row)
 {
 	__u32 slot = peer_id & (MRC_PEER_STARTS - 1), word = slot / 4, shift = (slot % 4) * 16;
 	__u64 *starts, first;
