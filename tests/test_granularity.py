@@ -191,7 +191,7 @@ def test_bursts_cut_into_wire_segments_are_counted_not_taken_for_late(spray):
     wire segments in software, each carrying the burst's one TLV, as a
     NIC's TSO does.  B's XDP sees every segment: its per-path counts must
     add up to the frames its device received (the device's own counter),
-    with none taken for late or lost, the later segments counted as such."""
+    with none taken for late, the later segments counted as such."""
     t = spray.t
     mrcctl("attach", "a0", "--sid", spray.A_SID, netns=spray.A)
     mrcctl("attach", "b0", "--sid", spray.B_SID, "--mode", "native", netns=spray.B)
@@ -216,7 +216,12 @@ def test_bursts_cut_into_wire_segments_are_counted_not_taken_for_late(spray):
     counters = json.loads(mrcctl("stats", "-j", netns=spray.B).stdout)["counters"]
     counted = sum(r["rx_packets"] for r in rx)
     sent = sum(spray.sent().values())             # bursts: one TLV each
-    assert sum(r["late"] for r in rx) == 0 and sum(r["lost"] for r in rx) == 0, rx
+    # A segment taken for late would count late with nothing lost.  Two
+    # packets of one path forwarded by two CPUs of the lab's routers can
+    # swap (once in a CI run on 2 CPUs): the gap is counted lost,
+    # then filled by the late one.  So: every late packet filled a gap.
+    assert all(r["late"] == r["lost"] for r in rx), rx
+    assert sum(r["lost"] for r in rx) <= 2, rx
     assert counted > 2 * sent                      # bursts arrived as several segments
     assert counters["rx_segment"] == counted - sent
     # every frame B's device took in is one of A's segments, but for
