@@ -4,7 +4,6 @@ functions, so each case says what the answer must be."""
 from __future__ import annotations
 
 from mrc_ebpf.bench import window_shares
-from mrc_ebpf.control.spray import burst_quantum
 
 
 def _samples(per_window: list[list[int]], ms: float = 10.0) -> dict:
@@ -32,9 +31,3 @@ def test_idle_windows_do_not_count_and_one_path_is_all_off():
     assert (w["windows"], w["within"]) == (2, 0) and w["deviation_max"] == 3.0
     assert window_shares.summarize(_samples([[0, 0], [0, 0]])) is None
 
-
-def test_a_turn_is_a_segment_per_packet_and_a_burst_at_most_64k():
-    assert burst_quantum(1500 - 112, 1) == 1402             # route MTU + Ethernet
-    assert burst_quantum(1388, 4) == 4 * 1402               # 4 segments a burst
-    assert burst_quantum(1388, 65535) == 65536              # GSO's 64 KB
-    assert burst_quantum(8888, 65535) == 65536

@@ -149,8 +149,8 @@ static __always_inline int path_select_turns_of_bytes(__u8 policy, const struct 
 
 /*
  * Byte turns: the turn the packet starts in, each turn as long as the
- * largest of the peer's recent packets (at most the list's quantum: a
- * segment per packet, a burst at burst granularity).  So packets of that
+ * largest of the peer's recent packets: a segment per packet, a burst at
+ * burst granularity, whatever the device's gso_max_segs is now.  So packets of that
  * size go one a turn, as under rr, and smaller ones share a turn: paths
  * carry equal bytes.  A fixed turn of the largest possible burst (64 KB)
  * evened every 10 ms window at line rate but not a paced flow's small

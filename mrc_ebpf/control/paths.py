@@ -352,13 +352,6 @@ def peers(att: Attachment) -> list[dict]:
     return out
 
 
-def _turn_bytes(att: Attachment, peer: layout.Peer) -> int | None:
-    if peer.policy not in (POLICIES["bytes"], POLICIES["adaptive"]):
-        return None
-    spray = att.maps["spray"].lookup(layout.Index(peer.template_id * MAX_CLASSES))
-    return spray.quantum if spray is not None and spray.quantum else None
-
-
 def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]:
     """Every path of every peer with paths of its own, and of each
     template's peer that has learnt state (has been sent to lately): the
@@ -386,7 +379,10 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
             rows_learnt[peer.template_id] = row_learnt(att, peer.template_id)
         row = rows_learnt[peer.template_id]
         standing = stands_in(att, peer, row)
-        turn_bytes = _turn_bytes(att, peer)
+        # bytes, adaptive: the turn the peer's packets have made (None
+        # before its first packet)
+        turns = peer.policy in (POLICIES["bytes"], POLICIES["adaptive"])
+        turn_bytes = (peer_state.tx.turn_len or None) if turns else None
         for path_id, path in used(peer):
             path = _with_last_hop(path, peer)
             mine = row.paths[path_id]
@@ -403,8 +399,6 @@ def list_paths(att: Attachment, every_template_peer: bool = False) -> list[dict]
                 "probe_gap_ms": round(live.probe_gap_us / 1e3, 3) if live.down_ns else None,
                 "class": names.get(path.tclass, str(path.tclass)),
                 "policy": POLICY_NAMES.get(peer.policy, str(peer.policy)),
-                # bytes, adaptive: a turn's bytes (one packet TC sees: a
-                # segment, or a burst at burst granularity; spray.burst_quantum)
                 "turn_bytes": turn_bytes,
                 "flowlabel": path.flowlabel, "ev": path.flowlabel if path.flags & ENTROPY else None,
                 # a spare EV, and the paths out whose turns it takes now

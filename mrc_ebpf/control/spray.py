@@ -7,25 +7,11 @@ from __future__ import annotations
 import ipaddress
 
 from mrc_ebpf.control.path_spec import ENTROPY, SPARE, hop_of
-from mrc_ebpf.control.peer_table import (MAX_CLASSES, POLICIES, SLOTS, UP, change_row, route_mtu,
+from mrc_ebpf.control.peer_table import (MAX_CLASSES, POLICIES, SLOTS, UP, change_row,
                                          used_paths)
 from mrc_ebpf.datapath import layout
 from mrc_ebpf.datapath.loader import Attachment
-from mrc_ebpf.datapath.offload import BURST_MAX_BYTES
-
-ETH_HLEN = 14       # TC egress counts the Ethernet header in skb->len
-
-
-def burst_quantum(route_mtu: int, burst_segs: int) -> int:
-    """A byte turn (bytes, adaptive): the most one packet TC sees can
-    carry, so that a turn holds one of them.  Per packet, one full-size
-    segment; at burst granularity one burst (at most 64 KB): with a turn
-    of one segment a 64 KB burst took 43 turns and the bursts' paths fell
-    by their sizes, unevenly, where turns of a burst kept every path's
-    share within +-10% in 98% of 10 ms windows at 14 Gbit/s (rr, one
-    turn a burst of whatever size: 31%; docs/performance/line-rate.md)."""
-    segment = route_mtu + ETH_HLEN
-    return max(segment, min(burst_segs * segment, BURST_MAX_BYTES))
+from mrc_ebpf.datapath.offload import TURN_MAX_BYTES
 
 
 def smooth_weighted(weights: dict[int, int], slots: int = SLOTS) -> list[int]:
@@ -57,7 +43,10 @@ def rebuild(att: Attachment, peer: layout.Peer, sids: bool = True, leave_out: fr
     LEAVE_OUT: path ids left out as if not up (a path about to be
     rewritten in place: templates.replace_paths)."""
     used = [(i, p) for i, p in used_paths(att, peer) if p.state == UP and i not in leave_out]
-    quantum = burst_quantum(route_mtu(att, peer), att.burst_segs()) if used else 0
+    # bytes, adaptive: a turn follows the peer's own packets, a segment or
+    # a burst (lib/path_select.h), so it holds whatever the granularity
+    # now is; the quantum only bounds it, and says turns are of bytes
+    quantum = TURN_MAX_BYTES if used else 0
     # spares are in no list: they take an out path's turns (spares_of)
     sprayed = [(i, p) for i, p in used if not p.flags & SPARE]
     shared = [(i, p) for i, p in sprayed if p.tclass == 0]

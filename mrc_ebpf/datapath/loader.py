@@ -133,7 +133,6 @@ class Attachment:
         self.dir = directory
         self.maps: dict[str, bpfsys.PinnedMap] = {}
         self.journal: journal.Journal | None = None
-        self._burst_segs: int | None = None
 
     @classmethod
     def open(cls, device: str) -> "Attachment":
@@ -210,17 +209,6 @@ class Attachment:
 
     def device_names(self) -> list[str]:
         return [hooks.ifname_of(i) or f"ifindex {i}" for i in self.ifindexes]
-
-    def burst_segs(self) -> int:
-        """The most segments one burst can hold on every device of the
-        attachment (their smallest gso_max_segs: the granularity), read
-        once per Attachment: 1 where a device cannot be asked."""
-        if self._burst_segs is None:
-            try:
-                self._burst_segs = min((offload.gso_max_segs(d) for d in self.device_names()), default=1)
-            except (subprocess.CalledProcessError, ValueError, KeyError, IndexError):
-                self._burst_segs = 1
-        return self._burst_segs
 
     def prog_id(self, name: str) -> int:
         return bpfsys.pinned_prog_id(str(self.dir / name))

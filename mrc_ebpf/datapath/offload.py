@@ -29,6 +29,7 @@ GRANULARITIES = ("auto", "packet", "burst")
 BURST_US = 50               # a burst lasts at most this much of the slowest link's time
 GSO_MAX_SEGS = 65535        # the kernel's default: no bound but the 64 KB of a burst
 BURST_MAX_BYTES = 65536     # what one burst holds without BIG TCP
+TURN_MAX_BYTES = 512 << 10  # the largest packet TC can be handed (BIG TCP's GSO_MAX_SIZE)
 
 
 def gso_max_segs(device: str) -> int:

@@ -64,11 +64,10 @@ struct mrc_peer {
  */
 struct mrc_spray {
 	__u32	n;		/* entries in use */
-	/* bytes policy: the most one turn carries, the largest packet TC can
-	 * see for the peer: a full segment (route MTU + Ethernet header) per
-	 * packet, a burst (at most 64 KB) at burst granularity; a turn is as
-	 * long as the peer's recent largest packet, within this
-	 * (control/spray.py, burst_quantum; lib/path_select.h) */
+	/* bytes policy: the most one turn carries (the largest packet TC can
+	 * be handed; 0: not turns of bytes).  A turn is as long as the peer's
+	 * recent largest packet, within this (lib/path_select.h), so it is a
+	 * segment or a burst by what the granularity lets through now */
 	__u32	quantum;
 	__u16	ids[MRC_SPRAY_SLOTS];
 };
