@@ -74,7 +74,7 @@ def main() -> None:
         mrcctl("fabric", "show", NAME)
 
         step("attach mrc-ebpf on both hosts: one SRv6 path per spine towards the other")
-        mrcctl("fabric", "attach", NAME, "--policy", "rr")
+        mrcctl("fabric", "attach", NAME)
         mrcctl(*on("h1", *MRCCTL, "status"))
         mrcctl(*on("h1", *MRCCTL, "path", "list"))
 
