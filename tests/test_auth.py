@@ -23,6 +23,13 @@ XDP_PASS, XDP_DROP = 2, 1
 EPOCH = 1000
 
 
+def eth():
+    """The frames' Ethernet header, addresses given: scapy resolves a
+    missing dst by a neighbour solicitation on the host's own network (a
+    1 s wait a frame, and traffic outside the test's namespaces)."""
+    return Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+
+
 def test_siphash_matches_the_reference_vectors():
     """SipHash-2-4 paper, appendix A: key 00..0f, messages 00..(n-1)."""
     assert auth.siphash24(bytes(range(16)), b"") == 0x726fdb47dd0e0e31
@@ -94,7 +101,7 @@ def feedback(seq, key=None, epoch=EPOCH, key_id=None, qdelay=123, mac=None, src=
         tlv.mac = mac
     elif key:
         tlv.mac = auth.tlv_mac(key, src, SID, bytes(tlv))
-    return bytes(Ether() / IPv6(src=src, dst=SID) /
+    return bytes(eth() / IPv6(src=src, dst=SID) /
                  IPv6ExtHdrSegmentRouting(addresses=[SID], segleft=0, lastentry=0, tlv_objects=[tlv]) /
                  IPv6(src="fd00:b::b", dst="fd00:a::a", nh=59))
 
@@ -130,7 +137,7 @@ def test_receiver_files_only_authentic_fresh_feedback(dp):
         assert (d.get("rx_feedback") == 1) == filed, (seq, d)
     # forgeries, each counted by its reason, none filed
     signed = IPv6(feedback(204, KEY1, qdelay=9999)[14:])
-    moved = Ether() / IPv6(bytes(signed))
+    moved = eth() / IPv6(bytes(signed))
     moved[IPv6].src = "fc00:c::1"           # a MAC made for the peer's source, from another
     forged = [("rx_auth_no_mac", feedback(200, None, qdelay=9999)),
               ("rx_auth_unknown_key", feedback(201, OTHER, qdelay=9999)),
@@ -180,7 +187,7 @@ def test_a_new_epoch_restarts_the_senders_tracking(dp):
 
 
 def tx_frame():
-    return bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") /
+    return bytes(eth() /
                  IPv6(src="fd00:a::a", dst="fd00:b::b") / UDP(dport=9) / bytes(64))
 
 
@@ -291,7 +298,7 @@ def signed_data(seq, key, src=PEER_SID, flags=0, edit=None):
     tlv.mac = auth.tlv_mac(key, src, SID, bytes(tlv))
     if edit:
         edit(tlv)
-    return bytes(Ether() / IPv6(src=src, dst=SID) /
+    return bytes(eth() / IPv6(src=src, dst=SID) /
                  IPv6ExtHdrSegmentRouting(addresses=[SID], segleft=0, lastentry=0, tlv_objects=[tlv]) /
                  IPv6(src="fd00:b::b", dst="fd00:a::a", nh=59))
 
