@@ -11,7 +11,6 @@ import contextlib
 import ctypes
 import ipaddress
 import os
-import subprocess
 from pathlib import Path
 
 # pyroute2 (~150 ms to import) is imported where it is used, so verbs that
