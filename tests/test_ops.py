@@ -319,8 +319,12 @@ def test_monitor_reports_a_black_hole_within_100ms(spray):
         out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     lines = [json.loads(line) for line in out.splitlines()]      # every line is JSON
-    downs = [e for e in lines if e["type"] == "down"]
-    assert downs and downs[0]["path_id"] == 1 and downs[0]["prefix"] == "fd00:b::/64", lines
+    # path 1's down; a live path may go down too, first (4 runs in 10):
+    # its last send before the pause, a lone one, is acknowledged only by
+    # B's next report, told once, which may ride B's own path 1 (dead too)
+    # (docs/design/failover.md, "A lone unheard send")
+    downs = [e for e in lines if e["type"] == "down" and e["path_id"] == 1]
+    assert downs and downs[0]["prefix"] == "fd00:b::/64", lines
     for e in lines:
         assert 0 <= e["read_ns"] - e["ns"] < 100_000_000, e
     logged = json.loads(mrcctl("stats", "--events", "-j", netns=spray.A).stdout)["events"]

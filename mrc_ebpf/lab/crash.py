@@ -276,15 +276,20 @@ VERBS = {"path bulk": bulk_args, "path add": path_add_args, "apply": apply_args,
 
 
 def run(net, work: Path, verb: str, kills: int, seed: int, anywhere_p: float = 0.1,
-        progress=None) -> list[dict]:
-    """KILLS rounds of VERB on NET (set up): one result per kill."""
+        progress=None, most: int = 0) -> list[dict]:
+    """KILLS rounds of VERB on NET (set up): one result per kill; with MOST,
+    more rounds (up to MOST in all) until a kill landed mid-change (a
+    command whose log exists for a few ms, as `attach --replace`'s, can
+    finish its writes before all of KILLS random kills)."""
     rng = random.Random(seed)
     log = log_file(net.A)
     make = VERBS[verb]
     # aim: how long the command's change log exists when it runs through
     window, steps = timed(net.A, make(net, work, 0), log)
     out, now = [], None
-    for k in range(1, kills + 1):
+    k = 0
+    while k < kills or (k < most and not any(r["logged_steps"] >= 0 for r in out)):
+        k += 1
         result = round_(net.A, make(net, work, k), log, max(window, 0.01), rng, anywhere_p=anywhere_p,
                         before=now, steps=steps)
         now = result.pop("state")
