@@ -319,7 +319,7 @@ def test_monitor_reports_a_black_hole_within_100ms(spray):
         out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     lines = [json.loads(line) for line in out.splitlines()]      # every line is JSON
-    # path 1's down; a live path may go down too, first (4 runs in 10):
+    # path 1's down; a live path may go down too, first (1 run in 6):
     # its last send before the pause, a lone one, is acknowledged only by
     # B's next report, told once, which may ride B's own path 1 (dead too)
     # (docs/design/failover.md, "A lone unheard send")
