@@ -2,11 +2,11 @@
 them (and the datapath's pins) in finalizers, also when a test fails."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -105,9 +105,15 @@ def datapath():
         dp.close()
 
 
+# each test's topology its own namespace names: things are kept by name
+# (test_all_or_nothing's pin directories), and a name drawn from the clock
+# came round again within one run
+_TOPOLOGIES = itertools.count()
+
+
 @pytest.fixture
 def topo():
-    t = Topology(prefix=f"mrct{os.getpid() % 10000}{int(time.time() * 1000) % 1000}")
+    t = Topology(prefix=f"mrct{os.getpid()}t{next(_TOPOLOGIES)}")
     try:
         yield t
     finally:

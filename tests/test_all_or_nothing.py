@@ -29,14 +29,13 @@ MOVING = {"counters", "rx_paths", "rx_peers", "events", "event_seq", "peer_cache
 ARRAY_ROWS = 4 * C["MRC_MAX_PATHS"]     # the rows of peer ids 0..3: all the tests use
 
 
-def pin_dir(t, ns: str) -> Path:
-    """NS's pin directory, asked once per topology T: not per name alone,
-    as two tests' topologies can draw the same names (conftest's prefix)
-    and the pins are the namespace's own (ns<cookie>)."""
-    cache = t.__dict__.setdefault("_pin_dirs", {})
-    if ns not in cache:
-        cache[ns] = Path(json.loads(mrcctl("status", "-j", netns=ns).stdout)[0]["pins"])
-    return cache[ns]
+_pin_dirs: dict[str, Path] = {}
+
+
+def pin_dir(ns: str) -> Path:
+    if ns not in _pin_dirs:
+        _pin_dirs[ns] = Path(json.loads(mrcctl("status", "-j", netns=ns).stdout)[0]["pins"])
+    return _pin_dirs[ns]
 
 
 def dump_maps(directory: Path) -> dict[str, list]:
@@ -63,7 +62,7 @@ def dump_maps(directory: Path) -> dict[str, list]:
 def state(t, ns: str) -> dict:
     """What a user and the datapath see: `path list` and `class list` (read
     here from the pins, as mrcctl reads them), the routes and the maps."""
-    directory = pin_dir(t, ns)
+    directory = pin_dir(ns)
     att = Attachment(directory.name, directory)
     try:
         for name, (key_type, value_type, percpu) in layout.MAPS.items():
@@ -142,7 +141,7 @@ def test_full_sid_table_is_a_clear_error_and_changes_nothing(interop):
     t, A = interop.t, interop.A
     interop.attach()
     mrcctl("path", "add", "fd00:2::/64", "--via", interop.B_DT6, netns=A)
-    directory = pin_dir(t, A)
+    directory = pin_dir(A)
     by_sid = bpfsys.PinnedMap(str(directory / "peer_by_sid"), *layout.MAPS["peer_by_sid"])
     assert by_sid.max_entries == C["MRC_MAX_PEER_SIDS"]
     filler = []
@@ -176,7 +175,7 @@ def test_full_sid_table_is_a_clear_error_and_changes_nothing(interop):
 def test_paths_to_hundreds_of_peer_sids(interop):
     """More distinct peer SIDs than peers (256): once `Argument list too
     long` half-way through."""
-    t, A = interop.t, interop.A
+    A = interop.A
     interop.attach()
     first = [f"fc00:b::1:{i:x}" for i in range(200)]
     second = [f"fc00:b::2:{i:x}" for i in range(150)]
@@ -186,7 +185,7 @@ def test_paths_to_hundreds_of_peer_sids(interop):
     assert sorted(r["peer_sid"] for r in rows) == sorted(str(ipaddress.IPv6Address(s))
                                                           for s in first + second)
     assert json.loads(mrcctl("status", "-j", netns=A).stdout)[0]["paths"] == 350
-    by_sid = bpfsys.PinnedMap(str(pin_dir(t, A) / "peer_by_sid"), *layout.MAPS["peer_by_sid"])
+    by_sid = bpfsys.PinnedMap(str(pin_dir(A) / "peer_by_sid"), *layout.MAPS["peer_by_sid"])
     try:
         assert len(list(by_sid.keys())) == 350
     finally:
