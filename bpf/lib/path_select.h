@@ -427,6 +427,7 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	if (path_select_pick(list, at) >= MRC_MAX_PATHS)
 		return -1;
 	/* a lone unheard send on the pick is tested, not judged (failover_lone) */
+	failover_pause(cfg, st, now);
 	failover_lone(cfg, st, rs, path_select_pick(list, at), now);
 	list_index = row;
 	return path_select_live(list, n, at, peer, st, rs, peer->policy, cfg, now, may_copy,

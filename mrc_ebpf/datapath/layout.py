@@ -59,7 +59,7 @@ class Path(ctypes.Structure):
 @mirror("struct mrc_peer_tx")
 class PeerTx(ctypes.Structure):
     _fields_ = [("seq", u64), ("turns_q16", u64), ("fail_open_ns", u64), ("heard_ns", u64),
-                ("heard_path", u32), ("turn_len", u32)]
+                ("heard_path", u32), ("turn_len", u32), ("last_ns", u64)]
 
 
 @mirror("struct mrc_device")
@@ -159,7 +159,8 @@ class PathLive(ctypes.Structure):
 @mirror("struct mrc_peer_acks")
 class PeerAcks(ctypes.Structure):
     _fields_ = [("max_ns", u64), ("last_ns", u64),
-                ("window_ns", u64), ("window_hold_ns", u64)]
+                ("window_ns", u64), ("window_hold_ns", u64),
+                ("resume_ns", u64), ("max_at_resume_ns", u64)]
 
 
 @mirror("struct mrc_plane_paths")

@@ -471,3 +471,61 @@ def test_a_lone_unheard_send_on_a_congested_path_is_tested_not_judged(four_paths
     took = [send(dp)[0] for _ in range(4)]
     assert 1 not in took, took
     assert row(dp).paths[1].live.downs == 1
+
+
+def lone(dp, path_id, sent):
+    """Path `path_id`'s oldest unheard send is `sent`, and nothing followed it on the path."""
+    st = state(dp)
+    st.clocks[path_id].unacked_since_ns, st.clocks[path_id].clock_after_ns = sent & ~1, 1
+    st.clocks[path_id].acked_ns = 0
+    put(dp, st)
+    rs = row(dp)
+    rs.paths[path_id].live.last_sent_ns = sent & ~1
+    put_row(dp, rs)
+
+
+def test_a_send_before_a_pause_is_tested_while_the_new_sends_reports_come_in(four_paths):
+    """No congestion news anywhere.  We paused, then resumed 8 s ago: what
+    the peer had heard of us by then (max_at_resume) was 1 s past path 1's
+    oldest unheard send, 20 s old (path 1 has sent since); the peer has
+    since heard sends of now.  The report on path 1's old send can still
+    be behind the new sends' reports (they take the peer's sprayed paths),
+    so path 1's next turn tests it (its clock restarts at that packet), not
+    down.  Path 2's lone send came after the resume: judged, down.  Path 3's lone send was overtaken by what the
+    peer had heard before the pause: judged, down.  Then path 1 again,
+    with reorder_max_us (1 s) since the resume run out: the new sends'
+    reports are all in, judged, down.  A 2 s clock and seconds of margin:
+    nothing depends on how fast the test runs (a TCG VM is 5-50x slower)."""
+    dp = four_paths
+    set_config(dp, ack_timeout_us=2_000_000, reorder_max_us=30_000_000)
+    send(dp)                            # the peer's state is made by its first packet
+    now = time.monotonic_ns()
+    st = state(dp)
+    st.acks.last_ns = st.acks.max_ns = now
+    st.acks.resume_ns, st.acks.max_at_resume_ns = now - 8_000_000_000, now - 19_000_000_000
+    st.tx.last_ns = now                  # the next sends are no new pause
+    put(dp, st)
+    lone(dp, 1, now - 20_000_000_000)
+    lone(dp, 2, now - 5_000_000_000)
+    rs = row(dp)
+    rs.paths[1].live.last_sent_ns = now - 1_000     # sent on since, after the resume: tested all the same
+    put_row(dp, rs)
+    took = [send(dp)[0] for _ in range(6)]
+    assert 1 in took and 2 not in took, took
+    rs = row(dp)
+    assert [rs.paths[p].live.downs for p in (1, 2)] == [0, 1]
+    restarted = state(dp).clocks[1].unacked_since_ns
+    assert restarted & 1 and restarted > now
+    assert state(dp).clocks[1].clock_after_ns == ((now - 20_000_000_000) & ~1) - 1
+    assert ("down", 1) not in [(e["type"], e["path_id"]) for e in events(dp)]
+    # path 3: the peer had heard, before the pause, sends 19 s after it
+    lone(dp, 3, now - 40_000_000_000)
+    took = [send(dp)[0] for _ in range(4)]
+    assert 3 not in took, took
+    assert row(dp).paths[3].live.downs == 1
+    # path 1 once more, the resume older than reorder_max_us
+    set_config(dp, reorder_max_us=1_000_000)
+    lone(dp, 1, now - 20_000_000_000)
+    took = [send(dp)[0] for _ in range(4)]
+    assert 1 not in took, took
+    assert row(dp).paths[1].live.downs == 1

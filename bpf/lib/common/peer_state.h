@@ -28,6 +28,11 @@ struct mrc_peer_acks {
 	 * 0: ack_timeout as configured.  Never above reorder_max_us. */
 	__u64	window_ns;
 	__u64	window_hold_ns;	/* until then window_ns holds, then halves */
+	/* Our first send to the peer after a pause (none for more than
+	 * reorder_max_us), and max_ns then: how far the peer had heard us before
+	 * it (lib/failover.h, failover_lone) */
+	__u64	resume_ns;
+	__u64	max_at_resume_ns;
 };
 
 /* fb_due: in peer_state, set by RX when the peer is owed feedback and
@@ -49,6 +54,7 @@ struct mrc_peer_tx {
 	 * packets (a maximum that decays by 1/64 a packet), at most the
 	 * spray list's quantum (lib/path_select.h, path_select_byte_turn) */
 	__u32	turn_len;
+	__u64	last_ns;	/* our latest send to the peer, any path (a pause: failover_pause) */
 };
 
 /*
