@@ -281,7 +281,8 @@ static __always_inline enum path_use failover_path_check(struct mrc_path_live *l
  */
 static __always_inline void failover_pause(const struct mrc_config *cfg, struct mrc_peer_state *st, __u64 now)
 {
-	if (now - st->tx.last_ns > (__u64)cfg->reorder_max_us * 1000) {
+	/* a new state's first packet starts the traffic, it ends no pause */
+	if (st->tx.last_ns && now - st->tx.last_ns > (__u64)cfg->reorder_max_us * 1000) {
 		st->acks.resume_ns = now;
 		st->acks.max_at_resume_ns = st->acks.max_ns;
 	}
