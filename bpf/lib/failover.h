@@ -324,15 +324,17 @@ static __always_inline void failover_lone(const struct mrc_config *cfg, struct m
 	/* ~1 ms units since the path's last congestion news (mod 2^16) */
 	__u64 age = ((now >> MRC_CE_STAMP_SHIFT) - stamp) & 0xffff;
 	__u64 fresh = ((__u64)cfg->reorder_max_us * 1000 * MRC_SILENCE_FACTOR) >> MRC_CE_STAMP_SHIFT;
+	int lone_congested, before_pause;
 
 	if (!since || (since & 1) || live->down_ns)
 		return;
 	if (fresh > 0x7fff)
 		fresh = 0x7fff;		/* half the stamp's 68.7 s wrap */
-	if ((since >= st->acks.resume_ns || st->acks.max_at_resume_ns > since + base ||
-	     now - st->acks.resume_ns > (__u64)cfg->reorder_max_us * 1000) &&
-	    ((live->last_sent_ns | 1) != (since | 1) || st->acks.max_ns <= since + base ||
-	     !stamp || age > fresh))
+	lone_congested = (live->last_sent_ns | 1) == (since | 1) && st->acks.max_ns > since + base &&
+			 stamp && age <= fresh;
+	before_pause = since < st->acks.resume_ns && st->acks.max_at_resume_ns <= since + base &&
+		       now - st->acks.resume_ns <= (__u64)cfg->reorder_max_us * 1000;
+	if (!lone_congested && !before_pause)
 		return;
 	clock->clock_after_ns = since - 1;
 	clock->unacked_since_ns = now | 1;

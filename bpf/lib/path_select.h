@@ -426,7 +426,9 @@ static __always_inline int path_select(struct __sk_buff *skb, const struct mrc_p
 	 * longer needed) */
 	if (path_select_pick(list, at) >= MRC_MAX_PATHS)
 		return -1;
-	/* a lone unheard send on the pick is tested, not judged (failover_lone) */
+	/* an unheard send on the pick that may be no silence (a lone one on a
+	 * congested path, one from before a pause) is tested, not judged
+	 * (failover_pause, failover_lone) */
 	failover_pause(cfg, st, now);
 	failover_lone(cfg, st, rs, path_select_pick(list, at), now);
 	list_index = row;
